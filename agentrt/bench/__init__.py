@@ -1,0 +1,1 @@
+"""Benchmarks: `agentrt bench NAME [--quick] [--json PATH]`. Each compares side by side in one run."""

@@ -1,0 +1,79 @@
+"""What every benchmark shares: a result shape, a table, a JSON file and one closing line."""
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+@dataclass
+class BenchResult:
+    """rows: one dict per measured configuration (same keys across rows make one table).
+    summary: the figures the benchmark's issue asks for; printed as the final `NAME: k=v` line."""
+
+    rows: list[dict[str, Any]]
+    summary: dict[str, Any]
+    notes: list[str] = field(default_factory=list)
+    config: dict[str, Any] = field(default_factory=dict)
+
+
+def machine_info() -> dict[str, Any]:
+    import os
+
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    try:
+        import torch
+
+        info["torch"] = torch.__version__
+        info["threads"] = torch.get_num_threads()
+        if torch.cuda.is_available():
+            info["gpu"] = torch.cuda.get_device_name(0)
+    except ImportError:
+        pass
+    return info
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+    return str(v)
+
+
+def print_table(title: str, rows: list[dict[str, Any]], console: Console | None = None) -> None:
+    console = console or Console()
+    if not rows:
+        return
+    cols: list[str] = []
+    for r in rows:
+        cols += [k for k in r if k not in cols]
+    table = Table(title=title)
+    for c in cols:
+        table.add_column(c)
+    for r in rows:
+        table.add_row(*[_fmt(r.get(c, "")) for c in cols])
+    console.print(table)
+
+
+def finish(name: str, result: BenchResult, json_path: str | None) -> None:
+    console = Console()
+    print_table(f"bench {name}", result.rows, console)
+    for n in result.notes:
+        console.print(n)
+    if json_path:
+        payload = {
+            "bench": name,
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "machine": machine_info(),
+            "config": result.config,
+            "rows": result.rows,
+            "summary": result.summary,
+        }
+        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(json_path).write_text(json.dumps(payload, indent=2, default=str))
+    print(f"{name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in result.summary.items()), flush=True)

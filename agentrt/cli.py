@@ -1,0 +1,55 @@
+"""`agentrt` command line. Subcommands live in their own modules and are imported lazily,
+so `agentrt --help` and the tool worker start without loading torch."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "generate": ("agentrt.engine.cli_generate", "generate text from a prompt with the engine"),
+    "models": ("agentrt.engine.cli_models", "list known models and their cache state"),
+    "calibrate": ("agentrt.spec.cli_calibrate", "measure the engine's step-cost model"),
+    "run": ("agentrt.runtime.cli_run", "run an agent program (examples/*.py)"),
+    "inspect": ("agentrt.runtime.cli_inspect", "re-render a saved run trace"),
+    "worker": ("agentrt.tools.cli_worker", "serve a module's tools over MQTT"),
+    "serve": ("agentrt.server.cli_serve", "serve the runtime over HTTP"),
+    "bench": ("agentrt.bench.cli", "run a benchmark: agentrt bench NAME [--quick] [--json PATH]"),
+}
+
+
+def build_parser(argv: list[str]) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrt", description="A runtime for agent programs.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    wanted = argv[0] if argv and argv[0] in COMMANDS else None
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        if name == wanted:  # only import the module whose command is being run
+            importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 0
+    module = importlib.import_module(COMMANDS[args.command][0])
+    try:
+        return int(module.run(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except Exception as e:  # noqa: BLE001 - the CLI reports our own errors without a traceback
+        from agentrt.errors import AgentRTError
+
+        if isinstance(e, AgentRTError):
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

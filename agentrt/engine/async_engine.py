@@ -1,0 +1,129 @@
+"""asyncio front of the engine. Steps run on one background thread (torch releases the GIL in
+its kernels), so the event loop stays free for tools and I/O while the model computes."""
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from typing import AsyncIterator, Callable
+
+from agentrt.engine.llm_engine import EngineConfig, LLMEngine
+from agentrt.engine.outputs import GenerationResult, TokenEvent
+from agentrt.engine.sampling_params import SamplingParams
+
+
+class AsyncEngine:
+    """Example:
+        engine = AsyncEngine.from_config(EngineConfig())
+        result = await engine.generate([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=8))
+    """
+
+    def __init__(self, engine: LLMEngine):
+        self.engine = engine
+        self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._wake = threading.Event()
+        self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="agentrt-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig = EngineConfig()) -> "AsyncEngine":
+        return cls(LLMEngine(config))
+
+    @property
+    def tokenizer(self):
+        return self.engine.tokenizer
+
+    # ---- the engine thread ------------------------------------------------------------------
+    def _loop(self) -> None:
+        while not self._closed:
+            while True:
+                try:
+                    self._commands.get_nowait()()
+                except queue.Empty:
+                    break
+            if not self.engine.has_work():
+                self._wake.wait(timeout=0.5)
+                self._wake.clear()
+                continue
+            try:
+                events = self.engine.step()
+            except Exception as e:  # noqa: BLE001 - a failed step fails its requests, not the engine
+                events = self._fail_running(f"engine step failed: {type(e).__name__}: {e}")
+            for ev in events:
+                self._deliver(ev)
+
+    def _fail_running(self, message: str) -> list[TokenEvent]:
+        events = []
+        for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
+            events.append(self.engine._finish(seq, "error", error=message))
+        return events
+
+    def _deliver(self, ev: TokenEvent) -> None:
+        target = self._streams.get(ev.request_id)
+        if target is None:
+            return
+        loop, q = target
+        if ev.finished:
+            self._streams.pop(ev.request_id, None)
+        try:
+            loop.call_soon_threadsafe(q.put_nowait, ev)
+        except RuntimeError:  # the caller's loop is gone
+            pass
+
+    def _submit(self, fn: Callable[[], None]) -> None:
+        self._commands.put(fn)
+        self._wake.set()
+
+    # ---- the caller's side ------------------------------------------------------------------
+    async def stream(
+        self,
+        prompt: str | list[dict] | list[int],
+        params: SamplingParams = SamplingParams(),
+        priority: float = 0.0,
+        meta: dict | None = None,
+        on_start: Callable[[int], None] | None = None,
+    ) -> AsyncIterator[TokenEvent]:
+        """Yield TokenEvents as the engine emits them; the last one has finished=True.
+        Invalid requests raise RequestError here, before anything is queued."""
+        seq = self.engine.prepare(prompt, params, priority, meta)
+        q: asyncio.Queue[TokenEvent] = asyncio.Queue()
+        self._streams[seq.seq_id] = (asyncio.get_running_loop(), q)
+        self._submit(lambda: self.engine.add(seq))
+        if on_start:
+            on_start(seq.seq_id)
+        try:
+            while True:
+                ev = await q.get()
+                yield ev
+                if ev.finished:
+                    return
+        finally:
+            if seq.seq_id in self._streams:  # cancelled or abandoned mid-stream
+                self._streams.pop(seq.seq_id, None)
+                self.abort(seq.seq_id)
+
+    async def generate(
+        self, prompt: str | list[dict] | list[int], params: SamplingParams = SamplingParams(), priority: float = 0.0, meta: dict | None = None
+    ) -> GenerationResult:
+        async for ev in self.stream(prompt, params, priority, meta):
+            if ev.finished:
+                return ev.result
+        raise RuntimeError("stream ended without a final event")
+
+    def abort(self, request_id: int) -> None:
+        self._submit(lambda: self._deliver_abort(request_id))
+
+    def _deliver_abort(self, request_id: int) -> None:
+        ev = self.engine.abort(request_id)
+        if ev is not None:
+            self._deliver(ev)
+
+    def set_priority(self, request_id: int, priority: float) -> None:
+        self._submit(lambda: self.engine.set_priority(request_id, priority))
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        self._thread.join(timeout=5)

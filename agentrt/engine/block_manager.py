@@ -1,0 +1,141 @@
+"""Who owns which KV block: a free list, reference counts and one block table per sequence.
+
+Blocks are shared by reference count (a forked sequence, later the prefix cache). A block is
+only ever written while exactly one owner holds it: growing into a shared, partly filled block
+copies it first (copy-on-write), and the copy is returned for the engine to perform.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+from agentrt.errors import AgentRTError
+
+
+class OutOfBlocks(AgentRTError):
+    """No free KV block is left; the scheduler preempts or waits."""
+
+
+class BlockAllocator:
+    def __init__(self, num_blocks: int):
+        if num_blocks <= 0:
+            raise ValueError(f"num_blocks must be positive, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.refcount = [0] * num_blocks
+        self._free: deque[int] = deque(range(num_blocks))
+
+    @property
+    def num_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        if not self._free:
+            raise OutOfBlocks("KV cache is full")
+        b = self._free.popleft()
+        self.refcount[b] = 1
+        return b
+
+    def incref(self, b: int) -> None:
+        assert self.refcount[b] > 0, f"incref of free block {b}"
+        self.refcount[b] += 1
+
+    def decref(self, b: int) -> None:
+        assert self.refcount[b] > 0, f"decref of free block {b}"
+        self.refcount[b] -= 1
+        if self.refcount[b] == 0:
+            self._free.append(b)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.allocator = BlockAllocator(num_blocks)
+        self.tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}  # tokens with a reserved slot, per sequence
+
+    @property
+    def num_free(self) -> int:
+        return self.allocator.num_free
+
+    def _blocks_for(self, n_tokens: int) -> int:
+        return (n_tokens + self.block_size - 1) // self.block_size
+
+    def blocks_needed(self, seq_id: int, new_len: int) -> int:
+        """Free blocks that grow(seq_id, new_len) would take, copy-on-write included."""
+        table, cur = self.tables.get(seq_id, []), self.lengths.get(seq_id, 0)
+        if new_len <= cur:
+            return 0
+        need = max(0, self._blocks_for(new_len) - len(table))
+        if cur % self.block_size and self.allocator.refcount[table[cur // self.block_size]] > 1:
+            need += 1
+        return need
+
+    def grow(self, seq_id: int, new_len: int) -> list[tuple[int, int]]:
+        """Reserve slots for positions [len, new_len). Returns (src, dst) block copies to perform."""
+        if self.blocks_needed(seq_id, new_len) > self.num_free:
+            raise OutOfBlocks(f"sequence {seq_id} needs {self.blocks_needed(seq_id, new_len)} blocks, {self.num_free} free")
+        table = self.tables.setdefault(seq_id, [])
+        cur = self.lengths.get(seq_id, 0)
+        copies = []
+        if new_len <= cur:
+            return copies
+        if cur % self.block_size:
+            i = cur // self.block_size
+            if self.allocator.refcount[table[i]] > 1:
+                new = self.allocator.allocate()
+                copies.append((table[i], new))
+                self.allocator.decref(table[i])
+                table[i] = new
+        while len(table) < self._blocks_for(new_len):
+            table.append(self.allocator.allocate())
+        self.lengths[seq_id] = new_len
+        return copies
+
+    def slots(self, seq_id: int, start: int, end: int) -> list[int]:
+        """Flat cache slots of positions [start, end) of a sequence."""
+        table, bs = self.tables[seq_id], self.block_size
+        return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def truncate(self, seq_id: int, new_len: int) -> None:
+        """Drop positions >= new_len (rejected drafts); frees blocks no longer used."""
+        cur = self.lengths.get(seq_id, 0)
+        if new_len >= cur:
+            return
+        table = self.tables[seq_id]
+        keep = self._blocks_for(new_len)
+        for b in table[keep:]:
+            self.allocator.decref(b)
+        del table[keep:]
+        self.lengths[seq_id] = new_len
+
+    def fork(self, src_id: int, dst_id: int, length: int | None = None) -> None:
+        """dst shares src's first `length` positions by reference (no copy until written)."""
+        n = self.lengths[src_id] if length is None else min(length, self.lengths[src_id])
+        if dst_id in self.tables:
+            raise ValueError(f"sequence {dst_id} already has blocks")
+        shared = self.tables[src_id][: self._blocks_for(n)]
+        for b in shared:
+            self.allocator.incref(b)
+        self.tables[dst_id] = list(shared)
+        self.lengths[dst_id] = n
+
+    def free(self, seq_id: int) -> None:
+        for b in self.tables.pop(seq_id, []):
+            self.allocator.decref(b)
+        self.lengths.pop(seq_id, None)
+
+    def check_invariants(self, external_refs: dict[int, int] | None = None) -> None:
+        """Every block's refcount equals its number of owners; free blocks have none. Raises on
+        a leaked or double-owned block. external_refs: references held outside the tables."""
+        owners = [0] * self.allocator.num_blocks
+        for table in self.tables.values():
+            for b in table:
+                owners[b] += 1
+        for b, n in (external_refs or {}).items():
+            owners[b] += n
+        free = set(self.allocator._free)
+        assert len(free) == len(self.allocator._free), "a block is on the free list twice"
+        for b, (have, want) in enumerate(zip(self.allocator.refcount, owners)):
+            assert have == want, f"block {b}: refcount {have} but {want} owners"
+            assert (have == 0) == (b in free), f"block {b}: refcount {have}, on free list: {b in free}"
+        for sid, table in self.tables.items():
+            assert len(table) == self._blocks_for(self.lengths[sid]), f"sequence {sid}: table/length mismatch"

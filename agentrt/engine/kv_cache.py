@@ -1,0 +1,39 @@
+"""The paged KV cache's tensors: one K and one V buffer per layer, [num_blocks * block_size,
+kv_heads, head_dim]. One buffer per layer rather than one for all: under torch.compile a shared
+buffer written through views made inductor copy the whole cache every layer (shared notes).
+Which sequence owns which block is the BlockManager's business; this class only stores."""
+from __future__ import annotations
+
+import torch
+
+from agentrt.engine.config import ModelConfig
+
+
+class KVCache:
+    def __init__(
+        self, cfg: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str = "cpu"
+    ):
+        self.num_blocks, self.block_size = num_blocks, block_size
+        shape = (num_blocks * block_size, cfg.num_key_value_heads, cfg.head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(cfg.num_hidden_layers)]
+
+    @staticmethod
+    def bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
+
+    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        # slots [T]; k, v [T, nkv, d]
+        self.k[layer].index_copy_(0, slots, k)
+        self.v[layer].index_copy_(0, slots, v)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole blocks src -> dst (copy-on-write of a shared, partly filled block)."""
+        if not pairs:
+            return
+        bs = self.block_size
+        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in pairs]).to(self.k[0].device)
+        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in pairs]).to(self.k[0].device)
+        for buf in (*self.k, *self.v):
+            buf.index_copy_(0, dst, buf[src])

@@ -1,0 +1,252 @@
+"""The synchronous engine core: requests in, one batched forward per step, tokens out.
+
+engine -> scheduler -> block manager -> sequence, one way. The asyncio wrapper lives in
+async_engine.py; speculative decoding plugs in through `SpecRunner` (drafts before the forward,
+exact verification after it).
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.model_loader import LoadedModel, load_model
+from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent
+from agentrt.engine.sampling_params import SamplingParams
+from agentrt.engine.scheduler import Scheduler, SchedulerConfig
+from agentrt.engine.sequence import Sequence, SeqStatus
+from agentrt.engine.spec_runner import SpecConfig, SpecRunner
+from agentrt.engine.step_inputs import StepPlan, build_forward_batch
+from agentrt.engine.stop_checker import StopChecker
+from agentrt.engine.tokenizer import IncrementalDetokenizer
+from agentrt.errors import RequestError
+from agentrt.spec.sampling import process_logits, sample_from_probs
+from agentrt.spec.verify import verify_drafts
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str = "smollm2-135m-instruct"
+    dtype: str = "bfloat16"  # measured faster than fp32 on this CPU (shared notes)
+    device: str = "cpu"
+    block_size: int = 16
+    kv_cache_tokens: int = 32768
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+    max_model_len: int | None = None  # default: the model's context, capped by the cache
+    spec: SpecConfig = SpecConfig()
+    seed: int = 0
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig = EngineConfig(), loaded: LoadedModel | None = None):
+        self.config = config
+        self.loaded = loaded or load_model(config.model, config.dtype, config.device)
+        self.model, self.tokenizer = self.loaded.model, self.loaded.tokenizer
+        self.device = torch.device(config.device)
+        num_blocks = max(1, config.kv_cache_tokens // config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.kv = KVCache(self.model.cfg, num_blocks, config.block_size, self.model.dtype, self.device)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
+        self.max_model_len = min(config.max_model_len or self.model.cfg.max_position_embeddings, num_blocks * config.block_size)
+        self.eos_ids = tuple(self.tokenizer.eos_token_ids)
+        self.spec = SpecRunner(config.spec, self)
+        self._ids = itertools.count()
+        self._seed_gen = torch.Generator().manual_seed(config.seed)
+        self._seqs: dict[int, Sequence] = {}
+        self._stops: dict[int, StopChecker] = {}
+        self.step_log: deque[StepRecord] = deque(maxlen=100_000)
+        self.step_listeners: list[Callable[[StepRecord], None]] = []
+        self._step_no = 0
+
+    # ---- requests -------------------------------------------------------------------------
+    def encode_prompt(self, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
+        if isinstance(prompt, str):
+            if not prompt:
+                raise RequestError("prompt is empty")
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tools=tools)
+            return self.tokenizer.encode(text)
+        raise RequestError("prompt must be a non-empty string or a non-empty list of chat messages")
+
+    def prepare(
+        self,
+        prompt: str | list[dict] | list[int],
+        params: SamplingParams = SamplingParams(),
+        priority: float = 0.0,
+        meta: dict | None = None,
+    ) -> Sequence:
+        """Validate and tokenize a request without touching engine state (any thread may call it)."""
+        if not isinstance(params, SamplingParams):
+            raise RequestError(f"params must be SamplingParams, got {type(params).__name__}")
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            ids = list(prompt)
+        else:
+            ids = self.encode_prompt(prompt)
+        if not ids:
+            raise RequestError("prompt is empty")
+        bad = [t for t in ids if not 0 <= t < self.model.cfg.vocab_size]
+        if bad:
+            raise RequestError(f"prompt token id {bad[0]} is outside the vocabulary (0..{self.model.cfg.vocab_size - 1})")
+        if len(ids) + params.max_tokens > self.max_model_len:
+            raise RequestError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the context "
+                f"length {self.max_model_len}"
+            )
+        rid = next(self._ids)
+        seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
+        return Sequence(rid, ids, params, priority=priority, generator=torch.Generator().manual_seed(seed), meta=meta or {})
+
+    def add(self, seq: Sequence) -> int:
+        """Admit a prepared sequence (engine thread only)."""
+        self._seqs[seq.seq_id] = seq
+        self._stops[seq.seq_id] = StopChecker(seq, self.eos_ids, IncrementalDetokenizer(self.tokenizer, seq.prompt_ids))
+        self.spec.start(seq)
+        self.scheduler.add(seq)
+        return seq.seq_id
+
+    def add_request(self, prompt, params: SamplingParams = SamplingParams(), priority: float = 0.0, meta: dict | None = None) -> int:
+        return self.add(self.prepare(prompt, params, priority, meta))
+
+    def abort(self, rid: int) -> TokenEvent | None:
+        seq = self._seqs.get(rid)
+        if seq is None or seq.finished:
+            return None
+        return self._finish(seq, "abort")
+
+    def set_priority(self, rid: int, priority: float) -> None:
+        if rid in self._seqs:
+            self._seqs[rid].priority = priority
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- one step -------------------------------------------------------------------------
+    def step(self) -> list[TokenEvent]:
+        t0 = time.monotonic()
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        samples = [s.num_computed + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new)]
+        proposal = self.spec.propose(batch.seqs, samples)
+        plan = StepPlan(batch.seqs, batch.num_new, proposal.tokens, samples)
+        for seq, n, d in zip(plan.seqs, plan.num_new, plan.drafts):
+            if d:
+                self.blocks.grow(seq.seq_id, seq.num_computed + n + len(d))
+        fwd, first_row = build_forward_batch(plan, self.blocks, self.device)
+        logits = self.model.forward(fwd, self.kv).logits  # [rows, vocab]
+        emitted = self._sample(plan, logits, first_row, proposal)
+        duration = time.monotonic() - t0
+        events = self._advance(plan, emitted)
+        record = StepRecord(
+            step=self._step_no,
+            start=t0,
+            duration_s=duration,
+            batch_size=len(plan.seqs),
+            num_tokens=plan.num_tokens,
+            num_prefill_tokens=sum(n for n in plan.num_new if n > 1),
+            kv_tokens=sum(s.num_computed + n + len(d) for s, n, d in zip(plan.seqs, plan.num_new, plan.drafts)),
+            request_ids=[s.seq_id for s in plan.seqs],
+            k=[len(d) for d in plan.drafts],
+            accepted=[max(0, len(e) - 1) if d else 0 for e, d in zip(emitted, plan.drafts)],
+            expected_accepted=proposal.expected_accepted,
+            predicted_s=proposal.predicted_s,
+            draft_s=proposal.draft_s,
+            preempted=[s.seq_id for s in batch.preempted],
+        )
+        self._step_no += 1
+        self.step_log.append(record)
+        self.spec.observe(record)
+        for fn in self.step_listeners:
+            fn(record)
+        return events
+
+    def _sample(self, plan: StepPlan, logits: torch.Tensor, first_row: list[int], proposal) -> list[list[int]]:
+        """Per scheduled sequence, the tokens this step emits ([] while prefilling)."""
+        sampling = [i for i, s in enumerate(plan.samples) if s]
+        if not sampling:
+            return [[] for _ in plan.seqs]
+        rows_per = [len(plan.drafts[i]) + 1 for i in sampling]
+        ps = [plan.seqs[i].params for i in sampling]
+        rep = lambda vals: torch.tensor(vals).repeat_interleave(torch.tensor(rows_per))  # noqa: E731
+        probs = process_logits(
+            logits,
+            rep([p.temperature for p in ps]).float(),
+            rep([p.top_k for p in ps]).long(),
+            rep([p.top_p for p in ps]).float(),
+        )  # [rows, vocab]
+        probs = self.spec.mask(plan, sampling, probs)
+        out: list[list[int]] = [[] for _ in plan.seqs]
+        if not proposal.any:
+            u = torch.stack([torch.rand((), generator=plan.seqs[i].generator) for i in sampling])
+            toks = sample_from_probs(probs, u).tolist()
+            for j, i in enumerate(sampling):
+                out[i] = [toks[j]]
+            return out
+        ks = [len(plan.drafts[i]) for i in sampling]
+        draft_tokens = torch.tensor([t for i in sampling for t in plan.drafts[i]], dtype=torch.long)
+        cu = torch.tensor([0] + list(itertools.accumulate(ks)), dtype=torch.long)
+        u_acc = torch.cat([torch.rand(k, generator=plan.seqs[i].generator) for i, k in zip(sampling, ks)])
+        u_smp = torch.stack([torch.rand((), generator=plan.seqs[i].generator) for i in sampling])
+        q = self.spec.draft_probs(sampling, ks, probs.shape[-1])
+        res = verify_drafts(probs, draft_tokens, cu, q, u_acc, u_smp)
+        toks = res.output_tokens.tolist()
+        for j, i in enumerate(sampling):
+            out[i] = toks[j][: int(res.num_emitted[j])]
+        return out
+
+    def _advance(self, plan: StepPlan, emitted: list[list[int]]) -> list[TokenEvent]:
+        events = []
+        now = time.monotonic()
+        for seq, n, draft, toks in zip(plan.seqs, plan.num_new, plan.drafts, emitted):
+            if seq.finished:  # aborted while the step ran
+                continue
+            if not toks:  # a prefill chunk that did not reach the prompt's end
+                seq.num_computed += n
+                continue
+            # The real tokens and the accepted drafts are in the cache; the last emitted is not.
+            seq.num_computed += n + len(toks) - 1
+            self.blocks.truncate(seq.seq_id, seq.num_computed)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            kept, text, reason = self._stops[seq.seq_id].apply(toks)
+            self.spec.on_verified(seq, draft, kept)
+            if reason is not None:
+                events.append(self._finish(seq, reason, kept, text))
+            else:
+                events.append(TokenEvent(seq.seq_id, kept, text))
+        return events
+
+    def _finish(self, seq: Sequence, reason: str, kept: list[int] = (), text: str = "", error: str | None = None) -> TokenEvent:
+        self.scheduler.finish(seq)
+        seq.finish_reason = reason
+        stop = self._stops.pop(seq.seq_id)
+        result = GenerationResult(
+            request_id=seq.seq_id,
+            prompt_tokens=len(seq.prompt_ids),
+            token_ids=list(seq.output_ids),
+            text=stop.text,
+            finish_reason=reason,
+            error=error,
+            spec=self.spec.finish(seq),
+            timings={"arrival": seq.arrival, "first_token": seq.first_token_time or 0.0, "finished": time.monotonic()},
+            num_preemptions=seq.num_preemptions,
+        )
+        del self._seqs[seq.seq_id]
+        return TokenEvent(seq.seq_id, list(kept), text, finished=True, finish_reason=reason, error=error, result=result)
+
+    # ---- scripts ----------------------------------------------------------------------------
+    def generate(self, prompts: list, params: SamplingParams = SamplingParams()) -> list[GenerationResult]:
+        """Run prompts to completion (a synchronous helper for scripts and tests)."""
+        rids = [self.add_request(p, params) for p in prompts]
+        results: dict[int, GenerationResult] = {}
+        while len(results) < len(rids):
+            results.update({ev.request_id: ev.result for ev in self.step() if ev.finished})
+        return [results[r] for r in rids]

@@ -1,0 +1,101 @@
+"""Our Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2): RMSNorm, RoPE, GQA attention,
+SwiGLU, tied embeddings. No Hugging Face modeling code runs in the forward pass.
+
+The forward takes a flattened ragged batch (every sequence's new tokens concatenated, with
+`cu_seqlens` offsets), writes their K/V into the paged cache and attends over each sequence's
+whole context through its block table. It returns logits for the requested rows only: decode
+wants one row per sequence, speculative verification wants all k+1 rows.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from agentrt.engine.config import ModelConfig
+from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.models.attention import AttentionMetadata, paged_attention
+from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, rms_norm
+
+
+@dataclass
+class ForwardBatch:
+    """One engine step's input. T = total new tokens, B = sequences."""
+
+    input_ids: torch.Tensor  # [T] int64
+    positions: torch.Tensor  # [T] int64, absolute position of each new token
+    slot_mapping: torch.Tensor  # [T] int64, flat cache slot each new token's K/V is written to
+    attn: AttentionMetadata  # ragged layout + block tables for attention
+    logits_indices: torch.Tensor | None = None  # [n_out] rows of T to project; None = all
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [n_out, vocab] float32
+    hidden: torch.Tensor | None = None  # [n_out, hidden] final-normed hidden states, when asked
+
+
+class _Layer:
+    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], i: int, pack: bool):
+        p = f"model.layers.{i}."
+        w = lambda name: sd[p + name]  # noqa: E731
+        qkv_w = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")])
+        qkv_b = None
+        if cfg.attention_bias:
+            qkv_b = torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"), w("self_attn.v_proj.bias")])
+        self.qkv = Linear(qkv_w.contiguous(), qkv_b, pack)
+        self.o = Linear(w("self_attn.o_proj.weight"), None, pack)
+        self.gate_up = Linear(torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]).contiguous(), None, pack)
+        self.down = Linear(w("mlp.down_proj.weight"), None, pack)
+        self.attn_norm = w("input_layernorm.weight")
+        self.mlp_norm = w("post_attention_layernorm.weight")
+
+
+class LlamaModel:
+    """Inference-only model. Weights come in Hugging Face names (see engine/weights.py)."""
+
+    def __init__(self, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], max_positions: int | None = None):
+        self.cfg = cfg
+        emb = state_dict["model.embed_tokens.weight"]
+        self.device, self.dtype = emb.device, emb.dtype
+        pack = self.device.type == "cpu" and self.dtype == torch.bfloat16
+        self.embed = emb
+        self.layers = [_Layer(cfg, state_dict, i, pack) for i in range(cfg.num_hidden_layers)]
+        self.norm = state_dict["model.norm.weight"]
+        head = emb if cfg.tie_word_embeddings else state_dict["lm_head.weight"]
+        self.lm_head = Linear(head, None, pack)
+        self.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings, self.device)
+        self.scale = cfg.head_dim**-0.5
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @torch.inference_mode()
+    def forward(
+        self, batch: ForwardBatch, kv: KVCache, num_layers: int | None = None, return_hidden: bool = False
+    ) -> ForwardOutput:
+        """num_layers < all runs the first layers only (a layer-skip self-draft): their K/V at
+        accepted positions equal the full model's, so the draft shares the target's cache."""
+        cfg = self.cfg
+        T = batch.input_ids.shape[0]
+        h = self.embed[batch.input_ids]  # [T, hidden]
+        cos, sin = self.rope.tables(batch.positions, self.dtype)  # [T, 1, d]
+        nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        for li, layer in enumerate(self.layers[: num_layers or len(self.layers)]):
+            x = rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
+            qkv = layer.qkv(x)  # [T, (nq + 2 nkv) d]
+            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+            q = apply_rotary(q.view(T, nq, d), cos, sin)
+            k = apply_rotary(k.view(T, nkv, d), cos, sin)
+            kv.write(li, batch.slot_mapping, k, v.view(T, nkv, d))
+            o = paged_attention(q, kv.k[li], kv.v[li], batch.attn, self.scale)  # [T, nq, d]
+            h = h + layer.o(o.reshape(T, nq * d))
+            x = rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)
+            gate, up = layer.gate_up(x).chunk(2, dim=-1)
+            h = h + layer.down(torch.nn.functional.silu(gate) * up)
+        if batch.logits_indices is not None:
+            h = h[batch.logits_indices]
+        h = rms_norm(h, self.norm, cfg.rms_norm_eps)  # [n_out, hidden]
+        logits = self.lm_head(h).float()  # [n_out, vocab]
+        return ForwardOutput(logits=logits, hidden=h if return_hidden else None)

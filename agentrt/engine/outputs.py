@@ -1,0 +1,54 @@
+"""What the engine hands back: per-step token events, final results, and per-step records."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TokenEvent:
+    """New tokens of one request from one engine step (several when drafts were accepted)."""
+
+    request_id: int
+    token_ids: list[int]
+    text: str  # newly completed text (stop strings already cut)
+    finished: bool = False
+    finish_reason: str | None = None
+    error: str | None = None
+    result: "GenerationResult | None" = None  # on the final event
+
+
+@dataclass
+class GenerationResult:
+    request_id: int
+    prompt_tokens: int
+    token_ids: list[int]
+    text: str
+    finish_reason: str  # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+    spec: dict[str, Any] = field(default_factory=dict)  # α accounting (DraftStats.to_dict())
+    timings: dict[str, float] = field(default_factory=dict)  # queued, first_token, finished (monotonic s)
+    num_preemptions: int = 0
+
+
+@dataclass
+class StepRecord:
+    """One engine step, for timelines: who ran, how many drafts, what it cost."""
+
+    step: int
+    start: float  # monotonic seconds
+    duration_s: float
+    batch_size: int
+    num_tokens: int  # new tokens fed to the target (prefill + decode + drafts)
+    num_prefill_tokens: int
+    kv_tokens: int  # total context read by attention
+    request_ids: list[int] = field(default_factory=list)
+    k: list[int] = field(default_factory=list)  # drafts per sequence (0 for prefill rows)
+    accepted: list[int] = field(default_factory=list)
+    expected_accepted: list[float] = field(default_factory=list)
+    predicted_s: float | None = None
+    draft_s: float = 0.0
+    preempted: list[int] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)

@@ -1,0 +1,108 @@
+"""Continuous batching: which sequences run this step and how many of their tokens.
+
+Waiting and running queues; admission by free KV blocks and a per-step token budget (long
+prompts are prefilled in chunks); order by (priority, arrival); when blocks run out, the
+lowest-ranked running sequence is preempted by recompute (its blocks freed, its tokens kept).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.sequence import SeqStatus, Sequence
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 64
+    max_num_batched_tokens: int = 1024
+
+
+@dataclass
+class ScheduledBatch:
+    seqs: list[Sequence] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)  # tokens of all_ids fed this step, per seq
+    preempted: list[Sequence] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+class Scheduler:
+    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager):
+        self.cfg = cfg
+        self.blocks = blocks
+        self.waiting: list[Sequence] = []
+        self.running: list[Sequence] = []
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    @staticmethod
+    def _rank(seq: Sequence) -> tuple[float, float]:
+        return (seq.priority, seq.arrival)
+
+    def schedule(self) -> ScheduledBatch:
+        batch = ScheduledBatch()
+        budget = self.cfg.max_num_batched_tokens
+        self.running.sort(key=self._rank)
+        i = 0
+        while i < len(self.running):
+            seq = self.running[i]
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            if n <= 0:
+                i += 1
+                continue
+            # Make room by preempting from the back of the ranking, never a better-ranked one.
+            while self.blocks.blocks_needed(seq.seq_id, seq.num_computed + n) > self.blocks.num_free:
+                victim = self.running[-1]
+                self._preempt(victim)
+                batch.preempted.append(victim)
+                if victim is seq:
+                    break
+            if seq.status is not SeqStatus.RUNNING:
+                continue  # seq itself was preempted; the list shrank under i
+            self.blocks.grow(seq.seq_id, seq.num_computed + n)
+            batch.seqs.append(seq)
+            batch.num_new.append(n)
+            budget -= n
+            i += 1
+        self._admit(batch, budget)
+        return batch
+
+    def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        self.waiting.sort(key=self._rank)
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
+            if batch.preempted and seq in batch.preempted:
+                break  # don't re-admit what this very step evicted
+            n = min(seq.num_tokens - seq.num_computed, budget)
+            if self.blocks.blocks_needed(seq.seq_id, seq.num_computed + n) > self.blocks.num_free:
+                break
+            self.waiting.pop(0)
+            self.blocks.grow(seq.seq_id, seq.num_computed + n)
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new.append(n)
+            budget -= n
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.free(seq.seq_id)
+        seq.num_computed = 0
+        seq.num_preemptions += 1
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def finish(self, seq: Sequence) -> None:
+        if seq in self.running:
+            self.running.remove(seq)
+        if seq in self.waiting:
+            self.waiting.remove(seq)
+        self.blocks.free(seq.seq_id)
+        seq.status = SeqStatus.FINISHED

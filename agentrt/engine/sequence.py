@@ -1,0 +1,54 @@
+"""One request's life in the engine: its tokens, how many of them are in the KV cache, its
+sampler state and why it finished."""
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from agentrt.engine.sampling_params import SamplingParams
+
+
+class SeqStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    seq_id: int
+    prompt_ids: list[int]
+    params: SamplingParams
+    priority: float = 0.0  # smaller runs first; the runtime sets it (least attained service)
+    arrival: float = field(default_factory=time.monotonic)
+    output_ids: list[int] = field(default_factory=list)
+    num_computed: int = 0  # leading tokens of all_ids whose K/V is in the cache
+    status: SeqStatus = SeqStatus.WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None
+    generator: torch.Generator | None = None
+    num_preemptions: int = 0
+    first_token_time: float | None = None
+    meta: dict[str, Any] = field(default_factory=dict)  # owner's annotations (program, node)
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def in_prefill(self) -> bool:
+        # More than one token waits to enter the cache: a (re)started prompt. In decode exactly
+        # one does: the last sampled token.
+        return self.num_tokens - self.num_computed > 1
+
+    @property
+    def finished(self) -> bool:
+        return self.status is SeqStatus.FINISHED
