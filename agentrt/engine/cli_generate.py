@@ -1,0 +1,60 @@
+"""`agentrt generate "PROMPT"`: stream a chat completion from the engine."""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("prompt", help="the user message (or raw text with --raw)")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--temperature", type=float, default=0.7)
+    p.add_argument("--top-p", type=float, default=0.9)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--system", default=None, help="a system message")
+    p.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
+    p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")
+    p.add_argument("--spec", default="none", help="drafter: none | suffix | layerskip:N | draft:PATH")
+    p.add_argument("--k", type=int, default=None, help="fixed draft length (default: adaptive)")
+
+
+async def _stream(engine, prompt, params) -> object:
+    result = None
+    async for ev in engine.stream(prompt, params):
+        sys.stdout.write(ev.text)
+        sys.stdout.flush()
+        if ev.finished:
+            result = ev.result
+    sys.stdout.write("\n")
+    return result
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrt.engine import AsyncEngine, EngineConfig, SamplingParams, SpecConfig
+    from agentrt.engine.spec_report import print_spec_summary
+
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
+        seed=args.seed, stop=tuple(args.stop),
+    )
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec, k=args.k))
+    engine = AsyncEngine.from_config(config)
+    if args.raw:
+        prompt = args.prompt
+    else:
+        prompt = ([{"role": "system", "content": args.system}] if args.system else []) + [{"role": "user", "content": args.prompt}]
+    try:
+        result = asyncio.run(_stream(engine, prompt, params))
+    finally:
+        engine.close()
+    if result is not None and result.error:
+        print(f"error: {result.error}", file=sys.stderr)
+        return 1
+    if args.spec != "none" and result is not None:
+        print_spec_summary(result, engine.engine.step_log)
+    return 0

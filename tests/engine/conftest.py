@@ -1,0 +1,46 @@
+"""Loaded models shared by the engine tests (each loads once per session)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def smollm2_fp32(smollm2_source):
+    from agentrt.engine.model_loader import load_model
+
+    return load_model(str(smollm2_source.path), "float32", progress=False)
+
+
+@pytest.fixture(scope="session")
+def hf_smollm2_fp32(smollm2_source):
+    transformers = pytest.importorskip("transformers")
+    model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_source.path, dtype=torch.float32).eval()
+    return model
+
+
+@pytest.fixture(scope="session")
+def tiny_loaded(tiny_model_dir):
+    from agentrt.engine.model_loader import load_model
+
+    cache = {}
+
+    def get(variant: str, dtype: str = "float32"):
+        if (variant, dtype) not in cache:
+            cache[variant, dtype] = load_model(str(tiny_model_dir(variant)), dtype, progress=False)
+        return cache[variant, dtype]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def make_engine():
+    """make_engine(loaded, **EngineConfig fields) -> an LLMEngine over an already loaded model."""
+    from agentrt.engine import EngineConfig, LLMEngine
+
+    def make(loaded, **kw):
+        kw.setdefault("kv_cache_tokens", 4096)
+        dtype = str(loaded.model.dtype).removeprefix("torch.")
+        return LLMEngine(EngineConfig(model=str(loaded.source.path), dtype=dtype, **kw), loaded=loaded)
+
+    return make
