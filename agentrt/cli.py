@@ -10,7 +10,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("agentrt.engine.cli_generate", "generate text from a prompt with the engine"),
     "models": ("agentrt.engine.cli_models", "list known models and their cache state"),
-    "calibrate": ("agentrt.spec.cli_calibrate", "measure the engine's step-cost model"),
+    "calibrate": ("agentrt.engine.cli_calibrate", "measure the engine's step-cost model"),
     "run": ("agentrt.runtime.cli_run", "run an agent program (examples/*.py)"),
     "inspect": ("agentrt.runtime.cli_inspect", "re-render a saved run trace"),
     "worker": ("agentrt.tools.cli_worker", "serve a module's tools over MQTT"),

@@ -27,3 +27,25 @@ class CalibrationError(AgentRTError):
 
 class SpecError(AgentRTError, ValueError):
     """Invalid input to speculative decoding: verification tensors, drafter calls, statistics."""
+
+
+class ProgramValidationError(AgentRTError, ValueError):
+    """A declared agent program is invalid. `problems` lists every (node, message) found; the
+    message has one line per problem, each starting with the node id at fault."""
+
+    def __init__(self, problems: list[tuple[str, str]], program: str = "") -> None:
+        self.problems = list(problems)
+        self.program = program
+        lines = [f"{node}: {message}" for node, message in self.problems]
+        if len(lines) > 1 and program:
+            lines.append(f"({len(lines)} problems in program '{program}')")
+        super().__init__("\n".join(lines))
+
+
+class ProgramRunError(AgentRTError):
+    """A program run ended, or was driven wrongly, because of one node; `node` names it."""
+
+    def __init__(self, node: str, reason: str) -> None:
+        self.node = node
+        self.reason = reason
+        super().__init__(f"{node}: {reason}")

@@ -121,6 +121,9 @@ class LLMEngine:
             return None
         return self._finish(seq, "abort")
 
+    def sequence(self, rid: int) -> Sequence:
+        return self._seqs[rid]
+
     def set_priority(self, rid: int, priority: float) -> None:
         if rid in self._seqs:
             self._seqs[rid].priority = priority
@@ -195,7 +198,7 @@ class LLMEngine:
         cu = torch.tensor([0] + list(itertools.accumulate(ks)), dtype=torch.long)
         u_acc = torch.cat([torch.rand(k, generator=plan.seqs[i].generator) for i, k in zip(sampling, ks)])
         u_smp = torch.stack([torch.rand((), generator=plan.seqs[i].generator) for i in sampling])
-        q = self.spec.draft_probs(sampling, ks, probs.shape[-1])
+        q = self.spec.draft_probs(proposal, sampling, probs.shape[-1])
         res = verify_drafts(probs, draft_tokens, cu, q, u_acc, u_smp)
         toks = res.output_tokens.tolist()
         for j, i in enumerate(sampling):
@@ -210,6 +213,7 @@ class LLMEngine:
                 continue
             if not toks:  # a prefill chunk that did not reach the prompt's end
                 seq.num_computed += n
+                self.blocks.truncate(seq.seq_id, seq.num_computed)
                 continue
             # The real tokens and the accepted drafts are in the cache; the last emitted is not.
             seq.num_computed += n + len(toks) - 1
@@ -217,7 +221,7 @@ class LLMEngine:
             if seq.first_token_time is None:
                 seq.first_token_time = now
             kept, text, reason = self._stops[seq.seq_id].apply(toks)
-            self.spec.on_verified(seq, draft, kept)
+            self.spec.on_verified(seq, draft, len(toks) - 1, kept)
             if reason is not None:
                 events.append(self._finish(seq, reason, kept, text))
             else:

@@ -1,11 +1,13 @@
-"""The engine's side of speculative decoding: ask the drafter for drafts, size them, account α.
+"""The engine's side of speculative decoding: ask the drafter for drafts, size them with the k
+controller, account α per request and drafter.
 
-The spec package holds the pieces (drafters, verification, controller); this class wires them to
-the engine's sequences. Kept separate so the engine step reads as schedule -> propose -> forward
--> verify -> advance.
+The spec package holds the pieces (drafters, verification, controller, cost model); this class
+wires them to the engine's sequences, so the engine step reads schedule -> propose -> forward ->
+verify -> advance.
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -13,18 +15,36 @@ import torch
 
 from agentrt.engine.outputs import StepRecord
 from agentrt.engine.sequence import Sequence
+from agentrt.errors import SpecConfigError
+from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
+from agentrt.spec.controller import KController, SeqDraftState
+from agentrt.spec.cost_model import PredictionTracker, StepCostModel
+from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
+from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
+
+# Starting points for α before a drafter has been observed (the registry then learns).
+PRIORS = {"suffix": AlphaPrior(0.5), "layerskip": AlphaPrior(0.4), "draft": AlphaPrior(0.6)}
 
 
 @dataclass(frozen=True)
 class SpecConfig:
     drafter: str = "none"  # none | suffix | layerskip:N | draft:PATH
-    k: int | None = None  # fixed k; None = adaptive
-    kmax: int = 16
+    k: int | None = None  # fixed k; None = adaptive (cost model + online α)
+    kmax: int = 16  # deepest draft the controller may ask for
+
+    @property
+    def enabled(self) -> bool:
+        return self.drafter != "none" and self.k != 0
+
+    @property
+    def policy(self) -> str:
+        return "off" if not self.enabled else ("adaptive" if self.k is None else "fixed")
 
 
 @dataclass
 class Proposal:
-    tokens: list[list[int]]  # per scheduled sequence, its drafts (maybe empty)
+    tokens: list[list[int]]  # per scheduled sequence, the drafts it feeds (maybe empty)
+    probs: list[torch.Tensor | None] = field(default_factory=list)  # per sequence [k, V] q, or None
     expected_accepted: list[float] = field(default_factory=list)
     predicted_s: float | None = None
     draft_s: float = 0.0
@@ -38,25 +58,191 @@ class SpecRunner:
     def __init__(self, config: SpecConfig, engine):
         self.config = config
         self.engine = engine
+        self.drafter: Drafter | None = build_drafter(config.drafter, engine) if config.enabled else None
+        self.kind = config.drafter.split(":", 1)[0]
+        self.alpha = AlphaRegistry(priors=PRIORS)
+        self._seq_alpha: dict[int, OnlineAlpha] = {}
+        self._stats: dict[int, RequestSpecStats] = {}
+        self._cost_model: StepCostModel | None = None
+        self.tracker = PredictionTracker(window=256)
+        self._draft_cost_per_token: float | None = None  # measured online (EMA), s per drafted token
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    @property
+    def cost_model(self) -> StepCostModel:
+        if self._cost_model is None:
+            from agentrt.engine.calibration import load_or_estimate_cost_model
+
+            self._cost_model = load_or_estimate_cost_model(self.engine)
+        return self._cost_model
+
+    @property
+    def controller(self) -> KController:
+        return KController(self.cost_model, kmax_cap=self.config.kmax, policy=self.config.policy,
+                           fixed_k=self.config.k or 0)
 
     def start(self, seq: Sequence) -> None:
-        pass
+        self._stats[seq.seq_id] = RequestSpecStats(seq.seq_id)
+        if self.drafter is not None:
+            self.drafter.start(seq.seq_id, seq.prompt_ids)
+            self._seq_alpha[seq.seq_id] = self.alpha.new_sequence(self.kind)
+
+    def finish(self, seq: Sequence) -> dict:
+        if self.drafter is not None:
+            if seq.finish_reason in ("stop", "length"):
+                self.drafter.finish(seq.seq_id, seq.output_ids)
+            self.drafter.release(seq.seq_id)
+        self._seq_alpha.pop(seq.seq_id, None)
+        stats = self._stats.pop(seq.seq_id, None)
+        return stats.to_dict() if stats else {}
+
+    # ---- per step -------------------------------------------------------------------------
+    def _kmax(self, seq: Sequence) -> int:
+        # Drafts past max_tokens or the context can never be emitted.
+        left = min(seq.params.max_tokens - len(seq.output_ids), self.engine.max_model_len - seq.num_tokens)
+        return max(0, min(self.config.kmax, left - 1))
 
     def propose(self, seqs: list[Sequence], samples: list[bool]) -> Proposal:
+        n = len(seqs)
+        proposal = Proposal(tokens=[[] for _ in seqs], probs=[None] * n, expected_accepted=[0.0] * n)
+        if self.drafter is None:
+            return proposal
         t0 = time.monotonic()
-        return Proposal(tokens=[[] for _ in seqs], draft_s=time.monotonic() - t0)
+        live = [i for i in range(n) if samples[i] and self._kmax(seqs[i]) > 0]
+        if not live:
+            return proposal
+        reqs = {i: self._request(seqs[i], self._kmax(seqs[i])) for i in live}
+        if self.drafter.deterministic:
+            # Model-free drafts are nearly free: draft as deep as allowed, then let the controller
+            # decide how much of each to verify, using the drafter's per-token confidence.
+            offered = dict(zip(live, self.drafter.propose([reqs[i] for i in live])))
+            accept = {i: self._accept_probs(seqs[i], offered[i].confidence) for i in live}
+        else:
+            offered = {}
+            accept = {i: self._seq_alpha[seqs[i].seq_id].accept_probs(reqs[i].max_k) for i in live}
+        # Every scheduled sequence enters the step-time model; those not drafting offer nothing.
+        draft_cost = self._initial_draft_cost() if self._draft_cost_per_token is None else self._draft_cost_per_token
+        alloc = self.controller.choose([
+            SeqDraftState(s.seq_id, accept.get(i, []), draft_cost, s.num_tokens) for i, s in enumerate(seqs)
+        ])
+        ks = dict(enumerate(alloc.k))
+        if not self.drafter.deterministic:
+            want = [i for i in live if ks[i] > 0]
+            got = self.drafter.propose([_with_k(reqs[i], ks[i]) for i in want]) if want else []
+            offered = dict(zip(want, got))
+        for i in live:
+            d = offered.get(i)
+            if d is None or ks[i] == 0:
+                continue
+            d = d.truncated(ks[i])
+            proposal.tokens[i] = d.tokens
+            proposal.probs[i] = d.probs
+            proposal.expected_accepted[i] = _expected_accepted(accept[i][: len(d.tokens)])
+        proposal.predicted_s = alloc.predicted_step_s
+        proposal.draft_s = time.monotonic() - t0
+        drafted = sum(len(t) for t in proposal.tokens)
+        if drafted and not self.drafter.deterministic:
+            per_token = proposal.draft_s / drafted
+            old = self._draft_cost_per_token
+            self._draft_cost_per_token = per_token if old is None else 0.8 * old + 0.2 * per_token
+        return proposal
+
+    def _initial_draft_cost(self) -> float:
+        """Before any draft was timed: model-free drafters cost ~nothing; a model drafter costs one
+        forward of its share of the target's parameters per token."""
+        if self.drafter is None or self.drafter.deterministic:
+            return 0.0
+        runner = getattr(self.drafter, "runner", None)
+        target = self.engine.model
+        draft = getattr(runner, "model", target)
+        share = getattr(runner, "num_layers", draft.num_layers) / target.num_layers if draft is target else \
+            draft.cfg.num_params() / target.cfg.num_params()
+        return share * self.cost_model.predict(1, 256)
+
+    def _request(self, seq: Sequence, max_k: int) -> DraftRequest:
+        p = seq.params
+        return DraftRequest(seq.seq_id, seq.all_ids, max_k, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
+
+    def _accept_probs(self, seq: Sequence, confidence: list[float]) -> list[float]:
+        # The drafter's confidence says which positions look safe; the sequence's online α says
+        # how well that confidence has held up lately. Their geometric mean uses both.
+        a = self._seq_alpha[seq.seq_id].estimate()
+        return [math.sqrt(max(c, 0.0) * a) for c in confidence]
 
     def mask(self, plan, sampling: list[int], probs: torch.Tensor) -> torch.Tensor:
         return probs
 
-    def draft_probs(self, sampling: list[int], ks: list[int], vocab: int) -> torch.Tensor | None:
-        return None
+    def draft_probs(self, proposal: Proposal, sampling: list[int], vocab: int) -> torch.Tensor | None:
+        """[sum k, V] q for verification, or None when every draft is deterministic."""
+        rows = [(proposal.tokens[i], proposal.probs[i]) for i in sampling if proposal.tokens[i]]
+        if all(q is None for _, q in rows):
+            return None
+        parts = []
+        for toks, q in rows:
+            if q is None:
+                q = torch.nn.functional.one_hot(torch.tensor(toks), vocab).float()
+            parts.append(q.float())
+        return torch.cat(parts)
 
-    def on_verified(self, seq: Sequence, draft: list[int], kept: list[int]) -> None:
-        pass
+    def on_verified(self, seq: Sequence, draft: list[int], accepted: int, kept: list[int]) -> None:
+        stats = self._stats.get(seq.seq_id)
+        if stats is None:
+            return
+        k = len(draft)
+        accepted = min(accepted, len(kept))
+        if self.drafter is not None:
+            self.drafter.on_verified(seq.seq_id, accepted, kept)
+            alpha = self._seq_alpha[seq.seq_id]
+            alpha.update(k, accepted) if k else alpha.tick()
+        stats.record(SpecStepEvent(
+            step=self.engine._step_no, time=time.monotonic(), seq_id=seq.seq_id,
+            drafter=self.kind if k else "none", k=k, accepted=accepted, emitted=len(kept),
+        ))
 
     def observe(self, record: StepRecord) -> None:
-        pass
+        if record.predicted_s is not None:
+            self.tracker.record(record.predicted_s, record.duration_s)
 
-    def finish(self, seq: Sequence) -> dict:
-        return {}
+
+def _with_k(req: DraftRequest, k: int) -> DraftRequest:
+    return DraftRequest(req.seq_id, req.token_ids, k, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+
+
+def _expected_accepted(accept_probs: list[float]) -> float:
+    total, run = 0.0, 1.0
+    for a in accept_probs:
+        run *= a
+        total += run
+    return total
+
+
+def build_drafter(spec: str, engine) -> Drafter:
+    kind, _, arg = spec.partition(":")
+    if kind == "suffix":
+        from agentrt.spec.drafters.suffix import SuffixDrafter
+
+        return SuffixDrafter()
+    if kind == "layerskip":
+        from agentrt.engine.draft_runner import LayerSkipRunner
+        from agentrt.spec.drafters.model import ModelDrafter
+
+        try:
+            n = int(arg)
+        except ValueError:
+            raise SpecConfigError(f"drafter {spec!r}: layerskip needs a layer count, e.g. layerskip:8") from None
+        if not 0 < n < engine.model.num_layers:
+            raise SpecConfigError(f"drafter {spec!r}: N must be in 1..{engine.model.num_layers - 1}")
+        return ModelDrafter(LayerSkipRunner(engine, n), name=spec, seed=engine.config.seed)
+    if kind == "draft":
+        from agentrt.engine.draft_runner import SeparateModelRunner
+        from agentrt.engine.model_loader import load_model
+        from agentrt.spec.drafters.model import ModelDrafter
+
+        if not arg:
+            raise SpecConfigError(f"drafter {spec!r}: give the draft model's directory, e.g. draft:/path/to/model")
+        draft = load_model(arg, engine.model.dtype, engine.config.device, progress=False)
+        if draft.model.cfg.vocab_size != engine.model.cfg.vocab_size or draft.tokenizer.encode("Hello, world!") != engine.tokenizer.encode("Hello, world!"):
+            raise SpecConfigError(f"drafter {spec!r}: the draft model's tokenizer differs from the target's")
+        return ModelDrafter(SeparateModelRunner(draft.model, engine.config.kv_cache_tokens, engine.config.block_size),
+                            name="draft", seed=engine.config.seed)
+    raise SpecConfigError(f"unknown drafter {spec!r}; choose none, suffix, layerskip:N or draft:PATH")

@@ -1,0 +1,342 @@
+"""The program builder: declare LLM calls, tool calls, fan-outs, branches and agent loops.
+
+Each method checks what it can see alone (id syntax, duplicate ids, template syntax, JSON schema
+validity, argument types) and raises ProgramValidationError at once; what depends on the whole
+program (references, tools, cycles, types, reachability) is checked by Program.compile().
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
+
+from agentrt.dag.outputs import JsonSchema, OutputSpec, Text, ToolCall
+from agentrt.dag.refs import Ref, Template, placeholders
+from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, Case, FanOutSpec, InputSpec, ItemSpec, LLMSpec,
+                               NodeSpec, ToolSpec, walk_args)
+from agentrt.dag.tooldefs import ToolDef, schema_problems, to_tool_def
+from agentrt.errors import ProgramValidationError
+
+if TYPE_CHECKING:
+    from agentrt.dag.compiled import CompiledProgram
+
+_ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_LABEL = re.compile(r"^[A-Za-z0-9_-]+$")
+JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
+ITEM = "item"  # the local name of a fan-out branch's item
+
+
+class _NoFallback:
+    def __repr__(self) -> str:
+        return "NO_FALLBACK"
+
+
+NO_FALLBACK: Any = _NoFallback()
+
+
+@dataclass(frozen=True)
+class Decl:
+    spec: NodeSpec
+    order: int
+
+
+def _fail(node: str, message: str) -> ProgramValidationError:
+    return ProgramValidationError([(node, message)])
+
+
+def _check_template(node: str, where: str, text: Any) -> Template:
+    if not isinstance(text, str):
+        raise _fail(node, f"{where} must be a str template, got {type(text).__name__}")
+    try:
+        placeholders(text)
+    except ValueError as e:
+        raise _fail(node, f"{where}: {e}") from None
+    return Template(text)
+
+
+def _check_json_value(node: str, where: str, value: Any) -> None:
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as e:
+        raise _fail(node, f"{where} must be JSON data (or a Ref / Template in tool args): {e}") from None
+
+
+def _case_label(node: str, key: Any) -> str:
+    if isinstance(key, bool) or key is None:
+        return json.dumps(key)
+    if isinstance(key, int) or (isinstance(key, str) and _LABEL.match(key)):
+        return str(key)
+    raise _fail(node, f"case key {key!r} must be a bool, an int, None, or a str of letters, digits, '_', '-'")
+
+
+class Scope:
+    """Declares nodes in one scope: the program itself, or the body of a fan-out or branch case.
+
+    Every method takes the node's local id first and returns a Ref to its output. In a fan-out body,
+    `item` is the current item. Prompts are templates naming nodes in scope: "Summarise {weather}".
+    """
+
+    def __init__(self, program: Program, prefix: str, item: Ref | None = None) -> None:
+        self._program = program
+        self._prefix = prefix
+        self._item = item
+        self._open = True
+
+    @property
+    def item(self) -> Ref:
+        """The current item of a fan-out branch (templates call it {item})."""
+        if self._item is None:
+            raise AttributeError("item exists only in a fan-out body")
+        return self._item
+
+    def llm(self, id: str, prompt: str, *, system: str | None = None, output: OutputSpec | None = None,
+            max_tokens: int = 512, temperature: float = 0.0) -> Ref:
+        """An LLM call. output: Text() (default), JsonSchema(schema) or ToolCall(tool_names).
+
+        >>> p = Program("demo", inputs={"topic": str})
+        >>> p.llm("poem", prompt="Write a haiku about {topic}", max_tokens=64)
+        Ref('poem')
+        """
+        node = self._new_id(id)
+        output = Text() if output is None else output
+        if not isinstance(output, (Text, JsonSchema, ToolCall)):
+            raise _fail(node, f"output must be Text(), JsonSchema(schema) or ToolCall(tools), got {output!r}")
+        if isinstance(output, JsonSchema):
+            problems = schema_problems(output.schema)
+            if problems:
+                raise _fail(node, "output JsonSchema is invalid " + "; ".join(problems))
+        self._check_sampling(node, max_tokens, temperature)
+        spec = LLMSpec(node, _check_template(node, "prompt", prompt),
+                       None if system is None else _check_template(node, "system", system),
+                       output, max_tokens, float(temperature))
+        return self._add(spec)
+
+    def tool(self, id: str, tool: str, args: Mapping[str, Any] | Ref | None = None, *,
+             fallback: Any = NO_FALLBACK) -> Ref:
+        """A call to the tool named `tool` (declared in Program(tools=...)).
+
+        args: a dict whose values are Refs, Template(...)s or literal JSON (nested is fine), or one
+        Ref to the whole argument dict, e.g. an LLM call with output=ToolCall([tool]). If the tool
+        fails and `fallback` is given, `fallback` becomes the output; otherwise the run ends with an
+        error naming this node.
+
+        >>> p = Program("demo", inputs={"city": str}, tools=[{"name": "get_weather", "parameters": {
+        ...     "type": "object", "properties": {"city": {"type": "string"}}}}])
+        >>> p.tool("weather", "get_weather", args={"city": p.input("city")}, fallback={"forecast": "unknown"})
+        Ref('weather')
+        """
+        node = self._new_id(id)
+        if not isinstance(tool, str):
+            raise _fail(node, f"name the tool by its name (a str declared in Program(tools=...)), got {tool!r}")
+        args = {} if args is None else args
+        if not isinstance(args, (Mapping, Ref)):
+            raise _fail(node, f"args must be a dict or a Ref, got {type(args).__name__}")
+        if isinstance(args, Mapping):
+            args = dict(args)
+            for where, item in walk_args(args, "args"):
+                if isinstance(item, Template):
+                    _check_template(node, where, item.text)
+            plain = _strip_refs(args)
+            _check_json_value(node, "args", plain)
+        if fallback is not NO_FALLBACK:
+            _check_json_value(node, "fallback", fallback)
+        has_fallback = fallback is not NO_FALLBACK
+        return self._add(ToolSpec(node, tool, args, has_fallback, fallback if has_fallback else None))
+
+    def fan_out(self, id: str, over: Ref, body: Callable[[Scope], Ref]) -> Ref:
+        """Run `body` once per item of the list `over`, in parallel; the output is the list of the
+        branches' results, in item order (reference it to fan in).
+
+        body(b) declares the per-item nodes on `b` (b.item is the item) and returns the branch result.
+        Node ids inside become "<id>[i].<local id>" when the list is known.
+
+        >>> p = Program("demo", inputs={"questions": list}, tools=[{"name": "search", "parameters": {
+        ...     "type": "object", "properties": {"query": {"type": "string"}}}}])
+        >>> hits = p.fan_out("hits", over=p.input("questions"),
+        ...                  body=lambda b: b.tool("search", "search", args={"query": b.item}))
+        >>> p.llm("answer", prompt="Answer using {hits}")
+        Ref('answer')
+        """
+        node = self._new_id(id)
+        if not isinstance(over, Ref):
+            raise _fail(node, f"over must be a Ref to a list output, got {over!r}")
+        if not callable(body):
+            raise _fail(node, "body must be a function taking the body scope and returning its result Ref")
+        prefix = f"{node}[*]."
+        item = self._program._declare(ItemSpec(prefix + ITEM, node, over))
+        result = self._run_body(node, body, Scope(self._program, prefix, item), "body")
+        return self._add(FanOutSpec(node, over, prefix, result))
+
+    def branch(self, id: str, on: Ref, cases: Mapping[Any, Callable[[Scope], Ref]],
+               default: Callable[[Scope], Ref] | None = None) -> Ref:
+        """Take the case whose key equals the value of `on` (a bool, int, None or short str);
+        `default` when none matches (without one, no match ends the run with an error). The
+        output is the taken case's result. Case nodes get ids "<id>?<key>.<local id>".
+
+        >>> p = Program("demo", inputs={"question": str})
+        >>> kind = p.llm("kind", prompt="Is this about math? {question}",
+        ...              output=JsonSchema({"type": "string", "enum": ["math", "other"]}))
+        >>> p.branch("answer", on=kind, cases={
+        ...     "math": lambda b: b.llm("solve", prompt="Solve step by step: {question}"),
+        ...     "other": lambda b: b.llm("reply", prompt="Answer briefly: {question}")})
+        Ref('answer')
+        """
+        node = self._new_id(id)
+        if not isinstance(on, Ref):
+            raise _fail(node, f"on must be a Ref, got {on!r}")
+        if not isinstance(cases, Mapping) or not cases:
+            raise _fail(node, "cases must be a non-empty dict {key: body}")
+        bodies = [(key, _case_label(node, key), body, False) for key, body in cases.items()]
+        if default is not None:
+            bodies.append((None, "default", default, True))
+        labels = [b[1] for b in bodies]
+        if len(set(labels)) != len(labels):
+            raise _fail(node, f"case labels collide: {labels} (a key 'default' clashes with default=)")
+        built = []
+        for key, label, body, is_default in bodies:
+            if not callable(body):
+                raise _fail(node, f"case {label}: body must be a function taking the case scope")
+            prefix = f"{node}?{label}."
+            result = self._run_body(node, body, Scope(self._program, prefix, self._item), f"case {label}")
+            built.append(Case(key, label, prefix, result, is_default))
+        return self._add(BranchSpec(node, on, tuple(built)))
+
+    def agent_loop(self, id: str, prompt: str, tools: Sequence[str], *, system: str | None = None,
+                   max_steps: int = 8, max_tokens: int = 512, temperature: float = 0.0,
+                   on_max_steps: Literal["answer", "error"] = "answer") -> Ref:
+        """A bounded agent loop: at each step the model picks one of `tools` (its result, or its
+        error, goes back to the model) or gives a final text answer, which is the output.
+
+        At most max_steps LLM steps. on_max_steps="answer": the last step must answer in text;
+        "error": a tool pick at the last step ends the run with an error naming this node.
+
+        >>> p = Program("demo", inputs={"question": str}, tools=[{"name": "run_query", "parameters": {
+        ...     "type": "object", "properties": {"sql": {"type": "string"}}}}])
+        >>> p.agent_loop("agent", prompt="Answer with SQL: {question}", tools=["run_query"], max_steps=5)
+        Ref('agent')
+        """
+        node = self._new_id(id)
+        if isinstance(tools, str) or not tools or not all(isinstance(t, str) for t in tools):
+            raise _fail(node, f"tools must be a non-empty list of tool names, got {tools!r}")
+        if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+            raise _fail(node, f"max_steps must be an int >= 1, got {max_steps!r}")
+        if on_max_steps not in ("answer", "error"):
+            raise _fail(node, f"on_max_steps must be 'answer' or 'error', got {on_max_steps!r}")
+        self._check_sampling(node, max_tokens, temperature)
+        spec = AgentLoopSpec(node, _check_template(node, "prompt", prompt),
+                             None if system is None else _check_template(node, "system", system),
+                             tuple(tools), max_steps, max_tokens, float(temperature), on_max_steps)
+        return self._add(spec)
+
+    # -- internals --
+
+    def _new_id(self, id: Any) -> str:
+        if not self._open:
+            raise _fail(self._prefix + str(id), "declared after its body returned: declare nodes inside the body")
+        if not isinstance(id, str) or not _ID.match(id):
+            raise _fail(self._prefix + str(id), "node id must be a Python-style identifier (letters, digits, _)")
+        node = self._prefix + id
+        if node in self._program._decls:
+            what = "the fan-out's item" if id == ITEM and self._item is not None else "another node or input"
+            raise _fail(node, f"duplicate id: already used by {what}")
+        return node
+
+    def _check_sampling(self, node: str, max_tokens: Any, temperature: Any) -> None:
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise _fail(node, f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
+            raise _fail(node, f"temperature must be a number >= 0, got {temperature!r}")
+
+    def _run_body(self, node: str, body: Callable[[Scope], Ref], scope: Scope, what: str) -> Ref:
+        result = body(scope)
+        scope._open = False
+        if not isinstance(result, Ref):
+            raise _fail(node, f"{what} must return the Ref of its result, got {result!r}")
+        return result
+
+    def _add(self, spec: NodeSpec) -> Ref:
+        return self._program._declare(spec)
+
+
+def _strip_refs(value: Any) -> Any:
+    if isinstance(value, (Ref, Template)):
+        return None
+    if isinstance(value, Mapping):
+        return {k: _strip_refs(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strip_refs(v) for v in value]
+    return value
+
+
+def _tool_name(tool: Any) -> str:
+    if isinstance(tool, Mapping):
+        inner = tool.get("function", tool)
+        return str(inner.get("name", "?")) if isinstance(inner, Mapping) else "?"
+    return str(getattr(tool, "name", "?"))
+
+
+class Program(Scope):
+    """An agent program under construction: inputs, tools, nodes, and one output.
+
+    inputs: {name: type} with type one of str, int, float, bool, list, dict.
+    tools: the tools nodes may name (agentrt.tools.Tool objects or OpenAI-format dicts).
+
+    >>> p = Program("trip", inputs={"city": str}, tools=[{"name": "get_weather", "parameters": {
+    ...     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}])
+    >>> weather = p.tool("weather", "get_weather", args={"city": p.input("city")})
+    >>> p.output(p.llm("summary", prompt="Summarise for a traveller to {city}: {weather}"))
+    >>> p.compile().topological_order
+    ('city', 'weather', 'summary')
+    """
+
+    def __init__(self, name: str, inputs: Mapping[str, type] | None = None, tools: Sequence[Any] = ()) -> None:
+        self.name = name
+        self._decls: dict[str, Decl] = {}
+        self._tools: dict[str, ToolDef] = {}
+        self._output: Ref | dict[str, Ref] | None = None
+        super().__init__(self, "")
+        for tool in tools:
+            try:
+                found = to_tool_def(tool)
+            except ValueError as e:
+                raise _fail(f"tool {_tool_name(tool)}", str(e)) from None
+            if found.name in self._tools:
+                raise _fail(f"tool {found.name}", "declared twice in tools=")
+            self._tools[found.name] = found
+        for input_name, typ in (inputs or {}).items():
+            node = self._new_id(input_name)
+            if typ not in JSON_TYPES:
+                raise _fail(node, f"input type must be one of str, int, float, bool, list, dict, got {typ!r}")
+            self._declare(InputSpec(node, JSON_TYPES[typ]))
+
+    def input(self, name: str) -> Ref:
+        """The Ref of a declared input."""
+        decl = self._decls.get(name)
+        if decl is None or not isinstance(decl.spec, InputSpec):
+            raise _fail(name, f"no input named '{name}' (inputs: {', '.join(self._input_names()) or 'none'})")
+        return Ref(name)
+
+    def output(self, value: Ref | Mapping[str, Ref]) -> None:
+        """Declare the program's result: one Ref, or a dict {name: Ref}. Nodes that feed no output
+        are rejected by compile() as unreachable."""
+        if self._output is not None:
+            raise _fail(self.name, "output declared twice")
+        if isinstance(value, Mapping) and value and all(isinstance(v, Ref) for v in value.values()):
+            self._output = dict(value)
+        elif isinstance(value, Ref):
+            self._output = value
+        else:
+            raise _fail(self.name, f"output must be a Ref or a non-empty dict of Refs, got {value!r}")
+
+    def compile(self) -> CompiledProgram:
+        """Validate the whole program and freeze it; raises ProgramValidationError listing every problem."""
+        from agentrt.dag.compile import compile_program
+        return compile_program(self.name, self._decls, self._tools, self._output)
+
+    def _input_names(self) -> list[str]:
+        return [n for n, d in self._decls.items() if isinstance(d.spec, InputSpec)]
+
+    def _declare(self, spec: NodeSpec) -> Ref:
+        self._decls[spec.id] = Decl(spec, len(self._decls))
+        return Ref(spec.id)

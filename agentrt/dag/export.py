@@ -1,0 +1,113 @@
+"""Mermaid and DOT text of a program graph, static or expanded: templates dashed, node states
+coloured, control edges (branch decision -> case) dotted."""
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+import networkx as nx
+
+_MERMAID_SHAPES = {"input": ("([", "])"), "llm": ("[", "]"), "tool": ("[[", "]]"), "item": (">", "]"),
+                   "fan_out": ("[/", "/]"), "branch": ("{", "}"), "agent_loop": ("{{", "}}")}
+_DOT_SHAPES = {"input": "ellipse", "llm": "box", "tool": "component", "item": "cds", "fan_out": "trapezium",
+               "branch": "diamond", "agent_loop": "hexagon"}
+_STATE_COLOURS = {"done": "#d4edda", "running": "#fff3cd", "failed": "#f8d7da"}
+
+
+def describe(attrs: Mapping[str, Any]) -> str:
+    """One line saying what a node does, e.g. "llm -> json", "tool get_weather"."""
+    spec, kind = attrs["spec"], attrs["kind"]
+    if kind == "input":
+        return f"input: {spec.type}"
+    if kind == "llm":
+        step = f" (step {spec.id.rsplit('#', 1)[1].split('.')[0]})" if spec.loop else ""
+        return f"llm -> {spec.output.describe()}{step}"
+    if kind == "tool":
+        return f"tool {spec.tool}" + (" (fallback)" if spec.has_fallback else "")
+    if kind == "item":
+        return f"item of {spec.over!s}" + (f" [{spec.index}]" if spec.index is not None else "")
+    if kind == "fan_out":
+        return f"fan-out over {spec.over!s}" + (f" x{attrs['width']}" if "width" in attrs else "")
+    if kind == "branch":
+        return f"branch on {spec.on!s}" + (f" -> {attrs['case']}" if "case" in attrs else "")
+    return f"agent loop, max {spec.max_steps} steps: {', '.join(spec.tools)}"
+
+
+def _ordered(graph: nx.DiGraph) -> list[str]:
+    return sorted(graph, key=lambda n: graph.nodes[n]["order"])
+
+
+def _ordered_edges(graph: nx.DiGraph) -> list[tuple[str, str]]:
+    return sorted(graph.edges, key=lambda e: (graph.nodes[e[1]]["order"], graph.nodes[e[0]]["order"]))
+
+
+def _mermaid_ids(nodes: list[str]) -> dict[str, str]:
+    ids: dict[str, str] = {}
+    used: set[str] = set()
+    for node in nodes:
+        base = "n_" + re.sub(r"\W", "_", node)  # the prefix keeps ids off Mermaid keywords such as "end"
+        mid, k = base, 1
+        while mid in used:
+            k += 1
+            mid = f"{base}_{k}"
+        used.add(mid)
+        ids[node] = mid
+    return ids
+
+
+def _mermaid_text(text: str) -> str:
+    return text.replace("&", "#amp;").replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+
+
+def to_mermaid(graph: nx.DiGraph) -> str:
+    """A Mermaid flowchart: one node per graph node labelled "<id><br/><what it does>"."""
+    nodes = _ordered(graph)
+    ids = _mermaid_ids(nodes)
+    lines = ["flowchart TD"]
+    for node in nodes:
+        attrs = graph.nodes[node]
+        left, right = _MERMAID_SHAPES[attrs["kind"]]
+        label = _mermaid_text(node) + "<br/>" + _mermaid_text(describe(attrs))
+        lines.append(f'    {ids[node]}{left}"{label}"{right}')
+    for u, v in _ordered_edges(graph):
+        arrow = "-.->" if graph.edges[u, v].get("control") else "-->"
+        lines.append(f"    {ids[u]} {arrow} {ids[v]}")
+    lines.append("    classDef template stroke-dasharray: 5 5")
+    for state, colour in _STATE_COLOURS.items():
+        lines.append(f"    classDef {state} fill:{colour}")
+    for cls in ("template", *_STATE_COLOURS):
+        members = [ids[n] for n in nodes if cls in _classes(graph.nodes[n])]
+        if members:
+            lines.append(f"    class {','.join(members)} {cls}")
+    return "\n".join(lines) + "\n"
+
+
+def _classes(attrs: Mapping[str, Any]) -> list[str]:
+    found = ["template"] if attrs.get("template") else []
+    if attrs.get("state") in _STATE_COLOURS:
+        found.append(attrs["state"])
+    return found
+
+
+def _dot_text(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def to_dot(graph: nx.DiGraph) -> str:
+    """Graphviz DOT text: quoted node ids, labels "<id>\\n<what it does>", one line per edge."""
+    lines = [f"digraph {_dot_text(graph.graph.get('name', 'program'))} {{", "    rankdir=TB;",
+             '    node [fontname="Helvetica", fontsize=11];']
+    for node in _ordered(graph):
+        attrs = graph.nodes[node]
+        style = [s for s in ("dashed" if attrs.get("template") else "",
+                             "filled" if attrs.get("state") in _STATE_COLOURS else "") if s]
+        extra = f', style="{",".join(style)}"' if style else ""
+        if attrs.get("state") in _STATE_COLOURS:
+            extra += f', fillcolor="{_STATE_COLOURS[attrs["state"]]}"'
+        label = _dot_text(node + "\n" + describe(attrs))
+        lines.append(f"    {_dot_text(node)} [label={label}, shape={_DOT_SHAPES[attrs['kind']]}{extra}];")
+    for u, v in _ordered_edges(graph):
+        style = " [style=dotted]" if graph.edges[u, v].get("control") else ""
+        lines.append(f"    {_dot_text(u)} -> {_dot_text(v)}{style};")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

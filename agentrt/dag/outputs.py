@@ -1,0 +1,120 @@
+"""What an LLM call produces: Text(), JsonSchema(schema) or ToolCall(tools).
+
+Plain data the engine reads through `to_response_format()` (OpenAI style) without importing dag.
+`check(value)` normalises and validates the value a runtime reports for a finished call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from agentrt.dag.tooldefs import ToolDef, value_problem
+
+
+@dataclass(frozen=True)
+class Text:
+    """Free text. The node's value is a str.
+
+    >>> Text().to_response_format()
+    {'type': 'text'}
+    """
+
+    def to_response_format(self) -> dict[str, Any]:
+        return {"type": "text"}
+
+    def value_schema(self) -> dict[str, Any]:
+        return {"type": "string"}
+
+    def check(self, value: Any) -> Any:
+        if not isinstance(value, str):
+            raise ValueError(f"a Text output must be a str, got {type(value).__name__}")
+        return value
+
+    def describe(self) -> str:
+        return "text"
+
+
+@dataclass(frozen=True)
+class JsonSchema:
+    """JSON matching `schema`. The node's value is the parsed JSON (dict, list, ...).
+
+    The schema is checked against its meta-schema when the node is declared.
+
+    >>> JsonSchema({"type": "array", "items": {"type": "string"}}).to_response_format()["type"]
+    'json_schema'
+    """
+
+    schema: Mapping[str, Any]
+    name: str = "output"
+
+    def to_response_format(self) -> dict[str, Any]:
+        return {"type": "json_schema", "json_schema": {"name": self.name, "schema": dict(self.schema)}}
+
+    def value_schema(self) -> Mapping[str, Any]:
+        return self.schema
+
+    def check(self, value: Any) -> Any:
+        problem = value_problem(self.schema, value)
+        if problem is not None:
+            raise ValueError(f"output does not match its JSON schema {problem}")
+        return value
+
+    def describe(self) -> str:
+        return "json"
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A call to one of `tools` (named as declared in Program(tools=...)), or text if allow_text.
+
+    The node's value is {"name": tool, "arguments": {...}, "text": None}, or
+    {"name": None, "arguments": None, "text": "..."} when the model answered in text.
+    compile() attaches the tool definitions that `to_response_format()` needs.
+
+    >>> call = ToolCall(["get_weather"], definitions=(ToolDef("get_weather", "", {"type": "object"}),))
+    >>> call.to_response_format()["tools"][0]["function"]["name"]
+    'get_weather'
+    """
+
+    tools: tuple[str, ...]
+    allow_text: bool = False
+    definitions: tuple[ToolDef, ...] = field(default=(), compare=False)
+
+    def __post_init__(self) -> None:
+        tools = (self.tools,) if isinstance(self.tools, str) else tuple(self.tools)
+        if not tools or not all(isinstance(t, str) for t in tools):
+            raise ValueError(f"ToolCall needs one or more tool names (str), got {self.tools!r}")
+        object.__setattr__(self, "tools", tools)
+
+    def to_response_format(self) -> dict[str, Any]:
+        if len(self.definitions) != len(self.tools):
+            raise ValueError(f"ToolCall{list(self.tools)} has no tool definitions attached: use the spec of "
+                             f"a compiled program (Program.compile() attaches them)")
+        return {"type": "tool_call", "tools": [d.openai_schema() for d in self.definitions],
+                "allow_text": self.allow_text}
+
+    def value_schema(self) -> dict[str, Any]:
+        # With one tool, its parameters describe "arguments"; with several, they are unknown here.
+        arguments = dict(self.definitions[0].parameters) if len(self.definitions) == 1 else {}
+        return {"type": "object", "properties": {"name": {}, "arguments": arguments, "text": {}},
+                "additionalProperties": False}
+
+    def check(self, value: Any) -> dict[str, Any]:
+        if isinstance(value, Mapping) and value.get("name") is not None:
+            if value["name"] not in self.tools:
+                raise ValueError(f"called tool '{value['name']}', which is not one of {list(self.tools)}")
+            if not isinstance(value.get("arguments"), Mapping):
+                raise ValueError(f"tool call to '{value['name']}' has no arguments object")
+            return {"name": value["name"], "arguments": dict(value["arguments"]), "text": None}
+        if isinstance(value, Mapping) and isinstance(value.get("text"), str):
+            if not self.allow_text:
+                raise ValueError(f"answered in text, but this call must call one of {list(self.tools)}")
+            return {"name": None, "arguments": None, "text": value["text"]}
+        raise ValueError("a ToolCall output must be {'name': tool, 'arguments': {...}} or {'text': '...'}, "
+                         f"got {value!r}")
+
+    def describe(self) -> str:
+        return "tool call: " + "|".join(self.tools) + (" or text" if self.allow_text else "")
+
+
+OutputSpec = Text | JsonSchema | ToolCall

@@ -1,0 +1,350 @@
+"""ProgramRun: the live graph of one execution. It executes nothing itself: the runtime runs the
+LLM and tool nodes that `ready()` lists and reports back with `complete()` / `fail()`; the run
+does the plumbing (inputs, fan-out expansion and fan-in, branch choice, agent-loop steps) and the
+graph shows each expansion as it happens.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Callable, Mapping
+
+import networkx as nx
+
+from agentrt.dag import analysis, export
+from agentrt.dag.refs import Ref, resolve, type_name
+from agentrt.dag.specs import ItemSpec, NodeSpec, ToolSpec
+from agentrt.errors import ProgramRunError
+
+if TYPE_CHECKING:
+    from agentrt.dag.compiled import CompiledProgram
+
+_PY_TYPES: dict[str, Callable[[Any], bool]] = {
+    "string": lambda v: isinstance(v, str),
+    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
+    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+    "boolean": lambda v: isinstance(v, bool),
+    "array": lambda v: isinstance(v, list),
+    "object": lambda v: isinstance(v, dict),
+}
+
+
+class ProgramRun:
+    """One execution of a compiled program (make it with `program.start(inputs)`).
+
+    The runtime loop: take nodes from `ready()` (LLM and tool calls whose inputs are all done),
+    optionally `begin(node)`, run them (render_prompt / tool_arguments give what to send), then
+    `complete(node, value)` or `fail(node, error)`. Each returns the nodes that became ready.
+    `status` is "running", "done" (then `result` holds the output) or "failed" (then `error`, a
+    ProgramRunError naming the node, was raised by the call that failed).
+
+    Node states (attribute "state"): pending, running, done, failed.
+    An LLM value is the text (Text), the parsed JSON (JsonSchema), or {"name", "arguments"} /
+    {"text"} (ToolCall). A tool failure with a declared fallback makes the fallback the value;
+    in an agent loop it makes {"error": message} the value, for the model to read.
+
+    >>> p = Program("demo", inputs={"city": str}, tools=[{"name": "get_weather", "parameters": {
+    ...     "type": "object", "properties": {"city": {"type": "string"}}}}])
+    >>> w = p.tool("weather", "get_weather", args={"city": p.input("city")}, fallback="no forecast")
+    >>> p.output(p.llm("tip", prompt="Packing tip for {city}, given {weather}"))
+    >>> run = p.compile().start({"city": "Oslo"})
+    >>> run.ready()
+    ['weather']
+    >>> run.fail("weather", TimeoutError("weather API timed out"))
+    ['tip']
+    >>> render_prompt(run.spec("tip"), run.values)[0]["content"]
+    'Packing tip for Oslo, given no forecast'
+    >>> run.complete("tip", "Bring a coat.")
+    []
+    >>> run.status, run.result
+    ('done', 'Bring a coat.')
+    """
+
+    def __init__(self, program: CompiledProgram, inputs: Mapping[str, Any]) -> None:
+        self.program = program
+        self.graph: nx.DiGraph = program.graph.copy()  # a plain (unfrozen) copy with its own attr dicts
+        for node in self.graph:
+            self.graph.nodes[node]["state"] = "pending"
+        self._values: dict[str, Any] = {}
+        self.status = "running"
+        self.error: ProgramRunError | None = None
+        self._result: Any = None
+        for name, typ in program.inputs.items():
+            if name not in inputs:
+                raise ProgramRunError(name, f"missing input of program '{program.name}'")
+            if not _PY_TYPES[typ](inputs[name]):
+                raise ProgramRunError(name, f"input must be {typ}, got {type_name(inputs[name])}")
+        for name in inputs:
+            if name not in program.inputs:
+                raise ProgramRunError(name, f"not an input of program '{program.name}' "
+                                            f"(inputs: {', '.join(program.inputs) or 'none'})")
+        for name in program.inputs:
+            self._finish(name, inputs[name])
+        self._settle()
+
+    # -- what the runtime reads --
+
+    @property
+    def values(self) -> Mapping[str, Any]:
+        """Outputs of the finished nodes, by node id (read-only)."""
+        return MappingProxyType(self._values)
+
+    @property
+    def result(self) -> Any:
+        if self.status != "done":
+            raise ProgramRunError(self.program.name, f"run is {self.status}: no result")
+        return self._result
+
+    def spec(self, node: str) -> NodeSpec:
+        return self._attrs(node)["spec"]
+
+    def ready(self) -> list[str]:
+        """Pending LLM and tool nodes whose inputs are all done, in declaration order."""
+        if self.status != "running":
+            return []
+        return [n for n in self._ordered() if self._is_ready(n)]
+
+    def remaining_calls(self, *, fan_out_width: int = 1) -> analysis.CallCount:
+        """LLM and tool calls not done yet, counted as CompiledProgram.remaining_calls does."""
+        return analysis.remaining_calls(self.graph, self._is_done, fan_out_width)
+
+    def critical_path_length(self, from_node: str | None = None, weights: Mapping[str, float] | None = None) -> float:
+        """Longest weighted path of work left (done nodes weigh 0); see CompiledProgram."""
+        return analysis.critical_path_length(self.graph, self._is_done, from_node, weights)
+
+    def to_mermaid(self) -> str:
+        return export.to_mermaid(self.graph)
+
+    def to_dot(self) -> str:
+        return export.to_dot(self.graph)
+
+    # -- what the runtime reports --
+
+    def begin(self, node: str) -> None:
+        """Mark a ready node running (it leaves ready())."""
+        self._check_callable(node)
+        if not self._is_ready(node):
+            raise ProgramRunError(node, f"not ready ({self._why_not_ready(node)})")
+        self.graph.nodes[node]["state"] = "running"
+
+    def complete(self, node: str, value: Any) -> list[str]:
+        """Record the output of an LLM or tool node; returns the nodes that became ready.
+        An LLM value that does not fit the node's output spec ends the run with an error."""
+        self._check_callable(node)
+        spec = self.spec(node)
+        if spec.kind == "llm":
+            try:
+                value = spec.output.check(value)
+            except ValueError as e:
+                self._die(node, f"output rejected: {e}")
+        return self._accept(node, value)
+
+    def fail(self, node: str, error: BaseException | str) -> list[str]:
+        """Report that an LLM or tool call failed. A tool with a fallback (or an agent-loop tool
+        step) takes its fallback value and the run goes on; otherwise the run fails and the
+        ProgramRunError naming the node is raised."""
+        self._check_callable(node)
+        spec = self.spec(node)
+        message = str(error) or type(error).__name__
+        if isinstance(spec, ToolSpec) and (spec.errors_to_output or spec.has_fallback):
+            self.graph.nodes[node]["error"] = message
+            return self._accept(node, {"error": message} if spec.errors_to_output else spec.fallback)
+        self._die(node, f"{spec.kind} call failed: {message}")
+
+    # -- plumbing --
+
+    def _accept(self, node: str, value: Any) -> list[str]:
+        before = set(self.ready())
+        self._finish(node, value)
+        loop = self.spec(node).loop
+        if loop is not None:
+            self._advance_loop(loop, node)
+        self._settle()
+        return [n for n in self.ready() if n not in before]
+
+    def _settle(self) -> None:
+        """Expand, choose and fan in until nothing changes; then check whether the output is done."""
+        changed = True
+        while changed and self.status == "running":
+            changed = False
+            for node in self._ordered():
+                attrs = self.graph.nodes.get(node)
+                if attrs is None or attrs["state"] != "pending" or attrs["template"] or attrs["gates"]:
+                    continue
+                changed |= self._step(node, attrs)
+        if self.status == "running" and all(self._is_done(n) for n in self.program.output_nodes()):
+            out = self.program.output
+            self._result = self._resolve_for(out.node, out) if isinstance(out, Ref) else \
+                {k: self._resolve_for(r.node, r) for k, r in out.items()}
+            self.status = "done"
+
+    def _step(self, node: str, attrs: dict[str, Any]) -> bool:
+        spec, kind = attrs["spec"], attrs["kind"]
+        if kind == "fan_out" and "width" not in attrs:
+            if not self._is_done(spec.over.node):
+                return False
+            self._expand(node)
+            return True
+        if kind == "branch" and "case" not in attrs:
+            if not self._is_done(spec.on.node):
+                return False
+            self._choose(node)
+            return True
+        if kind == "agent_loop" and "llm_steps" not in attrs:
+            self._start_loop(node)
+            return True
+        if kind in ("fan_out", "branch") and all(self._is_done(p) for p in self.graph.predecessors(node)):
+            self._finish(node, self._collect(node, spec, attrs))
+            return True
+        return False
+
+    def _collect(self, node: str, spec: Any, attrs: dict[str, Any]) -> Any:
+        """Fan-in: the list of branch results in item order; branch: the taken case's result."""
+        if attrs["kind"] == "fan_out":
+            return [self._resolve_for(node, spec.result.renamed(self._branch_rename(spec, i)))
+                    for i in range(attrs["width"])]
+        case = next(c for c in spec.cases if c.label == attrs["case"])
+        return self._resolve_for(node, case.result)
+
+    def _expand(self, node: str) -> None:
+        """Fan-out: copy the template body once per item ("<id>[i].<local>"), drop the templates."""
+        spec = self.spec(node)
+        items = self._resolve_for(node, spec.over)
+        if not isinstance(items, list):
+            self._die(node, f"over {spec.over!s} is {type_name(items)}, not a list")
+        templates = [n for n in self.graph if n.startswith(spec.body)]
+        inside = set(templates)
+        edges = [(u, v, d) for u, v, d in self.graph.edges(data=True) if u in inside or v in inside]
+        for i, item in enumerate(items):
+            rename = self._branch_rename(spec, i)
+            for t in templates:
+                attrs = self.graph.nodes[t]
+                new_spec = attrs["spec"].renamed(rename)
+                if isinstance(new_spec, ItemSpec) and new_spec.fan_out == node:
+                    new_spec = replace(new_spec, index=i)
+                new_id = rename(t)
+                self.graph.add_node(new_id, **{**attrs, "spec": new_spec, "order": attrs["order"] + (i,),
+                                               "template": "[*]" in new_id,
+                                               "gates": tuple(rename(g) for g in attrs["gates"])})
+                if new_spec.kind == "item" and new_spec.fan_out == node:
+                    self._finish(new_id, item)
+            self.graph.add_edges_from((rename(u), rename(v), d) for u, v, d in edges)
+        self.graph.remove_nodes_from(templates)
+        self.graph.nodes[node]["width"] = len(items)
+
+    @staticmethod
+    def _branch_rename(spec: Any, index: int) -> Callable[[str], str]:
+        old, new = spec.body, spec.branch_prefix(index)
+        return lambda s: new + s[len(old):] if s.startswith(old) else s
+
+    def _choose(self, node: str) -> None:
+        """Branch: keep the case matching `on`, remove the others, open the kept case's gate."""
+        spec = self.spec(node)
+        value = self._resolve_for(node, spec.on)
+        case = spec.case_for(value)
+        if case is None:
+            labels = ", ".join(c.label for c in spec.cases)
+            self._die(node, f"{spec.on!s} = {value!r} matches no case ({labels}) and there is no default")
+        for other in spec.cases:
+            if other is not case:
+                self.graph.remove_nodes_from([n for n in self.graph if n.startswith(other.prefix)])
+        for n in self.graph:
+            if n.startswith(case.prefix):
+                attrs = self.graph.nodes[n]
+                attrs["gates"] = tuple(g for g in attrs["gates"] if g != case.prefix)
+        self.graph.nodes[node]["case"] = case.label
+        self._rewire(node, [spec.on.node, case.result.node])
+
+    def _start_loop(self, loop: str) -> None:
+        spec = self.spec(loop)
+        first = spec.step_spec(1, ())
+        self._add_step(loop, first, (1, 0), [u.ref.node for u in first.refs()])
+        self.graph.nodes[loop].update(llm_steps=1, tool_steps=0)
+
+    def _advance_loop(self, loop: str, node: str) -> None:
+        """After a loop step: a text answer ends the loop; a tool pick adds the tool step; a tool
+        result adds the next LLM step."""
+        spec, attrs, step_spec = self.spec(loop), self.graph.nodes[loop], self.spec(node)
+        step = len(step_spec.history) + 1 if step_spec.kind == "llm" else attrs["tool_steps"]
+        if step_spec.kind == "llm":
+            value = self._values[node]
+            if isinstance(value, str) or value["name"] is None:
+                self._finish(loop, value if isinstance(value, str) else value["text"])
+            elif step >= spec.max_steps:
+                self._die(loop, f"no final answer after max_steps={spec.max_steps}: "
+                                f"step {step} called '{value['name']}'")
+            else:
+                tool = ToolSpec(spec.step_id(step, "tool"), value["name"], Ref(node), args_from_call=True,
+                                errors_to_output=True, loop=loop)
+                self._add_step(loop, tool, (step, 1), [node])
+                attrs["tool_steps"] += 1
+            return
+        history = self.spec(spec.step_id(step, "llm")).history + ((spec.step_id(step, "llm"), node),)
+        self._add_step(loop, spec.step_spec(step + 1, history), (step + 1, 0), [node])
+        attrs["llm_steps"] += 1
+
+    def _add_step(self, loop: str, spec: NodeSpec, order: tuple[int, int], preds: list[str]) -> None:
+        loop_attrs = self.graph.nodes[loop]
+        self.graph.add_node(spec.id, kind=spec.kind, spec=spec, order=loop_attrs["order"] + order,
+                            template=False, gates=(), state="pending")
+        self.graph.add_edges_from((p, spec.id) for p in preds)
+        self._rewire(loop, [spec.id])
+
+    def _rewire(self, node: str, preds: list[str]) -> None:
+        self.graph.remove_edges_from(list(self.graph.in_edges(node)))
+        self.graph.add_edges_from((p, node) for p in preds)
+
+    def _resolve_for(self, node: str, ref: Ref) -> Any:
+        try:
+            return resolve(ref, self._values)
+        except ProgramRunError as e:
+            self._die(node, f"cannot read {ref!s}: {e.reason}")
+
+    def _finish(self, node: str, value: Any) -> None:
+        self._values[node] = value
+        self.graph.nodes[node]["state"] = "done"
+
+    def _die(self, node: str, reason: str) -> None:
+        self.status = "failed"
+        if node in self.graph:
+            self.graph.nodes[node]["state"] = "failed"
+        self.error = ProgramRunError(node, reason)
+        raise self.error
+
+    # -- queries --
+
+    def _attrs(self, node: str) -> dict[str, Any]:
+        if node not in self.graph:
+            raise ProgramRunError(node, "no such node in this run (not declared, not expanded yet, or in a case not taken)")
+        return self.graph.nodes[node]
+
+    def _check_callable(self, node: str) -> None:
+        attrs = self._attrs(node)
+        if self.status != "running":
+            raise ProgramRunError(node, f"the run is {self.status}")
+        if attrs["kind"] not in ("llm", "tool"):
+            raise ProgramRunError(node, f"is {attrs['kind']}: the run completes it itself")
+        if attrs["state"] != "running" and not self._is_ready(node):
+            raise ProgramRunError(node, f"not ready ({self._why_not_ready(node)})")
+
+    def _is_done(self, node: str) -> bool:
+        return self.graph.nodes[node]["state"] == "done"
+
+    def _is_ready(self, node: str) -> bool:
+        attrs = self.graph.nodes[node]
+        return (attrs["kind"] in ("llm", "tool") and attrs["state"] == "pending" and not attrs["template"]
+                and not attrs["gates"] and all(self._is_done(p) for p in self.graph.predecessors(node)))
+
+    def _why_not_ready(self, node: str) -> str:
+        attrs = self.graph.nodes[node]
+        if attrs["state"] != "pending":
+            return f"it is {attrs['state']}"
+        if attrs["template"]:
+            return "it is a fan-out template; its branches appear when the list is known"
+        if attrs["gates"]:
+            return f"its branch case {attrs['gates'][0][:-1]} is not decided"
+        waiting = [p for p in self.graph.predecessors(node) if not self._is_done(p)]
+        return f"waiting for {', '.join(waiting)}"
+
+    def _ordered(self) -> list[str]:
+        return sorted(self.graph, key=lambda n: self.graph.nodes[n]["order"])

@@ -1,0 +1,245 @@
+"""Node specs: the plain-data attribute `spec` of each graph node, one frozen dataclass per kind.
+
+Every spec has `id` (its node id), `kind`, `refs()` (the outputs it reads) and `renamed(fn)`
+(the same spec with node ids mapped by fn, used when a fan-out body is copied per item).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
+
+from agentrt.dag.outputs import OutputSpec, Text, ToolCall
+from agentrt.dag.refs import Ref, Template
+from agentrt.dag.tooldefs import ToolDef
+
+Rename = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class RefUse:
+    """One reference read by a node: where it appears, and the scope it is read in (None: the
+    node's own scope; a body prefix for a fan-out or case result)."""
+
+    where: str
+    ref: Ref
+    scope: str | None = None
+
+
+def template_refs(where: str, t: Template | None) -> Iterator[RefUse]:
+    if t is not None and t.refs is not None:
+        for r in t.refs:
+            yield RefUse(f"{where} placeholder {{{r!s}}}", r)
+
+
+def walk_args(value: Any, where: str) -> Iterator[tuple[str, Ref | Template]]:
+    """Refs and Templates inside a (possibly nested) tool-argument value."""
+    if isinstance(value, (Ref, Template)):
+        yield where, value
+    elif isinstance(value, Mapping):
+        for k, v in value.items():
+            yield from walk_args(v, f"{where}.{k}")
+    elif isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            yield from walk_args(v, f"{where}[{i}]")
+
+
+def map_args(value: Any, fn: Callable[[Ref | Template], Any]) -> Any:
+    if isinstance(value, (Ref, Template)):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {k: map_args(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [map_args(v, fn) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    id: str
+    type: str  # JSON type name: string, integer, number, boolean, array, object
+    kind: ClassVar[str] = "input"
+
+    def refs(self) -> list[RefUse]:
+        return []
+
+    def renamed(self, rename: Rename) -> InputSpec:
+        return replace(self, id=rename(self.id))
+
+
+@dataclass(frozen=True)
+class LLMSpec:
+    """One LLM call: user `prompt` (+ `system`), producing `output`. Loop steps also carry `loop`
+    (the agent_loop id) and `history`: the (llm step, tool step) ids before this step."""
+
+    id: str
+    prompt: Template
+    system: Template | None
+    output: OutputSpec
+    max_tokens: int
+    temperature: float
+    loop: str | None = None
+    history: tuple[tuple[str, str], ...] = ()
+    kind: ClassVar[str] = "llm"
+
+    def refs(self) -> list[RefUse]:
+        if self.history:  # a later loop step reads the chain before it (and, through it, the prompt)
+            return [RefUse("previous step", Ref(self.history[-1][1]))]
+        return [*template_refs("system", self.system), *template_refs("prompt", self.prompt)]
+
+    def renamed(self, rename: Rename) -> LLMSpec:
+        return replace(self, id=rename(self.id), prompt=self.prompt.renamed(rename),
+                       system=self.system.renamed(rename) if self.system else None,
+                       loop=rename(self.loop) if self.loop else None,
+                       history=tuple((rename(a), rename(b)) for a, b in self.history))
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """One tool call. `args` is a dict of values (Ref, Template, literal, nested) or one Ref to the
+    whole argument dict; `args_from_call` marks a Ref to a ToolCall output (its "arguments").
+    `has_fallback`: a failure makes `fallback` the output. `errors_to_output` (agent-loop steps):
+    a failure makes {"error": message} the output, for the model to read."""
+
+    id: str
+    tool: str
+    args: Mapping[str, Any] | Ref
+    has_fallback: bool = False
+    fallback: Any = None
+    args_from_call: bool = False
+    errors_to_output: bool = False
+    loop: str | None = None
+    kind: ClassVar[str] = "tool"
+
+    def refs(self) -> list[RefUse]:
+        uses = []
+        for where, item in walk_args(self.args, "args"):
+            if isinstance(item, Ref):
+                uses.append(RefUse(where, item))
+            else:
+                uses.extend(template_refs(where, item))
+        return uses
+
+    def renamed(self, rename: Rename) -> ToolSpec:
+        return replace(self, id=rename(self.id), args=map_args(self.args, lambda v: v.renamed(rename)),
+                       loop=rename(self.loop) if self.loop else None)
+
+
+@dataclass(frozen=True)
+class ItemSpec:
+    """The current item of a fan-out branch: `over[index]`, set when the fan-out expands."""
+
+    id: str
+    fan_out: str
+    over: Ref
+    index: int | None = None
+    kind: ClassVar[str] = "item"
+
+    def refs(self) -> list[RefUse]:
+        return [RefUse("over", self.over)]
+
+    def renamed(self, rename: Rename) -> ItemSpec:
+        return replace(self, id=rename(self.id), fan_out=rename(self.fan_out), over=self.over.renamed(rename))
+
+
+@dataclass(frozen=True)
+class FanOutSpec:
+    """Run the body (nodes under prefix `body`, e.g. "research[*].") once per item of `over`;
+    the output is the list of each branch's `result`, in item order (the fan-in)."""
+
+    id: str
+    over: Ref
+    body: str
+    result: Ref
+    kind: ClassVar[str] = "fan_out"
+
+    def refs(self) -> list[RefUse]:
+        return [RefUse("over", self.over), RefUse("body result", self.result, self.body)]
+
+    def renamed(self, rename: Rename) -> FanOutSpec:
+        return replace(self, id=rename(self.id), over=self.over.renamed(rename), body=rename(self.body),
+                       result=self.result.renamed(rename))
+
+    def branch_prefix(self, index: int) -> str:
+        return f"{self.id}[{index}]."
+
+
+@dataclass(frozen=True)
+class Case:
+    """One case of a branch: taken when `on` equals `key` (or, if is_default, when none match).
+    Its nodes live under `prefix` (e.g. "route?yes."); `result` is the branch output."""
+
+    key: Any
+    label: str
+    prefix: str
+    result: Ref
+    is_default: bool = False
+
+    def matches(self, value: Any) -> bool:
+        # JSON semantics: true is not 1.
+        return not self.is_default and isinstance(value, bool) == isinstance(self.key, bool) and value == self.key
+
+    def renamed(self, rename: Rename) -> Case:
+        return replace(self, prefix=rename(self.prefix), result=self.result.renamed(rename))
+
+
+@dataclass(frozen=True)
+class BranchSpec:
+    """Take the case whose key equals the value of `on`; the output is that case's result."""
+
+    id: str
+    on: Ref
+    cases: tuple[Case, ...]
+    kind: ClassVar[str] = "branch"
+
+    def refs(self) -> list[RefUse]:
+        return [RefUse("on", self.on),
+                *(RefUse(f"case {c.label} result", c.result, c.prefix) for c in self.cases)]
+
+    def renamed(self, rename: Rename) -> BranchSpec:
+        return replace(self, id=rename(self.id), on=self.on.renamed(rename),
+                       cases=tuple(c.renamed(rename) for c in self.cases))
+
+    def case_for(self, value: Any) -> Case | None:
+        found = next((c for c in self.cases if c.matches(value)), None)
+        return found or next((c for c in self.cases if c.is_default), None)
+
+
+@dataclass(frozen=True)
+class AgentLoopSpec:
+    """A bounded agent loop: step k is an LLM call (id "<loop>#k.llm") that picks one of `tools`
+    or answers in text; a tool pick runs as "<loop>#k.tool" and its result (or error) goes back to
+    the model. At most `max_steps` LLM steps; with on_max_steps="answer" the last step must answer
+    in text, with "error" a tool pick at the last step ends the run with an error."""
+
+    id: str
+    prompt: Template
+    system: Template | None
+    tools: tuple[str, ...]
+    max_steps: int
+    max_tokens: int
+    temperature: float
+    on_max_steps: Literal["answer", "error"] = "answer"
+    definitions: tuple[ToolDef, ...] = ()
+    kind: ClassVar[str] = "agent_loop"
+
+    def refs(self) -> list[RefUse]:
+        return [*template_refs("system", self.system), *template_refs("prompt", self.prompt)]
+
+    def renamed(self, rename: Rename) -> AgentLoopSpec:
+        return replace(self, id=rename(self.id), prompt=self.prompt.renamed(rename),
+                       system=self.system.renamed(rename) if self.system else None)
+
+    def step_id(self, step: int, part: Literal["llm", "tool"]) -> str:
+        return f"{self.id}#{step}.{part}"
+
+    def step_output(self, step: int) -> OutputSpec:
+        if step == self.max_steps and self.on_max_steps == "answer":
+            return Text()
+        return ToolCall(self.tools, allow_text=True, definitions=self.definitions)
+
+    def step_spec(self, step: int, history: tuple[tuple[str, str], ...]) -> LLMSpec:
+        return LLMSpec(self.step_id(step, "llm"), self.prompt, self.system, self.step_output(step),
+                       self.max_tokens, self.temperature, loop=self.id, history=history)
+
+
+NodeSpec = InputSpec | LLMSpec | ToolSpec | ItemSpec | FanOutSpec | BranchSpec | AgentLoopSpec

@@ -1,0 +1,194 @@
+"""Compile-time type checks: references into outputs whose shape is known (JSON schemas, Text,
+tool output schemas), tool arguments against tool parameters, fan-out lists, branch enums.
+
+Where a shape is unknown (a tool without output_schema, a branch, a schema without "type") the
+check is skipped rather than guessed.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Mapping
+
+from agentrt.dag.outputs import ToolCall
+from agentrt.dag.refs import Ref, Template, path_text
+from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, FanOutSpec, InputSpec, ItemSpec, LLMSpec, NodeSpec,
+                               ToolSpec)
+from agentrt.dag.tooldefs import ToolDef, value_problem
+
+Problems = list[tuple[str, str]]
+
+
+class Shapes:
+    """Known output schemas of the nodes of one program (None where unknown)."""
+
+    def __init__(self, specs: Mapping[str, NodeSpec], tools: Mapping[str, ToolDef]) -> None:
+        self.specs = specs
+        self.tools = tools
+        self._cache: dict[str, Mapping[str, Any] | None] = {}
+        self._busy: set[str] = set()
+
+    def of_node(self, node: str) -> Mapping[str, Any] | None:
+        if node in self._cache:
+            return self._cache[node]
+        if node in self._busy or node not in self.specs:  # a cycle (reported elsewhere) or unknown
+            return None
+        self._busy.add(node)
+        spec = self.specs[node]
+        if isinstance(spec, InputSpec):
+            found = {"type": spec.type}
+        elif isinstance(spec, LLMSpec):
+            found = spec.output.value_schema()
+        elif isinstance(spec, ToolSpec):
+            found = self.tools[spec.tool].output_schema if spec.tool in self.tools else None
+        elif isinstance(spec, ItemSpec):
+            over = self.at(spec.over)[0]
+            found = over.get("items") if isinstance(over, Mapping) and isinstance(over.get("items"), Mapping) else None
+        elif isinstance(spec, FanOutSpec):
+            found = {"type": "array", "items": self.at(spec.result)[0] or {}}
+        elif isinstance(spec, AgentLoopSpec):
+            found = {"type": "string"}
+        else:  # a branch: its cases may produce different shapes
+            found = None
+        self._busy.discard(node)
+        self._cache[node] = found
+        return found
+
+    def at(self, ref: Ref) -> tuple[Mapping[str, Any] | None, str | None]:
+        """(schema of the referenced part or None if unknown, why the reference cannot exist)."""
+        schema = self.of_node(ref.node)
+        for depth, key in enumerate(ref.path):
+            if not isinstance(schema, Mapping):
+                return None, None
+            here = ref.node + path_text(ref.path[:depth])
+            types = json_types(schema)
+            if isinstance(key, int):
+                if types is not None and "array" not in types:
+                    return None, f"{here} is {' or '.join(sorted(types))}, not a list: no index [{key}]"
+                items = schema.get("items")
+                schema = items if isinstance(items, Mapping) else None
+                continue
+            if types is not None and "object" not in types:
+                return None, f"{here} is {' or '.join(sorted(types))}, not an object: no key '{key}'"
+            props = schema.get("properties")
+            extra = schema.get("additionalProperties")
+            if isinstance(props, Mapping) and key in props:
+                schema = props[key]
+            elif isinstance(extra, Mapping):
+                schema = extra
+            elif isinstance(props, Mapping) and extra is not True:
+                names = ", ".join(props) or "none"
+                return None, f"{here} has no property '{key}' in its schema (properties: {names})"
+            else:
+                schema = None
+        return schema, None
+
+
+def json_types(schema: Mapping[str, Any]) -> set[str] | None:
+    t = schema.get("type")
+    if isinstance(t, str):
+        return {t}
+    if isinstance(t, list):
+        return set(t)
+    return None
+
+
+def _disjoint(a: set[str], b: set[str]) -> bool:
+    widen = lambda s: s | {"number"} if "integer" in s else s | ({"integer"} if "number" in s else set())
+    return not (widen(a) & widen(b))
+
+
+def check_types(specs: dict[str, NodeSpec], tools: Mapping[str, ToolDef], output_refs: list[Ref],
+                problems: Problems) -> None:
+    """Append type problems; marks tool specs whose args are a ToolCall output (args_from_call)."""
+    shapes = Shapes(specs, tools)
+    for node, spec in list(specs.items()):
+        for use in spec.refs():
+            if use.ref.path and use.ref.node in specs:
+                why = shapes.at(use.ref)[1]
+                if why:
+                    problems.append((node, f"{use.where}: {use.ref!s} cannot exist: {why}"))
+        if isinstance(spec, ToolSpec) and spec.tool in tools:
+            specs[node] = _check_tool_args(spec, tools[spec.tool], specs, shapes, problems)
+        elif isinstance(spec, FanOutSpec) and spec.over.node in specs:
+            over = shapes.at(spec.over)[0]
+            types = json_types(over) if isinstance(over, Mapping) else None
+            if types is not None and "array" not in types:
+                problems.append((node, f"over {spec.over!s} is {' or '.join(sorted(types))}, not a list"))
+        elif isinstance(spec, BranchSpec) and spec.on.node in specs:
+            _check_case_keys(spec, shapes, problems)
+    for ref in output_refs:
+        if ref.path and ref.node in specs:
+            why = shapes.at(ref)[1]
+            if why:
+                problems.append((ref.node, f"program output {ref!s} cannot exist: {why}"))
+
+
+def _check_tool_args(spec: ToolSpec, tool: ToolDef, specs: Mapping[str, NodeSpec], shapes: Shapes,
+                     problems: Problems) -> ToolSpec:
+    node = spec.id
+    if isinstance(spec.args, Ref):
+        source = specs.get(spec.args.node)
+        if isinstance(source, LLMSpec) and isinstance(source.output, ToolCall) and not spec.args.path:
+            if tool.name not in source.output.tools:
+                problems.append((node, f"args take {spec.args!s}, a ToolCall for {list(source.output.tools)}, "
+                                       f"which never calls '{tool.name}'"))
+            return replace(spec, args_from_call=True)
+        schema = shapes.at(spec.args)[0]
+        types = json_types(schema) if isinstance(schema, Mapping) else None
+        if types is not None and "object" not in types:
+            problems.append((node, f"args {spec.args!s} is {' or '.join(sorted(types))}, not an argument object"))
+        return spec
+    params = tool.parameters
+    props = params.get("properties") if isinstance(params.get("properties"), Mapping) else None
+    if props is not None and params.get("additionalProperties") is not True:
+        for name in spec.args:
+            if name not in props:
+                problems.append((node, f"args.{name}: tool '{tool.name}' has no parameter '{name}' "
+                                       f"(parameters: {', '.join(props) or 'none'})"))
+    for name in params.get("required", []):
+        if name not in spec.args:
+            problems.append((node, f"args: missing required parameter '{name}' of tool '{tool.name}'"))
+    for name, value in spec.args.items():
+        want = props.get(name) if props is not None else None
+        if not isinstance(want, Mapping):
+            continue
+        problem = _arg_problem(value, want, shapes)
+        if problem:
+            problems.append((node, f"args.{name}: {problem} (tool '{tool.name}' expects {dict(want)})"))
+    return spec
+
+
+def _arg_problem(value: Any, want: Mapping[str, Any], shapes: Shapes) -> str | None:
+    want_types = json_types(want)
+    if isinstance(value, Ref):
+        have = shapes.at(value)[0]
+        have_types = json_types(have) if isinstance(have, Mapping) else None
+        if want_types and have_types and _disjoint(have_types, want_types):
+            return f"{value!s} is {' or '.join(sorted(have_types))}"
+        return None
+    if isinstance(value, Template):
+        return None if not want_types or "string" in want_types else "a Template gives a string"
+    if _has_refs(value):
+        return None
+    problem = value_problem(want, value)
+    return f"literal {value!r} does not match {problem}" if problem else None
+
+
+def _has_refs(value: Any) -> bool:
+    if isinstance(value, (Ref, Template)):
+        return True
+    if isinstance(value, Mapping):
+        return any(_has_refs(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_refs(v) for v in value)
+    return False
+
+
+def _check_case_keys(spec: BranchSpec, shapes: Shapes, problems: Problems) -> None:
+    schema = shapes.at(spec.on)[0]
+    enum = schema.get("enum") if isinstance(schema, Mapping) else None
+    if not isinstance(enum, list):
+        return
+    for case in spec.cases:
+        if not case.is_default and not any(case.matches(v) for v in enum):
+            problems.append((spec.id, f"case {case.label} can never match: {spec.on!s} is one of {enum}"))

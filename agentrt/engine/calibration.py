@@ -1,0 +1,84 @@
+"""The engine's step-cost model: measured once per (model, dtype, machine) and cached.
+
+`calibrate_engine` times real target forwards over a grid of (new tokens, cached context) and
+fits the roofline-shaped StepCostModel; `load_or_estimate_cost_model` reads the cached fit or,
+uncalibrated, builds the analytic roofline from the model's size and this machine's measured
+bandwidth and matmul rate."""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+
+from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.models.attention import build_attention_metadata
+from agentrt.engine.models.llama import ForwardBatch
+from agentrt.engine.registry import cache_root
+from agentrt.spec.cost_model import StepCostModel, analytic, calibrate, cost_model_path, default_grid
+from agentrt.spec.machine import machine_id, measure_machine
+
+_SCRATCH = -1  # block-table id of the calibration sequence (real ids are >= 0)
+
+
+def model_cost_path(engine) -> Path:
+    return cost_model_path(cache_root(), engine.loaded.name, engine.model.dtype, machine_id(engine.config.device))
+
+
+def analytic_cost_model(engine, seconds_budget: float = 1.0) -> StepCostModel:
+    cfg = engine.model.cfg
+    rates = measure_machine(engine.model.dtype, seconds_budget, cache_root() / "machine.json", device=engine.config.device)
+    return analytic(
+        cfg.num_params(), cfg.num_hidden_layers, KVCache.bytes_per_token(cfg, engine.model.dtype),
+        engine.model.dtype.itemsize, rates, q_size=cfg.q_size,
+    )
+
+
+def load_or_estimate_cost_model(engine) -> StepCostModel:
+    path = model_cost_path(engine)
+    if path.exists():
+        return StepCostModel.load(path)
+    return analytic_cost_model(engine)
+
+
+def forward_timer(engine):
+    """step_fn(num_tokens, kv_tokens) -> seconds of one target forward verifying num_tokens
+    positions of one sequence on a kv_tokens-long cached context (logits for every position)."""
+    blocks, model = engine.blocks, engine.model
+
+    def step_fn(num_tokens: int, kv_tokens: int) -> float:
+        total = kv_tokens + num_tokens
+        blocks.grow(_SCRATCH, total)
+        try:
+            positions = torch.arange(kv_tokens, total)
+            meta = build_attention_metadata([num_tokens], [total], positions, [blocks.tables[_SCRATCH]], blocks.block_size, model.device)
+            batch = ForwardBatch(
+                input_ids=torch.randint(0, model.cfg.vocab_size, (num_tokens,), device=model.device),
+                positions=positions.to(model.device),
+                slot_mapping=torch.tensor(blocks.slots(_SCRATCH, kv_tokens, total), device=model.device),
+                attn=meta,
+                logits_indices=torch.arange(num_tokens, device=model.device),
+            )
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model.forward(batch, engine.kv)
+            if model.device.type == "cuda":
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0
+        finally:
+            blocks.free(_SCRATCH)
+
+    return step_fn
+
+
+def calibrate_engine(engine, max_tokens: int = 64, kv_values=(128, 512, 2048), repeats: int = 3, progress: bool = True):
+    """Measure, fit, persist. Returns (model, report rows of predicted vs measured)."""
+    kv_values = [kv for kv in kv_values if kv + max_tokens <= engine.blocks.allocator.num_blocks * engine.blocks.block_size]
+    grid = default_grid(max_tokens, kv_values)
+    prior = analytic_cost_model(engine)
+    model, _, report = calibrate(forward_timer(engine), grid, repeats=repeats, progress=progress, prior=prior)
+    path = model_cost_path(engine)
+    model.save(path)
+    engine.spec._cost_model = model
+    return model, report, path

@@ -1,0 +1,26 @@
+"""`agentrt calibrate`: re-measure the engine's step-cost model for this model, dtype and machine."""
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--max-tokens", type=int, default=64, help="largest step (new tokens) to time")
+    p.add_argument("--repeats", type=int, default=3)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrt.bench.common import print_table
+    from agentrt.engine import EngineConfig, LLMEngine
+    from agentrt.engine.calibration import calibrate_engine
+
+    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device))
+    model, report, path = calibrate_engine(engine, max_tokens=args.max_tokens, repeats=args.repeats)
+    print_table("predicted vs measured step time", report)
+    print(f"overhead {model.overhead_s * 1e3:.1f} ms, ridge at ~{model.ridge_tokens(512):.1f} tokens (512-token context), "
+          f"fit error {100 * (model.fit_rel_rmse or 0):.1f}% rms")
+    print(f"saved {path}")
+    return 0

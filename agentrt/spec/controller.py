@@ -1,0 +1,226 @@
+"""The k controller: how many tokens to draft for each running sequence this step.
+
+Goodput = expected emitted tokens / predicted step time, where the step time is the target
+forward over every sequence's k_i + 1 tokens (StepCostModel) plus drafting. While the step is
+memory-bound, extra verified tokens cost no target time, so k is bounded only by α and the draft
+cost (deep drafts when idle); once the step is compute-bound each extra token costs its full
+FLOP share and must pay for itself at the current goodput (k falls to 0 when the batch is full).
+
+Greedy marginal allocation (SmartSpec-like). Why adding the best token until none improves is
+enough: a sequence's marginal gains prod_{i<=j} a_i never increase (every a_i <= 1), and the
+target time is convex in the tokens added (overhead + max of two affine terms), so a later token
+of a sequence never has a better gain per second than an earlier one. The one non-concave cost is
+a per-sequence fixed drafting cost; the first move of such a sequence looks ahead over every
+draft length (a block), so a fixed cost that only pays off over several tokens is not refused.
+"""
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+
+from agentrt.errors import SpecConfigError
+from agentrt.spec.arithmetic import expected_tokens, marginal_gains
+from agentrt.spec.cost_model import StepCostModel
+
+POLICIES = ("adaptive", "fixed", "off")
+
+
+@dataclass(frozen=True)
+class SeqDraftState:
+    """One running sequence as the controller sees it. len(accept_probs) is the most drafts its
+    drafter offers this step; grammar-forced positions have probability 1.0."""
+
+    seq_id: Hashable
+    accept_probs: Sequence[float]
+    draft_cost_s_per_token: float
+    context_len: int
+    draft_fixed_s: float = 0.0  # paid once when k > 0 (e.g. one draft-model launch)
+
+
+@dataclass(frozen=True)
+class Allocation:
+    k: list[int]
+    expected_tokens: list[float]
+    predicted_step_s: float  # target forward + drafting
+    predicted_goodput: float  # expected emitted tokens per second
+    predicted_target_s: float = 0.0
+    predicted_draft_s: float = 0.0
+    compute_bound: bool = False
+
+
+class _Step:
+    """Running totals of a candidate allocation; goodput() is exact for the totals."""
+
+    def __init__(self, model: StepCostModel, seqs: Sequence[SeqDraftState]) -> None:
+        self.model = model
+        self.tokens = len(seqs)  # every sequence verifies at least its own next token
+        self.kv = sum(s.context_len for s in seqs)
+        self.pairs = self.kv
+        self.draft_s = 0.0
+        self.emitted = float(len(seqs))
+
+    def target_s(self, d_tokens: int = 0, d_pairs: int = 0) -> float:
+        return self.model.predict(self.tokens + d_tokens, self.kv, self.pairs + d_pairs)
+
+    def goodput(self, d_emitted=0.0, d_tokens=0, d_pairs=0, d_draft=0.0) -> float:
+        seconds = self.target_s(d_tokens, d_pairs) + self.draft_s + d_draft
+        return (self.emitted + d_emitted) / seconds
+
+    def add(self, d_emitted: float, d_tokens: int, d_pairs: int, d_draft: float) -> None:
+        self.emitted += d_emitted
+        self.tokens += d_tokens
+        self.pairs += d_pairs
+        self.draft_s += d_draft
+
+
+class KController:
+    """Chooses k per sequence each step. policy "adaptive": greedy goodput maximisation; "fixed":
+    min(fixed_k, offered) for every sequence (the baseline benchmarks compare against); "off": 0.
+    kmax_cap bounds every k on top of what each drafter offers."""
+
+    def __init__(
+        self, cost_model: StepCostModel, kmax_cap: int = 32, policy: str = "adaptive", fixed_k: int = 4
+    ) -> None:
+        if policy not in POLICIES:
+            raise SpecConfigError(f"KController policy must be one of {POLICIES}, got {policy!r}")
+        if kmax_cap < 0 or fixed_k < 0:
+            raise SpecConfigError(f"KController needs kmax_cap >= 0 and fixed_k >= 0, got {kmax_cap}, {fixed_k}")
+        self.cost_model = cost_model
+        self.kmax_cap = kmax_cap
+        self.policy = policy
+        self.fixed_k = fixed_k
+
+    def choose(self, seqs: Sequence[SeqDraftState]) -> Allocation:
+        """k_i in [0, min(kmax_cap, len(accept_probs_i))] per sequence, in the order given, with the
+        predicted emitted tokens, step time and goodput of that choice."""
+        gains = [self._gains(s) for s in seqs]  # [seq][position] marginal expected tokens
+        if self.policy == "off":
+            ks = [0] * len(seqs)
+        elif self.policy == "fixed":
+            ks = [min(self.fixed_k, len(g)) for g in gains]
+        else:
+            ks = self._greedy(seqs, gains)
+        return self._allocation(seqs, gains, ks)
+
+    def _gains(self, s: SeqDraftState) -> list[float]:
+        if s.context_len < 0 or not (s.draft_cost_s_per_token >= 0) or not (s.draft_fixed_s >= 0):
+            raise SpecConfigError(
+                f"sequence {s.seq_id!r}: context_len, draft_cost_s_per_token and draft_fixed_s must be >= 0"
+            )
+        try:
+            return marginal_gains(list(s.accept_probs)[: self.kmax_cap])
+        except SpecConfigError as e:
+            raise SpecConfigError(f"sequence {s.seq_id!r}: {e}") from e
+
+    def _allocation(self, seqs, gains, ks: list[int]) -> Allocation:
+        step = _Step(self.cost_model, seqs)
+        for s, g, k in zip(seqs, gains, ks):
+            step.add(sum(g[:k]), k, k * s.context_len, _draft_s(s, k))
+        target = step.target_s() if seqs else 0.0
+        total = target + step.draft_s
+        return Allocation(
+            k=ks,
+            expected_tokens=[1.0 + sum(g[:k]) for g, k in zip(gains, ks)],
+            predicted_step_s=total,
+            predicted_goodput=step.emitted / total if seqs else 0.0,
+            predicted_target_s=target,
+            predicted_draft_s=step.draft_s,
+            compute_bound=bool(seqs) and self.cost_model.is_compute_bound(step.tokens, step.kv, step.pairs),
+        )
+
+    def _greedy(self, seqs: Sequence[SeqDraftState], gains: list[list[float]]) -> list[int]:
+        ks = [0] * len(seqs)
+        if not seqs:
+            return ks
+        model, step = self.cost_model, _Step(self.cost_model, seqs)
+        compute_regime = model.is_compute_bound(step.tokens, step.kv, step.pairs)
+
+        def move(i: int) -> tuple[int, float, float] | None:
+            """Best next move of sequence i: (tokens, expected gain, estimated seconds)."""
+            s, g, k = seqs[i], gains[i], ks[i]
+            if k >= len(g):
+                return None
+            per_token = s.draft_cost_s_per_token
+            if compute_regime:
+                per_token += model.compute_s(1, s.context_len)
+            fixed = s.draft_fixed_s if k == 0 else 0.0
+            best = None
+            for j in range(1, (len(g) - k if fixed > 0 else 1) + 1):
+                gain, cost = sum(g[k : k + j]), fixed + j * per_token
+                if best is None or _ratio(gain, cost) > _ratio(best[1], best[2]):
+                    best = (j, gain, cost)
+            return best
+
+        def entry(i: int):
+            m = move(i)
+            return None if m is None else (-_ratio(m[1], m[2]), -m[1], i, m[0], m[1])
+
+        heap = [e for e in map(entry, range(len(seqs))) if e is not None]
+        heapq.heapify(heap)
+        goodput = step.goodput()
+        while heap:
+            _, _, i, j, gain = heapq.heappop(heap)
+            s = seqs[i]
+            d_pairs, d_draft = j * s.context_len, _draft_s(s, ks[i] + j) - _draft_s(s, ks[i])
+            if not compute_regime and model.is_compute_bound(step.tokens + j, step.kv, step.pairs + d_pairs):
+                # past the ridge extra tokens cost target time: re-rank everything by the new cost
+                compute_regime = True
+                heap = [e for e in (entry(x) for x in range(len(seqs))) if e is not None]
+                heapq.heapify(heap)
+                continue
+            new_goodput = step.goodput(gain, j, d_pairs, d_draft)
+            if not new_goodput > goodput * (1.0 + 1e-12):
+                break  # the best-ranked move does not pay, so none does (see the module docstring)
+            step.add(gain, j, d_pairs, d_draft)
+            ks[i] += j
+            goodput = new_goodput
+            e = entry(i)
+            if e is not None:
+                heapq.heappush(heap, e)
+        return ks
+
+    def break_even_batch(
+        self, alpha: float, k: int, context_len: int, draft_cost_s_per_token: float = 0.0, max_batch: int = 4096
+    ) -> int | None:
+        return break_even_batch(
+            alpha, k, context_len, cost_model=self.cost_model,
+            draft_cost_s_per_token=draft_cost_s_per_token, max_batch=max_batch,
+        )
+
+
+def _ratio(gain: float, seconds: float) -> float:
+    return math.inf if seconds <= 0.0 else gain / seconds
+
+
+def _draft_s(s: SeqDraftState, k: int) -> float:
+    return 0.0 if k <= 0 else s.draft_fixed_s + k * s.draft_cost_s_per_token
+
+
+def speculative_goodput(
+    cost_model: StepCostModel, batch: int, alpha: float, k: int, context_len: int, draft_cost_s_per_token: float = 0.0
+) -> float:
+    """Predicted tokens/s of `batch` identical sequences all drafting k tokens at acceptance alpha."""
+    n = batch * (k + 1)
+    seconds = cost_model.predict(n, batch * context_len, n * context_len) + batch * k * draft_cost_s_per_token
+    return batch * expected_tokens(alpha, k) / seconds
+
+
+def break_even_batch(
+    alpha: float,
+    k: int,
+    context_len: int,
+    *,
+    cost_model: StepCostModel,
+    draft_cost_s_per_token: float = 0.0,
+    max_batch: int = 4096,
+) -> int | None:
+    """The first batch size at which fixed-k speculation is predicted to emit fewer tokens per
+    second than no speculation (lecture §16.8's break-even, rounded up); None if speculation still
+    wins at max_batch."""
+    for batch in range(1, max_batch + 1):
+        spec = speculative_goodput(cost_model, batch, alpha, k, context_len, draft_cost_s_per_token)
+        if spec < speculative_goodput(cost_model, batch, alpha, 0, context_len):
+            return batch
+    return None

@@ -1,0 +1,418 @@
+"""Step-cost model: how long one target forward takes, as a function of the new tokens in the step
+and the KV tokens it reads (lecture §16.8's max() expression, plus a fixed overhead):
+
+    T(n, kv, pairs) = overhead + max((bytes_fixed + bytes_per_kv_token * kv) / read_bw,
+                                     (n * flops_per_token + pairs * attn_flops_per_pair) / flop_rate)
+
+Speculation is nearly free while the memory term binds and costs full price once compute does.
+The model is fitted to timings of the running engine (`calibrate`, via a callback, so this module
+never imports the engine), or, uncalibrated, derived from the model size and machine rates.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import statistics
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentrt.errors import CalibrationError, SpecConfigError
+from agentrt.spec.machine import MachineRates, _write_json_atomic, dtype_name
+
+FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True)
+class DrafterCost:
+    """Wall time of drafting k tokens for one sequence: fixed_s + k * per_token_s (0 when k = 0)."""
+
+    per_token_s: float
+    fixed_s: float = 0.0
+
+    def seconds(self, k: int) -> float:
+        return 0.0 if k <= 0 else self.fixed_s + k * self.per_token_s
+
+
+@dataclass(frozen=True)
+class StepSample:
+    """One measured target forward. query_kv_pairs: sum over sequences of new tokens x context
+    length (attention work); None means one sequence, num_tokens * kv_tokens."""
+
+    num_tokens: int
+    kv_tokens: int
+    seconds: float
+    query_kv_pairs: int | None = None
+
+    @property
+    def pairs(self) -> int:
+        return self.num_tokens * self.kv_tokens if self.query_kv_pairs is None else self.query_kv_pairs
+
+
+@dataclass(frozen=True)
+class StepCostModel:
+    overhead_s: float
+    bytes_fixed: float  # weights read once per step
+    bytes_per_kv_token: float  # KV cache bytes read per cached token (all layers, K and V)
+    flops_per_token: float  # matmul FLOPs per new token
+    read_bw: float  # bytes/s
+    flop_rate: float  # FLOP/s
+    attn_flops_per_pair: float = 0.0  # QK^T + PV FLOPs per (new token, cached token) pair
+    source: str = "analytic"  # "analytic" | "fit"
+    fit_rel_rmse: float | None = None  # root-mean-square relative error on the fitted samples
+    num_samples: int = 0
+    drafters: tuple[tuple[str, DrafterCost], ...] = ()
+
+    def __post_init__(self) -> None:
+        for name in ("overhead_s", "bytes_fixed", "bytes_per_kv_token", "flops_per_token", "attn_flops_per_pair"):
+            v = getattr(self, name)
+            if not (v >= 0.0) or math.isinf(v):
+                raise SpecConfigError(f"StepCostModel.{name} must be finite and >= 0, got {v!r}")
+        for name in ("read_bw", "flop_rate"):
+            v = getattr(self, name)
+            if not (v > 0.0) or math.isinf(v):
+                raise SpecConfigError(f"StepCostModel.{name} must be finite and > 0, got {v!r}")
+
+    def memory_s(self, kv_tokens: int) -> float:
+        return (self.bytes_fixed + self.bytes_per_kv_token * kv_tokens) / self.read_bw
+
+    def compute_s(self, num_tokens: int, query_kv_pairs: int = 0) -> float:
+        return (num_tokens * self.flops_per_token + query_kv_pairs * self.attn_flops_per_pair) / self.flop_rate
+
+    def predict(self, num_tokens: int, kv_tokens: int, query_kv_pairs: int = 0) -> float:
+        """Seconds for one forward of num_tokens new tokens reading kv_tokens cached tokens."""
+        return self.overhead_s + max(self.memory_s(kv_tokens), self.compute_s(num_tokens, query_kv_pairs))
+
+    def is_compute_bound(self, num_tokens: int, kv_tokens: int, query_kv_pairs: int = 0) -> bool:
+        return self.compute_s(num_tokens, query_kv_pairs) > self.memory_s(kv_tokens)
+
+    def ridge_tokens(self, kv_tokens: int) -> float:
+        """New tokens per step at which compute catches up with memory (attention pairs ignored)."""
+        if self.flops_per_token == 0.0:
+            return math.inf
+        return self.memory_s(kv_tokens) * self.flop_rate / self.flops_per_token
+
+    def drafter_cost(self, name: str) -> DrafterCost | None:
+        return dict(self.drafters).get(name)
+
+    def with_drafter(self, name: str, cost: DrafterCost) -> "StepCostModel":
+        return replace(self, drafters=tuple(sorted({**dict(self.drafters), name: cost}.items())))
+
+    def to_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["drafters"] = {name: asdict(c) for name, c in self.drafters}
+        d["format_version"] = FORMAT_VERSION
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "StepCostModel":
+        if not isinstance(d, dict) or d.get("format_version") != FORMAT_VERSION:
+            raise CalibrationError(f"not a step-cost model of format {FORMAT_VERSION}: {str(d)[:120]!r}")
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "drafters"}
+        try:
+            drafters = tuple(sorted((n, DrafterCost(**c)) for n, c in d.get("drafters", {}).items()))
+            return cls(**fields, drafters=drafters)
+        except TypeError as e:
+            raise CalibrationError(f"step-cost model JSON is missing or has unknown fields: {e}") from e
+
+    def save(self, path: str | Path) -> None:
+        _write_json_atomic(Path(path), self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> "StepCostModel":
+        try:
+            data = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise CalibrationError(f"cannot read step-cost model {path}: {e}") from e
+        return cls.from_json(data)
+
+
+def cost_model_path(cache_root: str | Path, model_name: str, dtype: Any, machine_id: str) -> Path:
+    """Where the calibrated model for (model, dtype, machine) lives under the cache root."""
+    model_slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-")
+    if not model_slug or not machine_id:
+        raise SpecConfigError(f"cost_model_path needs a model name and machine id, got {model_name!r}, {machine_id!r}")
+    return Path(cache_root) / "cost_models" / f"{model_slug}--{dtype_name(dtype)}--{machine_id}.json"
+
+
+def analytic(
+    num_params: int,
+    num_layers: int,
+    kv_bytes_per_token: float,
+    dtype_bytes: int,
+    rates: MachineRates,
+    *,
+    q_size: int | None = None,
+    overhead_s: float = 0.0,
+) -> StepCostModel:
+    """Roofline from the model's size: every weight read once per step, 2 FLOPs per weight per
+    token. Attention does 4 * q_size FLOPs per layer per (query, key) pair; without q_size the
+    KV width stands in (a lower bound under grouped-query attention). overhead_s defaults to 0,
+    which understates step time and so errs towards less speculation, until calibrated."""
+    if num_params <= 0 or num_layers <= 0 or dtype_bytes <= 0 or kv_bytes_per_token < 0:
+        raise SpecConfigError(
+            f"analytic cost model needs positive sizes, got num_params={num_params}, num_layers={num_layers}, "
+            f"kv_bytes_per_token={kv_bytes_per_token}, dtype_bytes={dtype_bytes}"
+        )
+    width = q_size if q_size is not None else kv_bytes_per_token / (2 * num_layers * dtype_bytes)
+    return StepCostModel(
+        overhead_s=overhead_s,
+        bytes_fixed=float(num_params * dtype_bytes),
+        bytes_per_kv_token=float(kv_bytes_per_token),
+        flops_per_token=2.0 * num_params,
+        read_bw=rates.read_bw_bytes_per_s,
+        flop_rate=rates.matmul_flops_per_s,
+        attn_flops_per_pair=4.0 * num_layers * width,
+    )
+
+
+# ---- fitting ----------------------------------------------------------------------------------
+# Unknowns, all >= 0: theta = [overhead, mem0, mem_per_kv, comp_per_token, comp_per_pair] (seconds).
+# For a fixed split of the samples into memory-bound and compute-bound ones the model is linear,
+# so: try every split by a threshold on num_tokens, refine each by re-assigning samples to the
+# larger fitted term, keep the split with the lowest loss, then down-weight outliers (Huber) and refit.
+
+
+def _nonneg_lstsq(X: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
+    """Least squares over the columns in `free` with theta >= 0 (drop the most negative, refit)."""
+    free = list(free)
+    theta = np.zeros(X.shape[1])
+    while free:
+        sol, *_ = np.linalg.lstsq(X[:, free], y, rcond=None)
+        if (sol >= 0).all():
+            theta[free] = sol
+            break
+        free.pop(int(np.argmin(sol)))
+    return theta
+
+
+def _design(mem: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
+    one = np.ones_like(kv)
+    return np.stack([one, mem * one, mem * kv, ~mem * n, ~mem * p], axis=1)  # [samples, 5]
+
+
+def _predict_theta(theta: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
+    return theta[0] + np.maximum(theta[1] + theta[2] * kv, theta[3] * n + theta[4] * p)
+
+
+def _fit_split(mem, kv, n, p, t, w, prior_theta: list[float] | None) -> np.ndarray:
+    """Fit theta for one split. Columns the split cannot identify take the prior's value (or 0):
+    the overhead without compute-bound samples (it merges with mem0), the KV slope without KV
+    variation, attention without pairs independent of tokens, memory terms without memory samples."""
+    fixed: set[int] = set()
+    if not (~mem).any():
+        fixed |= {0, 3, 4}
+    elif np.linalg.matrix_rank(np.stack([n[~mem], p[~mem]], axis=1)) < 2:
+        fixed.add(4)
+    if not mem.any():
+        fixed |= {1, 2}
+    elif np.ptp(kv[mem]) == 0:
+        fixed.add(2)
+    known = np.zeros(5)
+    for j in fixed:
+        known[j] = prior_theta[j] if prior_theta is not None else 0.0
+    X = _design(mem, kv, n, p)
+    sw = np.sqrt(w) / t  # relative errors: timing noise is multiplicative
+    free = [j for j in range(5) if j not in fixed]
+    return _nonneg_lstsq(X * sw[:, None], (t - X @ known) * sw, free) + known
+
+
+def fit(
+    samples: Sequence[StepSample],
+    rates: MachineRates | None = None,
+    prior: StepCostModel | None = None,
+) -> StepCostModel:
+    """Fit the roofline to measured steps. Rates (or the prior's) convert fitted seconds back into
+    bytes and FLOPs; without either, read_bw = flop_rate = 1 and bytes/FLOPs are in seconds.
+    Terms the samples cannot identify (no compute-bound sample, say) come from `prior`; without a
+    prior the compute slope is set so the ridge sits just past the largest measured step."""
+    if len(samples) < 4:
+        raise CalibrationError(f"fit needs at least 4 timed steps, got {len(samples)}")
+    n = np.array([s.num_tokens for s in samples], dtype=float)
+    kv = np.array([s.kv_tokens for s in samples], dtype=float)
+    p = np.array([s.pairs for s in samples], dtype=float)
+    t = np.array([s.seconds for s in samples], dtype=float)
+    if not np.isfinite(t).all() or (t <= 0).any() or (n < 1).any() or (kv < 0).any():
+        raise CalibrationError("fit needs positive finite step times, num_tokens >= 1 and kv_tokens >= 0")
+    read_bw = rates.read_bw_bytes_per_s if rates else (prior.read_bw if prior else 1.0)
+    flop_rate = rates.matmul_flops_per_s if rates else (prior.flop_rate if prior else 1.0)
+    prior_theta = None
+    if prior is not None:
+        prior_theta = [prior.overhead_s, prior.bytes_fixed / prior.read_bw, prior.bytes_per_kv_token / prior.read_bw,
+                       prior.flops_per_token / prior.flop_rate, prior.attn_flops_per_pair / prior.flop_rate]
+
+    def loss(theta: np.ndarray, w: np.ndarray) -> float:
+        return float(np.sum(w * ((_predict_theta(theta, kv, n, p) - t) / t) ** 2))
+
+    def fit_weighted(w: np.ndarray) -> np.ndarray:
+        best, best_loss = None, math.inf
+        for threshold in [0.0, *np.unique(n)]:
+            mem = n <= threshold
+            for _ in range(20):
+                theta = _fit_split(mem, kv, n, p, t, w, prior_theta)
+                new_mem = theta[1] + theta[2] * kv >= theta[3] * n + theta[4] * p
+                if (new_mem == mem).all():
+                    break
+                mem = new_mem
+            if (~mem).sum() == 0:
+                theta = _complete_compute(theta, prior_theta, kv, n, p)
+            current = loss(theta, w)
+            if current < best_loss:
+                best, best_loss = theta, current
+        return best
+
+    w = np.ones_like(t)
+    theta = fit_weighted(w)
+    for _ in range(2):  # Huber re-weighting: a few slow outliers (a GC pause) must not tilt the fit
+        r = (_predict_theta(theta, kv, n, p) - t) / t
+        scale = 1.4826 * float(np.median(np.abs(r - np.median(r)))) + 1e-9
+        w = np.minimum(1.0, 1.5 * scale / np.maximum(np.abs(r), 1e-12))
+        theta = fit_weighted(w)
+    rel = (_predict_theta(theta, kv, n, p) - t) / t
+    return StepCostModel(
+        overhead_s=float(theta[0]),
+        bytes_fixed=float(theta[1] * read_bw),
+        bytes_per_kv_token=float(theta[2] * read_bw),
+        flops_per_token=float(theta[3] * flop_rate),
+        read_bw=float(read_bw),
+        flop_rate=float(flop_rate),
+        attn_flops_per_pair=float(theta[4] * flop_rate),
+        source="fit",
+        fit_rel_rmse=float(np.sqrt(np.mean(rel**2))),
+        num_samples=len(samples),
+        drafters=prior.drafters if prior else (),
+    )
+
+
+def _complete_compute(theta, prior_theta, kv, n, p) -> np.ndarray:
+    """No compute-bound sample: take the compute terms from the prior, else put the ridge just past
+    the largest measured step (the most pessimistic slope the data allows)."""
+    theta = theta.copy()
+    if prior_theta is not None:
+        theta[3], theta[4] = prior_theta[3], prior_theta[4]
+    else:
+        theta[3] = float(np.min((theta[1] + theta[2] * kv) / n))
+        theta[4] = 0.0
+    return theta
+
+
+def median_samples(samples: Iterable[StepSample]) -> list[StepSample]:
+    """One sample per (num_tokens, kv_tokens, pairs) point: the median of its repeats."""
+    groups: dict[tuple[int, int, int], list[float]] = {}
+    for s in samples:
+        groups.setdefault((s.num_tokens, s.kv_tokens, s.pairs), []).append(s.seconds)
+    return [StepSample(n, kv, statistics.median(secs), pairs) for (n, kv, pairs), secs in sorted(groups.items())]
+
+
+def prediction_report(model: StepCostModel, samples: Iterable[StepSample]) -> list[dict[str, Any]]:
+    """Predicted vs measured per grid point (median over repeats), for a table or JSON."""
+    rows = []
+    for s in median_samples(samples):
+        num_tokens, kv_tokens, pairs, measured = s.num_tokens, s.kv_tokens, s.pairs, s.seconds
+        predicted = model.predict(num_tokens, kv_tokens, pairs)
+        rows.append({
+            "num_tokens": num_tokens,
+            "kv_tokens": kv_tokens,
+            "measured_ms": measured * 1e3,
+            "predicted_ms": predicted * 1e3,
+            "error_pct": 100.0 * (predicted - measured) / measured,
+            "bound": "compute" if model.is_compute_bound(num_tokens, kv_tokens, pairs) else "memory",
+        })
+    return rows
+
+
+def default_grid(max_tokens: int = 64, kv_values: Sequence[int] = (128, 512, 2048)) -> list[tuple[int, int]]:
+    """(num_tokens, kv_tokens) points: dense around small steps, where a CPU's ridge sits."""
+    tokens = sorted({t for t in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+                     if t <= max_tokens} | {max_tokens})
+    return [(t, kv) for kv in kv_values for t in tokens]
+
+
+def calibrate(
+    step_fn: Callable[[int, int], float],
+    grid: Sequence[tuple[int, int]] | None = None,
+    repeats: int = 3,
+    progress: bool = True,
+    *,
+    rates: MachineRates | None = None,
+    prior: StepCostModel | None = None,
+    warmup: int = 1,
+) -> tuple[StepCostModel, list[StepSample], list[dict[str, Any]]]:
+    """Time step_fn(num_tokens, kv_tokens) -> seconds (one sequence of num_tokens new tokens on a
+    kv_tokens-long cached context) over the grid, fit on the per-point medians, and report
+    predicted vs measured. Repeats are interleaved across the grid so slow drift hits every point."""
+    grid = list(grid) if grid is not None else default_grid()
+    if not grid or repeats < 1:
+        raise CalibrationError(f"calibrate needs a non-empty grid and repeats >= 1, got {len(grid)} points, {repeats}")
+    samples: list[StepSample] = []
+
+    def run_all(advance: Callable[[], None]) -> None:
+        for _ in range(warmup):  # untimed: first-call allocation and kernel selection
+            step_fn(*grid[0])
+            advance()
+        for _ in range(repeats):
+            for num_tokens, kv_tokens in grid:
+                seconds = float(step_fn(num_tokens, kv_tokens))
+                if not (seconds > 0) or math.isinf(seconds):
+                    raise CalibrationError(f"step_fn({num_tokens}, {kv_tokens}) returned {seconds!r}, not a time")
+                samples.append(StepSample(num_tokens, kv_tokens, seconds))
+                advance()
+
+    total = repeats * len(grid) + warmup
+    if progress:
+        from rich.progress import Progress
+
+        with Progress(transient=True) as bar:
+            task = bar.add_task("calibrating step cost", total=total)
+            run_all(lambda: bar.advance(task))
+    else:
+        run_all(lambda: None)
+    model = fit(median_samples(samples), rates=rates, prior=prior)
+    return model, samples, prediction_report(model, samples)
+
+
+def fit_drafter_cost(samples: Sequence[tuple[int, float]]) -> DrafterCost:
+    """Least-squares line seconds = fixed_s + k * per_token_s (both >= 0) through (k, seconds)."""
+    pts = [(k, s) for k, s in samples if k > 0]
+    if len({k for k, _ in pts}) < 2:
+        raise CalibrationError("fit_drafter_cost needs timings at two or more distinct draft lengths k > 0")
+    k = np.array([x for x, _ in pts], dtype=float)
+    s = np.array([y for _, y in pts], dtype=float)
+    theta = _nonneg_lstsq(np.stack([np.ones_like(k), k], axis=1), s, [0, 1])
+    return DrafterCost(per_token_s=float(theta[1]), fixed_s=float(theta[0]))
+
+
+def calibrate_drafter(
+    draft_fn: Callable[[int], float], ks: Sequence[int] = (1, 2, 4, 8, 16), repeats: int = 3
+) -> DrafterCost:
+    """Time draft_fn(k) -> seconds (draft k tokens for one sequence); fit on per-k medians."""
+    timings = {k: sorted(float(draft_fn(k)) for _ in range(repeats)) for k in ks}
+    return fit_drafter_cost([(k, statistics.median(v)) for k, v in timings.items()])
+
+
+class PredictionTracker:
+    """Predicted vs measured step times while serving, so the cost model's error stays visible."""
+
+    def __init__(self, window: int = 512) -> None:
+        self._rel: deque[float] = deque(maxlen=window)
+
+    def record(self, predicted_s: float, measured_s: float) -> float:
+        rel = (predicted_s - measured_s) / measured_s
+        self._rel.append(rel)
+        return rel
+
+    def summary(self) -> dict[str, float]:
+        if not self._rel:
+            return {"steps": 0}
+        abs_rel = sorted(abs(r) for r in self._rel)
+        return {
+            "steps": len(abs_rel),
+            "median_abs_error_pct": 100.0 * statistics.median(abs_rel),
+            "p90_abs_error_pct": 100.0 * abs_rel[min(len(abs_rel) - 1, int(0.9 * len(abs_rel)))],
+            "bias_pct": 100.0 * statistics.fmean(self._rel),  # > 0: the model predicts slow
+        }

@@ -1,0 +1,109 @@
+"""The drafter protocol: what the engine asks of anything that proposes draft tokens.
+
+Lifecycle of one request, as the engine drives it:
+
+    start(seq_id, prompt_ids)                          once, before the first propose
+    loop:  propose([DraftRequest(seq_id, context, max_k), ...])  -> [Draft, ...]
+           (target verifies)  on_verified(seq_id, num_accepted, emitted)
+    finish(seq_id, output_ids)                         once, when the request completes normally
+    release(seq_id)                                    always, last (also after an abort)
+
+Exactness does not depend on the drafter: a Draft's tokens must be drawn from the processed
+distribution it reports in `probs` (or be a deterministic function of the context when `probs`
+is None); verification then emits exactly the target's distribution whatever the draft says.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from agentrt.errors import SpecError
+
+
+@dataclass(frozen=True)
+class DraftRequest:
+    seq_id: int
+    # The whole context: prompt + output so far. The last token is the one the engine feeds next
+    # (its target distribution is the first verified position), so drafts continue after it.
+    token_ids: Sequence[int]
+    max_k: int  # propose at most this many tokens (the k controller's budget for this step)
+    # The request's sampling processing; model drafters draw from q processed the same way.
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_k < 0:
+            raise SpecError(f"DraftRequest.max_k must be >= 0, got {self.max_k} for seq {self.seq_id}")
+        if self.temperature < 0 or self.top_k < 0 or not 0 < self.top_p <= 1:
+            raise SpecError(
+                f"DraftRequest sampling parameters out of range for seq {self.seq_id}: temperature="
+                f"{self.temperature} (>= 0), top_k={self.top_k} (>= 0), top_p={self.top_p} (in (0, 1])"
+            )
+
+
+@dataclass
+class Draft:
+    tokens: list[int]
+    # [k, V] processed q the tokens were drawn from; None when the drafter is deterministic.
+    probs: torch.Tensor | None = None
+    # Per token, the drafter's estimate of P(accepted | previous accepted), in [0, 1]; the k
+    # controller uses it to decide how much of the draft to verify.
+    confidence: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if len(self.confidence) != len(self.tokens):
+            raise SpecError(
+                f"Draft.confidence has {len(self.confidence)} entries for {len(self.tokens)} tokens"
+            )
+        if any(not 0.0 <= c <= 1.0 for c in self.confidence):
+            raise SpecError(f"Draft.confidence must lie in [0, 1], got {self.confidence}")
+        if self.probs is not None and (self.probs.dim() != 2 or self.probs.shape[0] != len(self.tokens)):
+            raise SpecError(
+                f"Draft.probs must have shape [{len(self.tokens)}, V], got {tuple(self.probs.shape)}"
+            )
+
+    @classmethod
+    def empty(cls) -> Draft:
+        return cls(tokens=[], probs=None, confidence=[])
+
+    def truncated(self, k: int) -> Draft:
+        """The first k tokens (the k controller may verify fewer than were proposed)."""
+        probs = None if self.probs is None else self.probs[:k]
+        return Draft(tokens=self.tokens[:k], probs=probs, confidence=self.confidence[:k])
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    name: str  # short, stable: used as the key of statistics and trace events
+    deterministic: bool  # True: every Draft has probs None (q is a point mass)
+
+    def start(self, seq_id: int, prompt_ids: Sequence[int]) -> None:
+        """Begin a request. Per-request state is keyed by seq_id, which must not be in use."""
+        ...
+
+    def propose(self, reqs: list[DraftRequest]) -> list[Draft]:
+        """One Draft per request, in order, each with at most req.max_k tokens (zero is fine).
+
+        Must not assume any draft will be accepted: proposals leave no state that
+        on_verified would have to undo, or on_verified undoes it.
+        """
+        ...
+
+    def on_verified(self, seq_id: int, num_accepted: int, emitted: list[int]) -> None:
+        """The target emitted `emitted` (the first num_accepted of the last draft, then the
+        recovered or bonus token; the engine may cut it short at a stop token). Afterwards the
+        drafter's view of the context is the old context + emitted, and nothing beyond it."""
+        ...
+
+    def finish(self, seq_id: int, output_ids: list[int]) -> None:
+        """The request completed with these output tokens (drafters that learn across requests,
+        like the suffix drafter's shared history, record them here). Does not free state."""
+        ...
+
+    def release(self, seq_id: int) -> None:
+        """Free all per-request state. Idempotent; called after finish or on abort."""
+        ...

@@ -1,0 +1,48 @@
+"""Session fixtures shared across the test suite.
+
+tests/engine/tiny_models.py is registered as module `tiny_models` here (the suite runs with
+--import-mode=importlib, so test directories are not on sys.path): tests may `import tiny_models`.
+It imports torch and transformers only when a model is built.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _tiny_models():
+    """tests/engine/tiny_models.py as module `tiny_models` (tests/ is not a package)."""
+    if "tiny_models" not in sys.modules:
+        spec = importlib.util.spec_from_file_location("tiny_models", Path(__file__).parent / "engine" / "tiny_models.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules["tiny_models"] = module
+        spec.loader.exec_module(module)
+    return sys.modules["tiny_models"]
+
+
+_tiny_models()
+
+
+@pytest.fixture(scope="session")
+def smollm2_source():
+    """The embedded SmolLM2-135M-Instruct, converted into the user's cache on first use (~5 s, once)."""
+    from agentrt.engine.registry import resolve_model
+
+    return resolve_model("smollm2-135m-instruct", progress=False)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """tiny_model_dir(variant) -> Path of a complete tiny random HF model (tests/engine/tiny_models.py),
+    built once per session per variant. Treat the directory as read-only."""
+    made: dict[str, Path] = {}
+
+    def make(variant: str) -> Path:
+        if variant not in made:
+            made[variant] = _tiny_models().save_tiny_model(tmp_path_factory.mktemp(f"tiny-{variant}"), variant)
+        return made[variant]
+
+    return make

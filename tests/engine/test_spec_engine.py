@@ -1,0 +1,115 @@
+"""Speculative decoding in the engine: greedy identity for every drafter (fp32), exact stops
+inside accepted runs, α accounting, and the sampled distribution at temperature 1."""
+from __future__ import annotations
+
+import collections
+
+import pytest
+from scipy.stats import chi2_contingency
+
+from agentrt.engine import SamplingParams, SpecConfig
+from agentrt.errors import SpecConfigError
+
+REPEATY = "one two three four five six seven. one two three four five six seven. one two three"
+CHATS = [
+    [{"role": "user", "content": "Repeat exactly: red green blue, red green blue, red green blue."}],
+    [{"role": "user", "content": 'Write JSON with keys "city" and "days" for Paris, 3.'}],
+    [{"role": "user", "content": "Count from 1 to 12."}],
+    [{"role": "user", "content": "What is a hash table?"}],
+]
+
+
+def _drafters(model_dir) -> list[SpecConfig]:
+    return [
+        SpecConfig(drafter="suffix", k=4),
+        SpecConfig(drafter="suffix"),  # adaptive k
+        SpecConfig(drafter="layerskip:1", k=3),
+        SpecConfig(drafter=f"draft:{model_dir}", k=5),
+    ]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_identity_tiny(batch, tiny_loaded, make_engine):
+    loaded = tiny_loaded("smollm")
+    prompts = [REPEATY, "the the the the", "a b c d e f g", "hello world"][:batch]
+    params = [SamplingParams(max_tokens=m, temperature=0, ignore_eos=True) for m in (40, 23, 31, 17)][:batch]
+    base = make_engine(loaded)
+    want = [base.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
+    for spec in _drafters(loaded.source.path):
+        engine = make_engine(loaded, spec=spec)
+        rids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        got = {}
+        while len(got) < len(rids):
+            got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
+        assert [got[r].token_ids for r in rids] == want, spec.drafter
+        assert engine.blocks.num_free == engine.blocks.allocator.num_blocks
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_greedy_identity_smollm2(batch, smollm2_fp32, make_engine):
+    params = SamplingParams(max_tokens=28, temperature=0)
+    want = [r.token_ids for r in make_engine(smollm2_fp32).generate(CHATS[:batch], params)]
+    for spec in [SpecConfig(drafter="suffix", k=6), SpecConfig(drafter="layerskip:12", k=2),
+                 SpecConfig(drafter=f"draft:{smollm2_fp32.source.path}", k=4)]:
+        engine = make_engine(smollm2_fp32, spec=spec)
+        got = engine.generate(CHATS[:batch], params)
+        assert [r.token_ids for r in got] == want, spec.drafter
+        total = collections.Counter()
+        for r in got:
+            total.update({k: v for k, v in r.spec["total"].items() if isinstance(v, int)})
+        assert total["drafted"] > 0 and total["emitted"] == sum(len(w) for w in want)
+        if spec.drafter.startswith("draft:"):
+            # The target drafting for itself agrees everywhere but past the end of the output
+            # (drafts after the stop token are counted as drafted, cut as not accepted).
+            assert total["accepted"] >= 0.7 * total["drafted"]
+
+
+def test_stops_inside_an_accepted_run_cut_exactly(tiny_loaded, make_engine):
+    loaded = tiny_loaded("llama3")
+    plain = make_engine(loaded)
+    spec = make_engine(loaded, spec=SpecConfig(drafter=f"draft:{loaded.source.path}", k=8))
+    base = plain.generate([REPEATY], SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))[0]
+    cases = [
+        SamplingParams(max_tokens=13, temperature=0, ignore_eos=True),  # max_tokens mid-run
+        SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop_token_ids=(base.token_ids[6],)),
+        SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, stop=[base.text[5:8]]),
+    ]
+    for p in cases:
+        a = plain.generate([REPEATY], p)[0]
+        b = spec.generate([REPEATY], p)[0]
+        assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
+        assert b.spec["total"]["accepted"] > 0
+
+
+def test_unknown_drafter_is_a_clear_error(tiny_loaded, make_engine):
+    with pytest.raises(SpecConfigError, match="unknown drafter"):
+        make_engine(tiny_loaded("smollm"), spec=SpecConfig(drafter="medusa"))
+    with pytest.raises(SpecConfigError, match="layerskip"):
+        make_engine(tiny_loaded("smollm"), spec=SpecConfig(drafter="layerskip:x"))
+
+
+def test_first_two_tokens_distribution_matches_plain_sampling(smollm2_fp32, make_engine):
+    """Two-sample chi-square on the joint (t1, t2) at temperature 1: the 12 most frequent pairs
+    plus "other". N = 1200 samples per arm; the test fails when p < 1e-3 (a false alarm once in
+    a thousand runs; the seeds are fixed, so the outcome is deterministic)."""
+    n, batch = 1200, 100
+    prompt = smollm2_fp32.tokenizer.encode("My favourite food is")
+
+    def sample(engine, seed0):
+        pairs = []
+        for b in range(n // batch):
+            rids = [engine.add_request(list(prompt), SamplingParams(max_tokens=2, temperature=1.0, seed=seed0 + b * batch + i, ignore_eos=True))
+                    for i in range(batch)]
+            got = {}
+            while len(got) < len(rids):
+                got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
+            pairs += [tuple(got[r].token_ids) for r in rids]
+        return pairs
+
+    plain = sample(make_engine(smollm2_fp32, max_num_seqs=batch, kv_cache_tokens=8192), 0)
+    spec_engine = make_engine(smollm2_fp32, max_num_seqs=batch, kv_cache_tokens=8192, spec=SpecConfig(drafter="layerskip:20", k=1))
+    spec = sample(spec_engine, 10**6)
+    top = [p for p, _ in collections.Counter(plain + spec).most_common(12)]
+    table = [[sum(1 for x in arm if x == t) for t in top] + [sum(1 for x in arm if x not in top)] for arm in (plain, spec)]
+    _, pvalue, _, _ = chi2_contingency(table)
+    assert pvalue > 1e-3, table

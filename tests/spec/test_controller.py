@@ -1,0 +1,205 @@
+"""The k controller against synthetic cost models: the load-adaptive consequences, policies,
+optimality against brute force, and lecture §16.8's break-even and worked exercise."""
+import itertools
+import random
+from collections import Counter
+
+import pytest
+
+from agentrt.errors import SpecConfigError
+from agentrt.spec.arithmetic import expected_tokens, expected_tokens_positional
+from agentrt.spec.controller import (
+    KController,
+    SeqDraftState,
+    break_even_batch,
+    speculative_goodput,
+)
+from agentrt.spec.cost_model import StepCostModel
+
+# CPU-like: ridge ~14 tokens at 200 context, big fixed overhead (eager PyTorch on 2 cores).
+CPU = StepCostModel(overhead_s=0.015, bytes_fixed=270e6, bytes_per_kv_token=92160, flops_per_token=270e6,
+                    read_bw=30e9, flop_rate=400e9, attn_flops_per_pair=69120)
+# GPU-like: an 8B model on an H100-class part, ridge ~175 tokens.
+GPU = StepCostModel(overhead_s=0.002, bytes_fixed=16e9, bytes_per_kv_token=131072, flops_per_token=16e9,
+                    read_bw=4.0e12, flop_rate=700e12, attn_flops_per_pair=4 * 32 * 4096)
+# Lecture §16.8: 6.74B params in bf16 at 3.35 TB/s and 494.5 TFLOP/s, 0.082 GB of KV per 640-token sequence.
+LECTURE = StepCostModel(overhead_s=0.0, bytes_fixed=13.5e9, bytes_per_kv_token=0.082e9 / 640,
+                        flops_per_token=13.48e9, read_bw=3.35e12, flop_rate=494.5e12)
+# A pure roofline with a small overhead, where the plain step turns compute-bound at ~40 sequences.
+SMALL_OVERHEAD = StepCostModel(overhead_s=0.0001, bytes_fixed=2e9, bytes_per_kv_token=0.0, flops_per_token=1e9,
+                               read_bw=1e12, flop_rate=20e12)
+
+
+def seqs(batch: int, alpha: float, kmax: int = 32, cost: float = 0.0, ctx: int = 200) -> list[SeqDraftState]:
+    return [SeqDraftState(i, [alpha] * kmax, cost, ctx) for i in range(batch)]
+
+
+@pytest.mark.parametrize("model,cost", [(CPU, 5e-4), (GPU, 5e-4), (GPU, 2e-3)])
+def test_k_grows_with_alpha(model, cost):
+    ctl = KController(model, kmax_cap=32)
+    ks = [ctl.choose(seqs(1, a, cost=cost)).k[0] for a in (0.3, 0.5, 0.7, 0.8, 0.9, 0.95, 0.98)]
+    assert ks == sorted(ks) and ks[-1] >= ks[0] + 5, ks
+
+
+@pytest.mark.parametrize("model", [CPU, GPU, LECTURE])
+def test_k_falls_as_more_sequences_run(model):
+    ctl = KController(model, kmax_cap=16)
+    mean_k = []
+    for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
+        alloc = ctl.choose(seqs(batch, 0.8, kmax=16, ctx=64))
+        mean_k.append(sum(alloc.k) / batch)
+    assert mean_k == sorted(mean_k, reverse=True), mean_k
+    assert mean_k[0] >= 8 and mean_k[-1] == 0
+
+
+@pytest.mark.parametrize("model", [CPU, GPU, LECTURE])
+def test_long_contexts_bring_speculation_back_at_the_same_batch(model):
+    # MagicDec's inversion: the KV read makes a long-context step memory-bound again
+    ctl = KController(model, kmax_cap=16)
+    short = ctl.choose(seqs(128, 0.8, kmax=16, ctx=64))
+    long = ctl.choose(seqs(128, 0.8, kmax=16, ctx=16384))
+    assert short.compute_bound and sum(long.k) > sum(short.k) + 128
+
+
+def test_k_is_zero_once_the_step_is_compute_bound():
+    ctl = KController(SMALL_OVERHEAD, kmax_cap=16)
+    for batch in (64, 128, 512):
+        batch_seqs = seqs(batch, 0.9, kmax=16)
+        assert SMALL_OVERHEAD.is_compute_bound(batch, batch * 200)  # already without drafts
+        alloc = ctl.choose(batch_seqs)
+        assert alloc.k == [0] * batch and alloc.compute_bound
+    # the lecture's model at B = 2000 (640-token contexts) is compute-bound too
+    assert KController(LECTURE, 16).choose(seqs(2000, 0.8, kmax=16, ctx=640)).k == [0] * 2000
+
+
+def test_overhead_makes_speculation_pay_a_little_past_the_ridge():
+    # Past the ridge a token costs its FLOPs; with a large fixed overhead the plain step's average
+    # cost per token is higher still, so a likely draft token still pays: the controller follows
+    # the cost model, not a rule of thumb. Check against alpha vs B*s/(overhead + B*s).
+    batch, ctx = 40, 50
+    assert CPU.is_compute_bound(batch, batch * ctx, batch * ctx)
+    s = CPU.compute_s(1, ctx)
+    threshold = batch * s / (CPU.overhead_s + batch * s)  # about 0.65
+    hi = KController(CPU, 8).choose(seqs(batch, threshold + 0.05, kmax=8, ctx=ctx))
+    lo = KController(CPU, 8).choose(seqs(batch, threshold - 0.05, kmax=8, ctx=ctx))
+    assert sum(hi.k) > 0 and sum(lo.k) == 0
+
+
+@pytest.mark.parametrize("model", [CPU, GPU])
+def test_idle_engine_with_high_alpha_drafts_deep(model):
+    # one sequence, a cheap drafter (50 us per token, n-gram-like) offering 32 tokens
+    alloc = KController(model, kmax_cap=32).choose(seqs(1, 0.95, kmax=32, cost=5e-5))
+    assert alloc.k[0] >= 16
+    forced = KController(model, kmax_cap=32).choose(seqs(1, 1.0, kmax=32, cost=5e-5))
+    assert forced.k == [32]  # grammar-forced continuation: take everything offered
+
+
+def test_never_more_drafts_than_offered_or_the_cap():
+    rng = random.Random(3)
+    batch = [SeqDraftState(i, [1.0] * rng.randint(0, 40), 0.0, rng.randint(1, 4000)) for i in range(12)]
+    for cap in (0, 3, 16, 64):
+        alloc = KController(GPU, kmax_cap=cap).choose(batch)
+        for s, k in zip(batch, alloc.k):
+            assert 0 <= k <= min(cap, len(s.accept_probs))
+        fixed = KController(GPU, kmax_cap=cap, policy="fixed", fixed_k=20).choose(batch)
+        assert fixed.k == [min(20, cap, len(s.accept_probs)) for s in batch]
+
+
+def test_fixed_and_off_policies():
+    batch = [SeqDraftState("a", [0.9] * 8, 1e-4, 100), SeqDraftState("b", [0.5] * 2, 1e-4, 300)]
+    fixed = KController(CPU, policy="fixed", fixed_k=4).choose(batch)
+    assert fixed.k == [4, 2]
+    assert fixed.expected_tokens == pytest.approx([expected_tokens(0.9, 4), expected_tokens(0.5, 2)])
+    assert fixed.predicted_draft_s == pytest.approx(6e-4)
+    assert fixed.predicted_step_s == pytest.approx(CPU.predict(8, 400, 5 * 100 + 3 * 300) + 6e-4)
+    assert fixed.predicted_goodput == pytest.approx(sum(fixed.expected_tokens) / fixed.predicted_step_s)
+    off = KController(CPU, policy="off").choose(batch)
+    assert off.k == [0, 0] and off.expected_tokens == [1.0, 1.0]
+    assert off.predicted_step_s == pytest.approx(CPU.predict(2, 400, 400))
+    with pytest.raises(SpecConfigError, match="policy"):
+        KController(CPU, policy="sometimes")
+
+
+def test_greedy_matches_brute_force_on_random_small_problems():
+    rng = random.Random(0)
+    for _ in range(150):
+        model = rng.choice([CPU, GPU, SMALL_OVERHEAD])
+        batch = [
+            SeqDraftState(i, [rng.choice([1.0, rng.uniform(0.1, 1.0)]) for _ in range(rng.randint(0, 6))],
+                          rng.choice([0.0, 1e-4, 1e-3, 5e-3]), rng.randint(10, 5000),
+                          draft_fixed_s=rng.choice([0.0, 0.0, 4e-3]))
+            for i in range(rng.randint(1, 3))
+        ]
+        greedy = KController(model, kmax_cap=32).choose(batch)
+        best = max(
+            _goodput(model, batch, ks)
+            for ks in itertools.product(*[range(len(s.accept_probs) + 1) for s in batch])
+        )
+        assert greedy.predicted_goodput == pytest.approx(best, rel=1e-9)
+
+
+def _goodput(model, batch, ks):
+    tokens = sum(k + 1 for k in ks)
+    kv = sum(s.context_len for s in batch)
+    pairs = sum((k + 1) * s.context_len for s, k in zip(batch, ks))
+    draft = sum(s.draft_fixed_s + k * s.draft_cost_s_per_token for s, k in zip(batch, ks) if k > 0)
+    emitted = sum(expected_tokens_positional(s.accept_probs[:k]) for s, k in zip(batch, ks))
+    return emitted / (model.predict(tokens, kv, pairs) + draft)
+
+
+def test_fixed_draft_cost_is_paid_for_by_a_deep_draft():
+    # 10 ms to start drafting, then free tokens: one token never pays for it, sixteen do
+    s = SeqDraftState(0, [0.95] * 16, 0.0, 200, draft_fixed_s=0.010)
+    alloc = KController(CPU, 16).choose([s])
+    assert alloc.k[0] >= 10
+    assert alloc.predicted_goodput > KController(CPU, policy="off").choose([s]).predicted_goodput
+
+
+def test_lecture_exercise_adaptive_k_against_the_batch():
+    # §16.8 exercise 2 at alpha = 0.8, 640-token contexts: best k = 5 at B = 1 (c = 0.15 of a step),
+    # 4 at B = 32, 1 at B = 128, "1 or disable" at B = 256 (batched drafts there count as free).
+    ctl = KController(LECTURE, kmax_cap=16)
+    c = 0.15 * LECTURE.predict(1, 640)
+    assert ctl.choose(seqs(1, 0.8, kmax=16, cost=c, ctx=640)).k == [5]
+    assert set(ctl.choose(seqs(32, 0.8, kmax=16, ctx=640)).k) <= {4, 5}
+    assert Counter(ctl.choose(seqs(128, 0.8, kmax=16, ctx=640)).k).most_common(1)[0][0] == 1
+    assert set(ctl.choose(seqs(256, 0.8, kmax=16, ctx=640)).k) <= {0, 1}
+
+
+def test_break_even_batch_against_the_lecture_formula():
+    # fixed k = 4 at alpha = 0.8 loses once E * memory_time(B) < compute_time(B), i.e.
+    # E (13.5 + 0.082 B) / 3.35 = 5 B 13.48 / 494.5  (ms)
+    e = expected_tokens(0.8, 4)
+    slope = 5 * 13.48 / 494.5
+    b_star = e * 13.5 / 3.35 / (slope - e * 0.082 / 3.35)
+    assert break_even_batch(0.8, 4, 640, cost_model=LECTURE) == int(b_star) + 1
+    assert KController(LECTURE).break_even_batch(0.8, 4, 640) == int(b_star) + 1
+    # and the lecture's gain at B = 164: 2.10x -> 1.21x
+    gain = speculative_goodput(LECTURE, 164, 0.8, 4, 640) / speculative_goodput(LECTURE, 164, 0.8, 0, 640)
+    assert round(gain, 2) == 1.21
+    # never compute-bound within max_batch: no break-even
+    assert break_even_batch(0.8, 4, 640, cost_model=LECTURE, max_batch=50) is None
+
+
+def test_break_even_falls_with_alpha_and_draft_length():
+    b = [break_even_batch(a, 4, 640, cost_model=LECTURE) for a in (0.5, 0.7, 0.9)]
+    assert b[0] < b[1] < b[2]
+    assert break_even_batch(0.8, 8, 640, cost_model=LECTURE) < break_even_batch(0.8, 2, 640, cost_model=LECTURE)
+
+
+def test_allocation_is_consistent_and_empty_batch_is_fine():
+    batch = [SeqDraftState(i, [0.9, 0.9, 1.0, 0.6, 0.6], 2e-4, 150 * (i + 1)) for i in range(3)]
+    alloc = KController(CPU).choose(batch)
+    assert alloc.expected_tokens == pytest.approx(
+        [expected_tokens_positional(s.accept_probs[:k]) for s, k in zip(batch, alloc.k)])
+    assert alloc.predicted_step_s == pytest.approx(alloc.predicted_target_s + alloc.predicted_draft_s)
+    assert alloc.predicted_goodput == pytest.approx(_goodput(CPU, batch, alloc.k))
+    empty = KController(CPU).choose([])
+    assert empty.k == [] and empty.predicted_goodput == 0.0
+
+
+def test_bad_sequence_input_names_the_sequence():
+    with pytest.raises(SpecConfigError, match="'s7'.*accept_probs"):
+        KController(CPU).choose([SeqDraftState("s7", [0.5, 1.2], 0.0, 10)])
+    with pytest.raises(SpecConfigError, match="'s8'"):
+        KController(CPU).choose([SeqDraftState("s8", [0.5], -1.0, 10)])

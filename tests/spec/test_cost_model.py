@@ -1,0 +1,211 @@
+"""Step-cost model: the roofline formula, the analytic fallback, fitting synthetic timings,
+calibration through a timing callback, persistence, and the machine micro-benchmarks."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from agentrt.errors import CalibrationError, SpecConfigError
+from agentrt.spec.cost_model import (
+    DrafterCost,
+    PredictionTracker,
+    StepCostModel,
+    StepSample,
+    analytic,
+    calibrate,
+    calibrate_drafter,
+    cost_model_path,
+    default_grid,
+    fit,
+    fit_drafter_cost,
+    prediction_report,
+)
+from agentrt.spec.machine import MachineRates, dtype_name, machine_id, measure_machine
+
+# CPU-like ground truth: 15 ms overhead, 9 ms weight read, ridge near 13 tokens, attention counted.
+TRUE = StepCostModel(
+    overhead_s=0.015, bytes_fixed=270e6, bytes_per_kv_token=92160, flops_per_token=270e6,
+    read_bw=30e9, flop_rate=400e9, attn_flops_per_pair=69120,
+)
+RATES = MachineRates(read_bw_bytes_per_s=30e9, matmul_flops_per_s=400e9, dtype="bfloat16")
+
+
+def noisy_step_fn(model: StepCostModel, seed: int, noise: float = 0.03, outlier_rate: float = 0.0):
+    rng = np.random.default_rng(seed)
+
+    def step(num_tokens: int, kv_tokens: int) -> float:
+        t = model.predict(num_tokens, kv_tokens, num_tokens * kv_tokens) * float(np.exp(rng.normal(0, noise)))
+        return t * 3 if rng.random() < outlier_rate else t
+
+    return step
+
+
+def test_predict_is_overhead_plus_max_of_memory_and_compute():
+    m = StepCostModel(overhead_s=0.001, bytes_fixed=1e9, bytes_per_kv_token=1e5, flops_per_token=2e9,
+                      read_bw=1e11, flop_rate=1e13, attn_flops_per_pair=1e5)
+    memory = (1e9 + 1e5 * 1000) / 1e11
+    assert m.predict(1, 1000) == pytest.approx(0.001 + memory)
+    compute = (2000 * 2e9 + 3000 * 1e5) / 1e13
+    assert compute > memory
+    assert m.predict(2000, 1000, 3000) == pytest.approx(0.001 + compute)
+    assert m.is_compute_bound(2000, 1000, 3000) and not m.is_compute_bound(1, 1000)
+    assert m.ridge_tokens(1000) == pytest.approx(memory * 1e13 / 2e9)
+
+
+def test_analytic_smollm2_bf16_ridge_is_where_the_notes_put_it():
+    # SmolLM2-135M: 134.5M params, 30 layers, 3 KV heads x 64, q 576; the notes' bf16 rates
+    kv_bytes = 2 * 30 * 3 * 64 * 2
+    rates = MachineRates(read_bw_bytes_per_s=35e9, matmul_flops_per_s=410e9, dtype="bfloat16")
+    m = analytic(134_515_008, 30, kv_bytes, 2, rates, q_size=576)
+    assert m.bytes_fixed == 134_515_008 * 2 and m.flops_per_token == 2 * 134_515_008
+    assert m.attn_flops_per_pair == 4 * 30 * 576
+    assert 8 <= m.ridge_tokens(200) <= 13  # "roughly 8-12 tokens per step in bf16"
+    assert m.predict(1, 200) == pytest.approx(m.memory_s(200))  # one token: memory-bound
+    with pytest.raises(SpecConfigError, match="num_params"):
+        analytic(0, 30, kv_bytes, 2, rates)
+
+
+def test_fit_recovers_known_parameters_from_noisy_timings():
+    # 3% log-normal noise, 3 repeats, medians per point; 3% of the raw timings are 3x outliers.
+    # Tolerances (from 40 seeds, worst case about half of each): the time at one token within 3%,
+    # compute slope 10%, overhead, weight bytes, KV slope and attention 20%, predictions 8%.
+    model, samples, report = calibrate(
+        noisy_step_fn(TRUE, seed=1, outlier_rate=0.03), default_grid(64, (128, 512, 2048)),
+        repeats=3, progress=False, rates=RATES,
+    )
+    assert model.source == "fit" and model.num_samples == len(report) == len(default_grid(64, (128, 512, 2048)))
+    assert model.read_bw == RATES.read_bw_bytes_per_s and model.flop_rate == RATES.matmul_flops_per_s
+    assert model.predict(1, 512) == pytest.approx(TRUE.predict(1, 512), rel=0.03)
+    assert model.flops_per_token == pytest.approx(TRUE.flops_per_token, rel=0.10)
+    for name in ("overhead_s", "bytes_fixed", "bytes_per_kv_token", "attn_flops_per_pair"):
+        assert getattr(model, name) == pytest.approx(getattr(TRUE, name), rel=0.20), name
+    for n in (1, 3, 8, 13, 20, 40, 64):
+        for kv in (64, 300, 1024, 4096):  # includes points off the calibration grid
+            assert model.predict(n, kv, n * kv) == pytest.approx(TRUE.predict(n, kv, n * kv), rel=0.08)
+    assert model.ridge_tokens(512) == pytest.approx(TRUE.ridge_tokens(512), rel=0.2)
+    assert model.fit_rel_rmse < 0.05
+
+
+def test_fit_without_rates_is_in_seconds_and_noise_free_fit_is_exact():
+    samples = [StepSample(n, kv, TRUE.predict(n, kv, n * kv)) for n, kv in default_grid(48, (100, 1000))]
+    model = fit(samples)
+    assert model.read_bw == 1.0 and model.flop_rate == 1.0
+    assert model.bytes_fixed == pytest.approx(TRUE.bytes_fixed / TRUE.read_bw, rel=1e-6)
+    assert model.overhead_s == pytest.approx(TRUE.overhead_s, rel=1e-6)
+    assert model.fit_rel_rmse < 1e-9
+
+
+def test_fit_all_memory_bound_takes_compute_terms_from_the_prior_or_stays_pessimistic():
+    # a GPU-like engine: every calibration step is memory-bound, so the compute slope is unseen
+    samples = [StepSample(n, kv, TRUE.predict(n, kv, 0)) for n, kv in default_grid(8, (128, 1024))]
+    assert not any(TRUE.is_compute_bound(s.num_tokens, s.kv_tokens) for s in samples)
+    with_prior = fit(samples, prior=TRUE)
+    assert with_prior.flops_per_token == pytest.approx(TRUE.flops_per_token)
+    assert with_prior.overhead_s == pytest.approx(TRUE.overhead_s)
+    assert with_prior.bytes_fixed == pytest.approx(TRUE.bytes_fixed, rel=1e-6)
+    bare = fit(samples)
+    # without a prior the ridge sits at the largest measured step: no free speculation is assumed
+    assert bare.ridge_tokens(128) == pytest.approx(8, rel=1e-6)
+
+
+def test_fit_rejects_unusable_samples():
+    with pytest.raises(CalibrationError, match="at least 4"):
+        fit([StepSample(1, 10, 0.01)] * 3)
+    with pytest.raises(CalibrationError, match="positive finite"):
+        fit([StepSample(1, 10, 0.01)] * 3 + [StepSample(2, 10, -1.0)])
+
+
+def test_calibrate_interleaves_repeats_reports_predicted_vs_measured_and_shows_progress():
+    calls = []
+
+    def step(n, kv):
+        calls.append((n, kv))
+        return TRUE.predict(n, kv, n * kv)
+
+    grid = [(1, 100), (4, 100), (16, 100), (32, 100), (1, 1000), (16, 1000), (32, 1000)]
+    model, samples, report = calibrate(step, grid, repeats=2, progress=True, warmup=1)
+    assert calls[1:] == grid + grid  # one warm-up call, then repeats interleaved across the grid
+    assert len(samples) == 2 * len(grid)
+    assert [(r["num_tokens"], r["kv_tokens"]) for r in report] == sorted(grid)
+    for r in report:
+        assert r["predicted_ms"] == pytest.approx(r["measured_ms"], rel=1e-6)
+        assert abs(r["error_pct"]) < 1e-4
+        assert r["bound"] == ("compute" if TRUE.is_compute_bound(r["num_tokens"], r["kv_tokens"],
+                                                                 r["num_tokens"] * r["kv_tokens"]) else "memory")
+    assert {r["bound"] for r in report} == {"memory", "compute"}
+    with pytest.raises(CalibrationError, match=r"step_fn\(1, 100\)"):
+        calibrate(lambda n, kv: float("nan"), grid, repeats=1, progress=False)
+
+
+def test_prediction_report_shows_error_of_a_wrong_model():
+    samples = [StepSample(4, 100, 0.020), StepSample(4, 100, 0.022), StepSample(4, 100, 0.021)]
+    slow = StepCostModel(0.0, 0.0, 0.0, 0.0, 1.0, 1.0, source="analytic")
+    (row,) = prediction_report(slow, samples)
+    assert row["measured_ms"] == pytest.approx(21.0) and row["predicted_ms"] == 0.0
+    assert row["error_pct"] == pytest.approx(-100.0)
+
+
+def test_json_round_trip_save_load_and_path(tmp_path):
+    m = fit([StepSample(n, kv, TRUE.predict(n, kv, n * kv)) for n, kv in default_grid(32, (64, 640))], rates=RATES)
+    m = m.with_drafter("ngram", DrafterCost(per_token_s=2e-5, fixed_s=1e-4)).with_drafter("eagle", DrafterCost(1e-3))
+    again = StepCostModel.from_json(json.loads(json.dumps(m.to_json())))
+    assert again == m
+    assert again.drafter_cost("ngram") == DrafterCost(2e-5, 1e-4) and again.drafter_cost("none") is None
+    path = cost_model_path(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", "bf16", "cpu-xeon-2c-2t")
+    assert path.parent == tmp_path / "cost_models"
+    assert path.name == "HuggingFaceTB-SmolLM2-135M-Instruct--bfloat16--cpu-xeon-2c-2t.json"
+    m.save(path)
+    assert StepCostModel.load(path) == m
+    path.write_text("{not json")
+    with pytest.raises(CalibrationError, match=str(path.name)):
+        StepCostModel.load(path)
+    with pytest.raises(CalibrationError, match="format"):
+        StepCostModel.from_json({"overhead_s": 1.0})
+
+
+def test_invalid_model_fields_are_named():
+    with pytest.raises(SpecConfigError, match="read_bw"):
+        StepCostModel(0.0, 1.0, 1.0, 1.0, read_bw=0.0, flop_rate=1.0)
+    with pytest.raises(SpecConfigError, match="overhead_s"):
+        StepCostModel(-1.0, 1.0, 1.0, 1.0, read_bw=1.0, flop_rate=1.0)
+    with pytest.raises(SpecConfigError, match="dtype"):
+        cost_model_path("/tmp", "m", "int3", "cpu")
+
+
+def test_drafter_cost_fit_and_calibration():
+    assert DrafterCost(1e-3, 2e-3).seconds(0) == 0.0
+    assert DrafterCost(1e-3, 2e-3).seconds(4) == pytest.approx(6e-3)
+    fitted = fit_drafter_cost([(1, 3e-3), (2, 4e-3), (4, 6e-3), (8, 10e-3)])
+    assert fitted.per_token_s == pytest.approx(1e-3) and fitted.fixed_s == pytest.approx(2e-3)
+    assert calibrate_drafter(lambda k: 5e-4 * k, ks=(1, 4, 16), repeats=2) == pytest.approx(DrafterCost(5e-4, 0.0))
+    with pytest.raises(CalibrationError, match="two or more"):
+        fit_drafter_cost([(4, 1e-3), (4, 1.1e-3)])
+
+
+def test_prediction_tracker_summarises_error():
+    tracker = PredictionTracker(window=4)
+    assert tracker.summary() == {"steps": 0}
+    for predicted, measured in [(1.0, 2.0), (1.1, 1.0), (1.0, 1.0), (1.2, 1.0), (0.9, 1.0)]:
+        tracker.record(predicted, measured)
+    s = tracker.summary()  # the first record fell out of the window
+    assert s["steps"] == 4
+    assert s["median_abs_error_pct"] == pytest.approx(10.0)
+    assert s["bias_pct"] == pytest.approx(5.0)
+
+
+def test_measure_machine_returns_positive_finite_rates_and_caches(tmp_path):
+    cache = tmp_path / "machine.json"
+    rates = measure_machine("bf16", seconds_budget=0.05, cache_path=cache,
+                            gemm_shape=(32, 256, 512), buffer_bytes=16 << 20)
+    assert rates.dtype == "bfloat16" and rates.machine_id == machine_id("cpu")
+    for v in (rates.read_bw_bytes_per_s, rates.matmul_flops_per_s):
+        assert math.isfinite(v) and v > 0
+    data = json.loads(cache.read_text())
+    assert f"{machine_id('cpu')}|bfloat16" in data
+    assert measure_machine(dtype_name("bf16"), seconds_budget=0.05, cache_path=cache) == rates  # from the cache
+    fp32 = measure_machine("float32", seconds_budget=0.05, cache_path=cache,
+                           gemm_shape=(32, 256, 512), buffer_bytes=16 << 20)
+    assert fp32.dtype == "float32" and len(json.loads(cache.read_text())) == 2
+    with pytest.raises(SpecConfigError, match="dtype"):
+        measure_machine("int8", seconds_budget=0.05)
