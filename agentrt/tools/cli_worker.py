@@ -1,0 +1,121 @@
+"""`agentrt worker MODULE.py --broker mqtt://HOST:PORT`: serve a module's tools over MQTT.
+
+The module's tools are its `TOOLS` list if it has one, else every module-level Tool with a
+Python function (what `@tool` makes). Run as many workers as you like, on any machines: the
+broker spreads calls over the workers of a group. Also runnable as
+`python -m agentrt.tools.cli_worker ...`. The password may come from $AGENTRT_MQTT_PASSWORD.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import importlib.util
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+from agentrt.tools.errors import ToolDefinitionError
+from agentrt.tools.tool import Tool, tool as make_tool
+
+
+def load_tools(module_ref: str) -> list[Tool]:
+    """Tools of a Python file (path/to/tools.py) or an importable module (package.module)."""
+    path = Path(module_ref)
+    if module_ref.endswith(".py") or path.exists():
+        if not path.is_file():
+            raise ToolDefinitionError(f"tool module {module_ref!r} does not exist")
+        name = f"agentrt_tools_{path.stem}"
+        spec = importlib.util.spec_from_file_location(name, path)
+        if spec is None or spec.loader is None:
+            raise ToolDefinitionError(f"cannot import {module_ref!r} as a Python module")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # so pydantic/dataclasses can resolve the module's own types
+        sys.path.insert(0, str(path.resolve().parent))  # its sibling imports work as when run directly
+        spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(module_ref)
+        except ImportError as e:
+            raise ToolDefinitionError(f"cannot import tool module {module_ref!r}: {e}") from e
+    declared = getattr(module, "TOOLS", None)
+    if declared is not None:
+        tools = [t if isinstance(t, Tool) else make_tool(t) for t in declared]
+    else:
+        tools = [v for v in vars(module).values() if isinstance(v, Tool) and v.fn is not None]
+    unique = {t.name: t for t in tools}
+    if not unique:
+        raise ToolDefinitionError(f"no tools found in {module_ref!r} (define them with @tool, or list them in TOOLS)")
+    return list(unique.values())
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("module", help="a Python file (tools.py) or module (pkg.tools) whose @tool functions to serve")
+    p.add_argument("--broker", default="mqtt://127.0.0.1:1883", help="mqtt://HOST:PORT or mqtts://HOST:PORT")
+    p.add_argument("--group", default="default", help="worker group: calls are spread over a group's workers")
+    p.add_argument("--prefix", default="agentrt", help="topic prefix")
+    p.add_argument("--id", dest="worker_id", help="worker id (default: HOST-PID-random)")
+    p.add_argument("--concurrency", type=int, default=8, help="calls run at once by this worker")
+    p.add_argument("--tools", help="comma-separated subset of the module's tools to serve")
+    p.add_argument("--username")
+    p.add_argument("--password", help="or set AGENTRT_MQTT_PASSWORD (keeps it out of the process list)")
+    p.add_argument("--tls", action="store_true", help="use TLS (implied by mqtts://)")
+    p.add_argument("--tls-ca", help="CA certificate file that signed the broker's certificate")
+    p.add_argument("--tls-cert", help="client certificate file (mutual TLS)")
+    p.add_argument("--tls-key", help="client private key file (mutual TLS)")
+    p.add_argument("--tls-insecure", action="store_true", help="do not check the broker's host name")
+    p.add_argument("--keepalive", type=int, default=10, help="seconds; a vanished worker is declared offline after 1.5x this")
+    p.add_argument("--max-payload-bytes", type=int, default=1 << 20)
+    p.add_argument("--log-level", default="INFO")
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentrt.tools.mqtt_protocol import MqttConfig
+    from agentrt.tools.mqtt_worker import MqttWorker
+
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    tools = load_tools(args.module)
+    if args.tools:
+        wanted = [n.strip() for n in args.tools.split(",") if n.strip()]
+        by_name = {t.name: t for t in tools}
+        missing = [n for n in wanted if n not in by_name]
+        if missing:
+            raise ToolDefinitionError(f"{args.module!r} has no tool(s) {missing} (it has {sorted(by_name)})")
+        tools = [by_name[n] for n in wanted]
+    config = MqttConfig.from_url(
+        args.broker, group=args.group, prefix=args.prefix, username=args.username,
+        password=args.password or os.environ.get("AGENTRT_MQTT_PASSWORD"),
+        tls=True if args.tls else None, tls_ca=args.tls_ca, tls_cert=args.tls_cert, tls_key=args.tls_key,
+        tls_insecure=True if args.tls_insecure else None, keepalive_s=args.keepalive,
+    )
+    worker = MqttWorker(tools, config, worker_id=args.worker_id, concurrency=args.concurrency,
+                        max_payload_bytes=args.max_payload_bytes)
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        await worker.run(stop)
+
+    asyncio.run(serve())
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from agentrt.errors import AgentRTError
+
+    parser = argparse.ArgumentParser(prog="agentrt worker", description=__doc__.splitlines()[0])
+    add_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return run(args)
+    except AgentRTError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
