@@ -26,6 +26,7 @@ class GenerationResult:
     text: str
     finish_reason: str  # "stop" | "length" | "abort" | "error"
     error: str | None = None
+    parsed: Any = None  # structured output: the JSON value, or {"name", "arguments"} for a tool call
     spec: dict[str, Any] = field(default_factory=dict)  # α accounting (DraftStats.to_dict())
     timings: dict[str, float] = field(default_factory=dict)  # queued, first_token, finished (monotonic s)
     num_preemptions: int = 0
@@ -43,6 +44,7 @@ class StepRecord:
     num_prefill_tokens: int
     kv_tokens: int  # total context read by attention
     request_ids: list[int] = field(default_factory=list)
+    num_new: list[int] = field(default_factory=list)  # tokens of each request fed (excl. drafts)
     k: list[int] = field(default_factory=list)  # drafts per sequence (0 for prefill rows)
     accepted: list[int] = field(default_factory=list)
     expected_accepted: list[float] = field(default_factory=list)

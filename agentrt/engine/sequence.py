@@ -34,6 +34,8 @@ class Sequence:
     num_preemptions: int = 0
     first_token_time: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # owner's annotations (program, node)
+    output_format: Any = None  # agentrt.spec.structured.OutputFormat when constrained
+    grammar: Any = None  # agentrt.spec.grammar.GrammarState when constrained
 
     @property
     def all_ids(self) -> list[int]:

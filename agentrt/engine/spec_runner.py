@@ -19,16 +19,17 @@ from agentrt.errors import SpecConfigError
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
 from agentrt.spec.controller import KController, SeqDraftState
 from agentrt.spec.cost_model import PredictionTracker, StepCostModel
+from agentrt.spec.grammar import apply_masks
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
 
 # Starting points for α before a drafter has been observed (the registry then learns).
-PRIORS = {"suffix": AlphaPrior(0.5), "layerskip": AlphaPrior(0.4), "draft": AlphaPrior(0.6)}
+PRIORS = {"suffix": AlphaPrior(0.5), "template": AlphaPrior(0.5), "layerskip": AlphaPrior(0.4), "draft": AlphaPrior(0.6)}
 
 
 @dataclass(frozen=True)
 class SpecConfig:
-    drafter: str = "none"  # none | suffix | layerskip:N | draft:PATH
+    drafter: str = "none"  # none | suffix | template | layerskip:N | draft:PATH
     k: int | None = None  # fixed k; None = adaptive (cost model + online α)
     kmax: int = 16  # deepest draft the controller may ask for
 
@@ -46,8 +47,11 @@ class Proposal:
     tokens: list[list[int]]  # per scheduled sequence, the drafts it feeds (maybe empty)
     probs: list[torch.Tensor | None] = field(default_factory=list)  # per sequence [k, V] q, or None
     expected_accepted: list[float] = field(default_factory=list)
+    forced: list[list[bool]] = field(default_factory=list)  # per sequence, grammar-forced drafts
     predicted_s: float | None = None
     draft_s: float = 0.0
+    bitmask: torch.Tensor | None = None  # [logit rows, words] grammar masks, when any is constrained
+    masked_rows: list[int] = field(default_factory=list)
 
     @property
     def any(self) -> bool:
@@ -63,6 +67,7 @@ class SpecRunner:
         self.alpha = AlphaRegistry(priors=PRIORS)
         self._seq_alpha: dict[int, OnlineAlpha] = {}
         self._stats: dict[int, RequestSpecStats] = {}
+        self._forced: dict[int, list[bool]] = {}  # this step's forced flags, per sequence
         self._cost_model: StepCostModel | None = None
         self.tracker = PredictionTracker(window=256)
         self._draft_cost_per_token: float | None = None  # measured online (EMA), s per drafted token
@@ -85,6 +90,8 @@ class SpecRunner:
         self._stats[seq.seq_id] = RequestSpecStats(seq.seq_id)
         if self.drafter is not None:
             self.drafter.start(seq.seq_id, seq.prompt_ids)
+            if seq.grammar is not None and hasattr(self.drafter, "attach"):
+                self.drafter.attach(seq.seq_id, seq.grammar)
             self._seq_alpha[seq.seq_id] = self.alpha.new_sequence(self.kind)
 
     def finish(self, seq: Sequence) -> dict:
@@ -104,19 +111,25 @@ class SpecRunner:
 
     def propose(self, seqs: list[Sequence], samples: list[bool]) -> Proposal:
         n = len(seqs)
-        proposal = Proposal(tokens=[[] for _ in seqs], probs=[None] * n, expected_accepted=[0.0] * n)
-        if self.drafter is None:
-            return proposal
+        proposal = Proposal(tokens=[[] for _ in seqs], probs=[None] * n, expected_accepted=[0.0] * n,
+                            forced=[[] for _ in seqs])
+        if self.drafter is not None:
+            self._draft(seqs, samples, proposal)
+        self._grammar_masks(seqs, samples, proposal)
+        return proposal
+
+    def _draft(self, seqs: list[Sequence], samples: list[bool], proposal: Proposal) -> None:
+        n = len(seqs)
         t0 = time.monotonic()
         live = [i for i in range(n) if samples[i] and self._kmax(seqs[i]) > 0]
         if not live:
-            return proposal
+            return
         reqs = {i: self._request(seqs[i], self._kmax(seqs[i])) for i in live}
         if self.drafter.deterministic:
             # Model-free drafts are nearly free: draft as deep as allowed, then let the controller
             # decide how much of each to verify, using the drafter's per-token confidence.
             offered = dict(zip(live, self.drafter.propose([reqs[i] for i in live])))
-            accept = {i: self._accept_probs(seqs[i], offered[i].confidence) for i in live}
+            accept = {i: self._accept_probs(seqs[i], offered[i]) for i in live}
         else:
             offered = {}
             accept = {i: self._seq_alpha[seqs[i].seq_id].accept_probs(reqs[i].max_k) for i in live}
@@ -137,7 +150,11 @@ class SpecRunner:
             d = d.truncated(ks[i])
             proposal.tokens[i] = d.tokens
             proposal.probs[i] = d.probs
+            proposal.forced[i] = d.forced or [False] * len(d.tokens)
             proposal.expected_accepted[i] = _expected_accepted(accept[i][: len(d.tokens)])
+        for i in live:
+            if proposal.forced[i]:
+                self._forced[seqs[i].seq_id] = proposal.forced[i]
         proposal.predicted_s = alloc.predicted_step_s
         proposal.draft_s = time.monotonic() - t0
         drafted = sum(len(t) for t in proposal.tokens)
@@ -145,7 +162,35 @@ class SpecRunner:
             per_token = proposal.draft_s / drafted
             old = self._draft_cost_per_token
             self._draft_cost_per_token = per_token if old is None else 0.8 * old + 0.2 * per_token
-        return proposal
+
+    def _grammar_masks(self, seqs: list[Sequence], samples: list[bool], proposal: Proposal) -> None:
+        """Masks for every verified row of constrained sequences; drafts are cut at the first
+        token their grammar forbids (its masked p is 0: it could never be accepted)."""
+        rows, parts = 0, []
+        for i, seq in enumerate(seqs):
+            if not samples[i]:
+                continue
+            if seq.grammar is not None:
+                d = proposal.tokens[i]
+                bm = self.engine.grammars.new_bitmask(len(d) + 1)
+                m = seq.grammar.fill_masks(d, bm, 0)
+                if m < len(d):
+                    proposal.tokens[i] = d[:m]
+                    proposal.forced[i] = proposal.forced[i][:m]
+                    if proposal.probs[i] is not None:
+                        proposal.probs[i] = proposal.probs[i][:m]
+                parts.append((rows, bm[: m + 1]))
+            rows += len(proposal.tokens[i]) + 1
+        if parts:
+            full = self.engine.grammars.new_bitmask(rows)  # all tokens allowed
+            for start, bm in parts:
+                full[start : start + bm.shape[0]] = bm
+                proposal.masked_rows += range(start, start + bm.shape[0])
+            proposal.bitmask = full
+
+    def mask_logits(self, proposal: Proposal, logits: torch.Tensor) -> None:
+        if proposal.bitmask is not None:
+            apply_masks(logits, proposal.bitmask, proposal.masked_rows)
 
     def _initial_draft_cost(self) -> float:
         """Before any draft was timed: model-free drafters cost ~nothing; a model drafter costs one
@@ -163,14 +208,13 @@ class SpecRunner:
         p = seq.params
         return DraftRequest(seq.seq_id, seq.all_ids, max_k, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
 
-    def _accept_probs(self, seq: Sequence, confidence: list[float]) -> list[float]:
-        # The drafter's confidence says which positions look safe; the sequence's online α says
-        # how well that confidence has held up lately. Their geometric mean uses both.
+    def _accept_probs(self, seq: Sequence, draft: Draft) -> list[float]:
+        # Grammar-forced tokens count as α = 1. Elsewhere the drafter's confidence says which
+        # positions look safe and the sequence's online α how well that confidence has held up
+        # lately; their geometric mean uses both.
         a = self._seq_alpha[seq.seq_id].estimate()
-        return [math.sqrt(max(c, 0.0) * a) for c in confidence]
-
-    def mask(self, plan, sampling: list[int], probs: torch.Tensor) -> torch.Tensor:
-        return probs
+        forced = draft.forced or [False] * len(draft.tokens)
+        return [1.0 if f else math.sqrt(max(c, 0.0) * a) for c, f in zip(draft.confidence, forced)]
 
     def draft_probs(self, proposal: Proposal, sampling: list[int], vocab: int) -> torch.Tensor | None:
         """[sum k, V] q for verification, or None when every draft is deterministic."""
@@ -190,13 +234,16 @@ class SpecRunner:
             return
         k = len(draft)
         accepted = min(accepted, len(kept))
+        forced = sum(forced_flags[:accepted]) if (forced_flags := self._forced.pop(seq.seq_id, None)) else 0
+        if seq.grammar is not None:
+            seq.grammar.commit(kept)
         if self.drafter is not None:
             self.drafter.on_verified(seq.seq_id, accepted, kept)
             alpha = self._seq_alpha[seq.seq_id]
-            alpha.update(k, accepted) if k else alpha.tick()
+            alpha.update(k, accepted, forced) if k else alpha.tick()
         stats.record(SpecStepEvent(
             step=self.engine._step_no, time=time.monotonic(), seq_id=seq.seq_id,
-            drafter=self.kind if k else "none", k=k, accepted=accepted, emitted=len(kept),
+            drafter=self.kind if k else "none", k=k, accepted=accepted, emitted=len(kept), forced=forced,
         ))
 
     def observe(self, record: StepRecord) -> None:
@@ -222,6 +269,11 @@ def build_drafter(spec: str, engine) -> Drafter:
         from agentrt.spec.drafters.suffix import SuffixDrafter
 
         return SuffixDrafter()
+    if kind == "template":
+        from agentrt.spec.drafters.suffix import SuffixDrafter
+        from agentrt.spec.drafters.template import TemplateDrafter
+
+        return TemplateDrafter(SuffixDrafter(), engine.tokenizer.encode)
     if kind == "layerskip":
         from agentrt.engine.draft_runner import LayerSkipRunner
         from agentrt.spec.drafters.model import ModelDrafter
@@ -245,4 +297,4 @@ def build_drafter(spec: str, engine) -> Drafter:
             raise SpecConfigError(f"drafter {spec!r}: the draft model's tokenizer differs from the target's")
         return ModelDrafter(SeparateModelRunner(draft.model, engine.config.kv_cache_tokens, engine.config.block_size),
                             name="draft", seed=engine.config.seed)
-    raise SpecConfigError(f"unknown drafter {spec!r}; choose none, suffix, layerskip:N or draft:PATH")
+    raise SpecConfigError(f"unknown drafter {spec!r}; choose none, suffix, template, layerskip:N or draft:PATH")

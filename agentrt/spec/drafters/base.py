@@ -53,8 +53,12 @@ class Draft:
     # Per token, the drafter's estimate of P(accepted | previous accepted), in [0, 1]; the k
     # controller uses it to decide how much of the draft to verify.
     confidence: list[float] = field(default_factory=list)
+    # Per token, whether a grammar forced it (the template drafter); empty = none forced.
+    forced: list[bool] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.forced and len(self.forced) != len(self.tokens):
+            raise SpecError(f"Draft.forced has {len(self.forced)} entries for {len(self.tokens)} tokens")
         if len(self.confidence) != len(self.tokens):
             raise SpecError(
                 f"Draft.confidence has {len(self.confidence)} entries for {len(self.tokens)} tokens"
@@ -73,7 +77,7 @@ class Draft:
     def truncated(self, k: int) -> Draft:
         """The first k tokens (the k controller may verify fewer than were proposed)."""
         probs = None if self.probs is None else self.probs[:k]
-        return Draft(tokens=self.tokens[:k], probs=probs, confidence=self.confidence[:k])
+        return Draft(tokens=self.tokens[:k], probs=probs, confidence=self.confidence[:k], forced=self.forced[:k])
 
 
 @runtime_checkable

@@ -282,6 +282,19 @@ class SuffixDrafter:
     def release(self, seq_id: int) -> None:
         self._requests.pop(seq_id, None)
 
+    def propose_after(self, seq_id: int, tail: Sequence[int], max_k: int) -> Draft:
+        """Continue a hypothetical context ending in `tail` (e.g. the committed context plus
+        grammar-forced tokens not emitted yet) without adding anything to the request's trie."""
+        tail = list(tail[-self.config.max_pattern :])
+        if max_k <= 0:
+            return Draft.empty()
+        best = Draft.empty()
+        for trie in [self._trie(seq_id), *reversed(self._history)]:
+            draft = self._propose_from_history(trie, tail, max_k)
+            if _score(draft) > _score(best):
+                best = draft
+        return best
+
     # -- introspection ----------------------------------------------------------------------
     @property
     def history_tokens(self) -> int:

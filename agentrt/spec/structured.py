@@ -1,0 +1,151 @@
+"""Structured outputs: OpenAI-style response formats -> JSON schema, the prompt text that
+describes them, and parsing/validating what the model produced.
+
+Response formats (plain dicts, as agentrt.dag emits them):
+    {"type": "text"}
+    {"type": "json_object"}                                         any JSON object
+    {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}
+    {"type": "tool_call", "tools": [openai tool dicts], "allow_text": bool}
+A tool call is emitted as {"name": "<tool>", "arguments": {...}}. JSON is written with
+json.dumps' default separators (", " and ": "): the grammar emits exactly that format and the
+prompt shows schemas and tools in it too, so values copied from the prompt tokenize alike.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+from agentrt.errors import RequestError
+
+SEPARATORS = (", ", ": ")
+
+
+@dataclass(frozen=True)
+class OutputFormat:
+    kind: str  # "text" | "json" | "tool_call"
+    schema: dict | None = None  # the JSON schema the grammar enforces (None: any JSON / text)
+    tools: tuple = ()  # openai tool dicts (tool_call)
+    allow_text: bool = False
+
+    @property
+    def constrained(self) -> bool:
+        return self.kind != "text"
+
+    def cache_key(self) -> str:
+        return json.dumps([self.kind, self.schema, self.allow_text], sort_keys=True)
+
+
+def _tool_function(t: Any) -> dict:
+    if hasattr(t, "openai_schema"):
+        t = t.openai_schema()
+    if not isinstance(t, dict):
+        raise RequestError(f"response_format.tools: expected OpenAI tool dicts, got {type(t).__name__}")
+    fn = t.get("function", t)
+    if not isinstance(fn.get("name"), str) or not fn["name"]:
+        raise RequestError(f"response_format.tools: a tool without a name: {t!r}")
+    params = fn.get("parameters") or {"type": "object", "properties": {}}
+    _check_schema(params, f"tool {fn['name']!r} parameters")
+    return {"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""), "parameters": params}}
+
+
+def _check_schema(schema: Any, what: str) -> None:
+    if not isinstance(schema, dict):
+        raise RequestError(f"{what}: a JSON schema must be an object, got {type(schema).__name__}")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as e:
+        path = "/".join(str(p) for p in e.absolute_path) or "(root)"
+        raise RequestError(f"{what}: invalid JSON schema at {path}: {e.message}") from None
+
+
+def tool_call_schema(tools: tuple) -> dict:
+    variants = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": t["function"]["name"]}, "arguments": t["function"]["parameters"]},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for t in tools
+    ]
+    return variants[0] if len(variants) == 1 else {"anyOf": variants}
+
+
+def parse_response_format(rf: dict | None) -> OutputFormat:
+    if rf is None:
+        return OutputFormat("text")
+    if not isinstance(rf, dict) or "type" not in rf:
+        raise RequestError(f"response_format: expected a dict with a 'type', got {rf!r}")
+    kind = rf["type"]
+    if kind == "text":
+        return OutputFormat("text")
+    if kind == "json_object":
+        return OutputFormat("json", {"type": "object"})
+    if kind == "json_schema":
+        spec = rf.get("json_schema", rf)
+        schema = spec.get("schema")
+        _check_schema(schema, f"response_format json_schema {spec.get('name', '')!r}".rstrip(" ''"))
+        return OutputFormat("json", schema)
+    if kind == "tool_call":
+        tools = tuple(_tool_function(t) for t in rf.get("tools") or ())
+        if not tools:
+            raise RequestError("response_format tool_call: 'tools' is empty")
+        names = [t["function"]["name"] for t in tools]
+        if len(set(names)) != len(names):
+            raise RequestError(f"response_format tool_call: duplicate tool names {names}")
+        return OutputFormat("tool_call", tool_call_schema(tools), tools, bool(rf.get("allow_text", False)))
+    raise RequestError(f"response_format: unknown type {kind!r} (text, json_object, json_schema, tool_call)")
+
+
+def dumps(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=SEPARATORS)
+
+
+def instructions(fmt: OutputFormat) -> str | None:
+    """What the system message says about the format (None for text)."""
+    if fmt.kind == "json":
+        return "Reply with only a JSON object that matches this JSON schema:\n" + dumps(fmt.schema)
+    if fmt.kind == "tool_call":
+        lines = ["You can call these tools:"]
+        lines += [dumps(t["function"]) for t in fmt.tools]
+        lines.append('To call a tool, reply with only a JSON object: {"name": <tool name>, "arguments": <arguments>}.')
+        if fmt.allow_text:
+            lines.append("If no tool is needed, reply in plain text instead.")
+        return "\n".join(lines)
+    return None
+
+
+def with_instructions(messages: list[dict], fmt: OutputFormat, template_has_tools: bool) -> tuple[list[dict], list[dict] | None]:
+    """Messages (and the `tools` argument for the chat template) that describe the format.
+    A chat template with a tools section gets the tools through it; otherwise the tools go
+    into the system message as JSON."""
+    if fmt.kind == "tool_call" and template_has_tools:
+        return messages, list(fmt.tools)
+    text = instructions(fmt)
+    if text is None:
+        return messages, None
+    if messages and messages[0].get("role") == "system":
+        first = dict(messages[0], content=f"{messages[0].get('content', '')}\n\n{text}".lstrip())
+        return [first] + list(messages[1:]), None
+    return [{"role": "system", "content": text}] + list(messages), None
+
+
+def parse_output(fmt: OutputFormat, text: str) -> Any:
+    """The parsed value: JSON for json, {"name", "arguments"} for a tool call (None when the
+    model chose to answer in text). Raises ValueError with the reason when invalid."""
+    if fmt.kind == "text":
+        return None
+    stripped = text.strip()
+    if fmt.kind == "tool_call" and fmt.allow_text and not stripped.startswith("{"):
+        return None
+    value = json.loads(stripped)
+    if fmt.schema is not None:
+        try:
+            jsonschema.validate(value, fmt.schema)
+        except jsonschema.ValidationError as e:
+            where = "/".join(str(p) for p in e.absolute_path) or "(root)"
+            raise ValueError(f"schema violation at {where}: {e.message}") from None
+    return value
