@@ -76,6 +76,8 @@ class GrammarState:
             if j == len(draft) or not self.matcher.accept_token(draft[j]):
                 break
             m += 1
+            if self.matcher.is_terminated():
+                break  # a stop token: the output ends here, the row after it stays unmasked
         if m:
             self.matcher.rollback(m)
         return m
@@ -88,7 +90,7 @@ class GrammarState:
                 raise RuntimeError(f"grammar rejected emitted token {t}: masking and sampling disagree")
 
     def forced_string(self) -> str:
-        return self.matcher.find_jump_forward_string()
+        return "" if self.matcher.is_terminated() else self.matcher.find_jump_forward_string()
 
     def try_advance(self, tokens: list[int]) -> int:
         """Advance through as many of tokens as the grammar allows; returns how many (the caller

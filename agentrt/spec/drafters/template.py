@@ -47,7 +47,7 @@ class TemplateDrafter:
         advanced = 0
         context = list(req.token_ids[-64:])
         try:
-            while len(tokens) < req.max_k:
+            while len(tokens) < req.max_k and not state.terminated:
                 room = req.max_k - len(tokens)
                 text = state.forced_string()
                 if text:
@@ -70,8 +70,8 @@ class TemplateDrafter:
                     tokens.append(t)
                     confidence.append(c)
                     forced.append(False)
-                    if state.forced_string():
-                        break  # back to the skeleton
+                    if state.terminated or state.forced_string():
+                        break  # back to the skeleton (or the end)
                 if took == 0:
                     break
         finally:

@@ -1,0 +1,71 @@
+"""Response formats: parsing, bad schemas named, prompt instructions, output validation, and
+exactness of verification under a grammar mask."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from agentrt.errors import RequestError
+from agentrt.spec.sampling import process_logits
+from agentrt.spec.structured import instructions, parse_output, parse_response_format, with_instructions
+from agentrt.spec.verify import verify_drafts
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Forecast", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+
+
+def test_invalid_schema_names_the_offending_part():
+    with pytest.raises(RequestError, match=r"properties/age.*not valid|properties/age"):
+        parse_response_format({"type": "json_schema", "json_schema": {"name": "p", "schema": {
+            "type": "object", "properties": {"age": {"type": "integr"}}}}})
+    bad_tool = {"type": "function", "function": {"name": "t", "parameters": {"type": "object", "required": "city"}}}
+    with pytest.raises(RequestError, match="tool 't' parameters"):
+        parse_response_format({"type": "tool_call", "tools": [bad_tool]})
+    with pytest.raises(RequestError, match="unknown type"):
+        parse_response_format({"type": "yaml"})
+    with pytest.raises(RequestError, match="empty"):
+        parse_response_format({"type": "tool_call", "tools": []})
+
+
+def test_tool_call_format_and_parse():
+    fmt = parse_response_format({"type": "tool_call", "tools": [WEATHER], "allow_text": True})
+    assert fmt.kind == "tool_call" and fmt.constrained
+    call = {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    assert parse_output(fmt, json.dumps(call)) == call
+    assert parse_output(fmt, "It is sunny.") is None  # answered in text
+    with pytest.raises(ValueError, match="schema violation"):
+        parse_output(fmt, json.dumps({"name": "get_weather", "arguments": {}}))
+    # Tools are described in the system message with the grammar's own JSON formatting.
+    text = instructions(fmt)
+    assert json.dumps(WEATHER["function"], separators=(", ", ": ")) in text
+    msgs, tools = with_instructions([{"role": "user", "content": "hi"}], fmt, template_has_tools=False)
+    assert msgs[0]["role"] == "system" and tools is None
+    msgs, tools = with_instructions([{"role": "user", "content": "hi"}], fmt, template_has_tools=True)
+    assert tools == [WEATHER] and msgs == [{"role": "user", "content": "hi"}]
+
+
+def test_verification_is_exact_under_a_mask():
+    """Target logits masked by a grammar (tokens 1 and 4 forbidden); drafts come from an
+    UNMASKED q that often proposes forbidden tokens. The first emitted token must follow the
+    masked p: chi-square over the allowed tokens, N = 2e5, p-value > 1e-4; forbidden tokens
+    must never appear."""
+    g = torch.Generator().manual_seed(3)
+    V, N = 6, 200_000
+    logits = torch.tensor([[0.3, 1.2, -0.4, 0.8, 2.0, 0.1]])
+    allowed = torch.tensor([True, False, True, True, False, True])
+    masked = logits.masked_fill(~allowed, float("-inf"))
+    ones = torch.ones(1)
+    p = process_logits(masked, ones, torch.zeros(1, dtype=torch.long), ones)[0]  # [V]
+    q = torch.tensor([0.1, 0.3, 0.1, 0.1, 0.3, 0.1])
+    drafts = torch.multinomial(q, N, replacement=True, generator=g)
+    target = p.repeat(2 * N, 1)  # k = 1: rows (draft position, bonus position) per sequence
+    res = verify_drafts(target, drafts, torch.arange(N + 1), q.repeat(N, 1), torch.rand(N, generator=g), torch.rand(N, generator=g))
+    first = res.output_tokens[:, 0]
+    counts = torch.bincount(first, minlength=V)
+    assert counts[~allowed].sum() == 0
+    expected = p[allowed].double() / p[allowed].double().sum() * N
+    _, pvalue = chisquare(counts[allowed].double().numpy(), expected.double().numpy())
+    assert pvalue > 1e-4
