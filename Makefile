@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: install
-	$(VENV)/bin/agentrt generate "Write a haiku about speculative decoding." --max-tokens 64
+	$(VENV)/bin/agentrt run examples/trip_planner.py
 
 test: install
 	$(PY) -m pytest -q

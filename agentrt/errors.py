@@ -49,3 +49,8 @@ class ProgramRunError(AgentRTError):
         self.node = node
         self.reason = reason
         super().__init__(f"{node}: {reason}")
+
+
+class RunConfigError(AgentRTError, ValueError):
+    """A program cannot be run as configured: a tool it declares has no implementation, an input
+    value does not parse as its declared type, an example file lacks `program`, a bad trace file."""

@@ -6,7 +6,8 @@ copies it first (copy-on-write), and the copy is returned for the engine to perf
 """
 from __future__ import annotations
 
-from collections import deque
+import time
+from collections import OrderedDict
 
 from agentrt.errors import AgentRTError
 
@@ -16,12 +17,20 @@ class OutOfBlocks(AgentRTError):
 
 
 class BlockAllocator:
+    """Reference counts and a free list in least-recently-freed order. A freed block keeps its
+    contents until it is handed out again, so the prefix cache can revive it (incref of a free
+    block); `on_reuse` tells the cache a block is about to be overwritten, and `is_pinned` keeps
+    pinned blocks back until nothing else is free."""
+
     def __init__(self, num_blocks: int):
         if num_blocks <= 0:
             raise ValueError(f"num_blocks must be positive, got {num_blocks}")
         self.num_blocks = num_blocks
         self.refcount = [0] * num_blocks
-        self._free: deque[int] = deque(range(num_blocks))
+        self._free: OrderedDict[int, None] = OrderedDict((b, None) for b in range(num_blocks))
+        self.on_reuse = lambda block: None
+        self.pin_expiry = lambda block: 0.0  # > now while pinned
+        self.clock = time.monotonic
 
     @property
     def num_free(self) -> int:
@@ -30,31 +39,60 @@ class BlockAllocator:
     def allocate(self) -> int:
         if not self._free:
             raise OutOfBlocks("KV cache is full")
-        b = self._free.popleft()
+        now = self.clock()
+        b = next((b for b in self._free if self.pin_expiry(b) <= now), None)
+        if b is None:  # only pinned blocks left: release the one that expires first
+            b = min(self._free, key=self.pin_expiry)
+        del self._free[b]
+        self.on_reuse(b)
         self.refcount[b] = 1
         return b
 
     def incref(self, b: int) -> None:
-        assert self.refcount[b] > 0, f"incref of free block {b}"
+        if self.refcount[b] == 0:  # revive a free block that still holds cached KV
+            del self._free[b]
         self.refcount[b] += 1
 
     def decref(self, b: int) -> None:
         assert self.refcount[b] > 0, f"decref of free block {b}"
         self.refcount[b] -= 1
         if self.refcount[b] == 0:
-            self._free.append(b)
+            self._free[b] = None
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = False):
         self.block_size = block_size
         self.allocator = BlockAllocator(num_blocks)
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}  # tokens with a reserved slot, per sequence
+        self.prefix = None
+        if prefix_caching:
+            from agentrt.engine.prefix_cache import PrefixCache
+
+            self.prefix = PrefixCache(self.allocator, block_size)
 
     @property
     def num_free(self) -> int:
         return self.allocator.num_free
+
+    def adopt_prefix(self, seq_id: int, token_ids: list[int]) -> int:
+        """Start a sequence on the cached KV of its longest cached prefix; returns the tokens
+        covered. At least one token is left to compute: the step needs its logits."""
+        if self.prefix is None or self.tables.get(seq_id):
+            return 0
+        blocks = self.prefix.match(token_ids, len(token_ids) - 1)
+        for b in blocks:
+            self.allocator.incref(b)
+        self.tables[seq_id] = list(blocks)
+        self.lengths[seq_id] = len(blocks) * self.block_size
+        return self.lengths[seq_id]
+
+    def cache_prefix(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
+        """Offer a sequence's computed full blocks to the prefix cache."""
+        if self.prefix is not None and seq_id in self.tables:
+            n = min(num_computed, self.lengths[seq_id]) // self.block_size
+            self.prefix.insert(token_ids[: n * self.block_size], self.tables[seq_id][:n])
 
     def _blocks_for(self, n_tokens: int) -> int:
         return (n_tokens + self.block_size - 1) // self.block_size
@@ -65,9 +103,14 @@ class BlockManager:
         if new_len <= cur:
             return 0
         need = max(0, self._blocks_for(new_len) - len(table))
-        if cur % self.block_size and self.allocator.refcount[table[cur // self.block_size]] > 1:
+        if cur % self.block_size and self._shared(table[cur // self.block_size]):
             need += 1
         return need
+
+    def _shared(self, block: int) -> bool:
+        """Writing into this block would change what someone else reads: another owner, or the
+        prefix cache (which keeps full blocks for later requests)."""
+        return self.allocator.refcount[block] > 1 or (self.prefix is not None and self.prefix.holds(block))
 
     def grow(self, seq_id: int, new_len: int) -> list[tuple[int, int]]:
         """Reserve slots for positions [len, new_len). Returns (src, dst) block copies to perform."""
@@ -80,7 +123,7 @@ class BlockManager:
             return copies
         if cur % self.block_size:
             i = cur // self.block_size
-            if self.allocator.refcount[table[i]] > 1:
+            if self._shared(table[i]):
                 new = self.allocator.allocate()
                 copies.append((table[i], new))
                 self.allocator.decref(table[i])
@@ -134,6 +177,7 @@ class BlockManager:
             owners[b] += n
         free = set(self.allocator._free)
         assert len(free) == len(self.allocator._free), "a block is on the free list twice"
+        assert len(free) == self.allocator.num_free
         for b, (have, want) in enumerate(zip(self.allocator.refcount, owners)):
             assert have == want, f"block {b}: refcount {have} but {want} owners"
             assert (have == 0) == (b in free), f"block {b}: refcount {have}, on free list: {b in free}"

@@ -42,6 +42,7 @@ class EngineConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's context, capped by the cache
+    prefix_caching: bool = True  # reuse KV of earlier prompts and outputs (radix tree over blocks)
     spec: SpecConfig = SpecConfig()
     seed: int = 0
 
@@ -53,7 +54,7 @@ class LLMEngine:
         self.model, self.tokenizer = self.loaded.model, self.loaded.tokenizer
         self.device = torch.device(config.device)
         num_blocks = max(1, config.kv_cache_tokens // config.block_size)
-        self.blocks = BlockManager(num_blocks, config.block_size)
+        self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.kv = KVCache(self.model.cfg, num_blocks, config.block_size, self.model.dtype, self.device)
         self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
         self.max_model_len = min(config.max_model_len or self.model.cfg.max_position_embeddings, num_blocks * config.block_size)
@@ -139,6 +140,11 @@ class LLMEngine:
             return None
         return self._finish(seq, "abort")
 
+    def pin_prefix(self, token_ids: list[int], ttl_s: float) -> int:
+        """Hold the cached KV of this token prefix for ttl_s seconds (a program waiting on a tool
+        will send it again); pinned blocks go last under memory pressure. Returns blocks pinned."""
+        return self.blocks.prefix.pin(list(token_ids), ttl_s) if self.blocks.prefix else 0
+
     def sequence(self, rid: int) -> Sequence:
         return self._seqs[rid]
 
@@ -156,10 +162,10 @@ class LLMEngine:
         if not batch.seqs:
             return []
         samples = [s.num_computed + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new)]
-        proposal = self.spec.propose(batch.seqs, samples)
+        proposal = self.spec.propose(batch.seqs, batch.num_new, samples)
         plan = StepPlan(batch.seqs, batch.num_new, proposal.tokens, samples)
         for seq, n, d in zip(plan.seqs, plan.num_new, plan.drafts):
-            if d:
+            if d:  # propose() kept drafts within the free KV slots
                 self.blocks.grow(seq.seq_id, seq.num_computed + n + len(d))
         fwd, first_row = build_forward_batch(plan, self.blocks, self.device)
         logits = self.model.forward(fwd, self.kv).logits  # [rows, vocab]
@@ -239,6 +245,7 @@ class LLMEngine:
             self.blocks.truncate(seq.seq_id, seq.num_computed)
             if seq.first_token_time is None:
                 seq.first_token_time = now
+                self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)  # siblings reuse the prompt
             kept, text, reason = self._stops[seq.seq_id].apply(toks)
             self.spec.on_verified(seq, draft, len(toks) - 1, kept)
             if reason is not None:
@@ -263,6 +270,8 @@ class LLMEngine:
             spec=self.spec.finish(seq),
             timings={"arrival": seq.arrival, "first_token": seq.first_token_time or 0.0, "finished": time.monotonic()},
             num_preemptions=seq.num_preemptions,
+            prompt_token_ids=list(seq.prompt_ids),
+            cached_tokens=seq.cached_tokens,
         )
         del self._seqs[seq.seq_id]
         return TokenEvent(seq.seq_id, list(kept), text, finished=True, finish_reason=reason, error=error, result=result)

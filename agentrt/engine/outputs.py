@@ -30,6 +30,8 @@ class GenerationResult:
     spec: dict[str, Any] = field(default_factory=dict)  # α accounting (DraftStats.to_dict())
     timings: dict[str, float] = field(default_factory=dict)  # queued, first_token, finished (monotonic s)
     num_preemptions: int = 0
+    prompt_token_ids: list[int] = field(default_factory=list)
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass

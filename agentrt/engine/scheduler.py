@@ -80,9 +80,16 @@ class Scheduler:
             seq = self.waiting[0]
             if batch.preempted and seq in batch.preempted:
                 break  # don't re-admit what this very step evicted
+            adopted = 0
+            if seq.num_computed == 0:
+                adopted = seq.num_computed = self.blocks.adopt_prefix(seq.seq_id, seq.all_ids)
             n = min(seq.num_tokens - seq.num_computed, budget)
             if self.blocks.blocks_needed(seq.seq_id, seq.num_computed + n) > self.blocks.num_free:
+                if adopted:  # a waiting sequence must not sit on blocks others could use
+                    self.blocks.free(seq.seq_id)
+                    seq.num_computed = 0
                 break
+            seq.cached_tokens += adopted
             self.waiting.pop(0)
             self.blocks.grow(seq.seq_id, seq.num_computed + n)
             seq.status = SeqStatus.RUNNING
@@ -93,6 +100,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        # Computed blocks go to the prefix cache first: recompute then often costs little.
+        self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
         self.blocks.free(seq.seq_id)
         seq.num_computed = 0
         seq.num_preemptions += 1
@@ -104,5 +113,6 @@ class Scheduler:
             self.running.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
+        self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
         self.blocks.free(seq.seq_id)
         seq.status = SeqStatus.FINISHED

@@ -32,6 +32,7 @@ class Sequence:
     error: str | None = None
     generator: torch.Generator | None = None
     num_preemptions: int = 0
+    cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (prefill saved)
     first_token_time: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # owner's annotations (program, node)
     output_format: Any = None  # agentrt.spec.structured.OutputFormat when constrained

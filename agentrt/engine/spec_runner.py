@@ -57,6 +57,13 @@ class Proposal:
     def any(self) -> bool:
         return any(self.tokens)
 
+    def cut(self, i: int, k: int) -> None:
+        """Keep only the first k drafts of sequence i."""
+        self.tokens[i] = self.tokens[i][:k]
+        self.forced[i] = self.forced[i][:k]
+        if self.probs[i] is not None:
+            self.probs[i] = self.probs[i][:k]
+
 
 class SpecRunner:
     def __init__(self, config: SpecConfig, engine):
@@ -104,27 +111,45 @@ class SpecRunner:
         return stats.to_dict() if stats else {}
 
     # ---- per step -------------------------------------------------------------------------
-    def _kmax(self, seq: Sequence) -> int:
-        # Drafts past max_tokens or the context can never be emitted.
+    def _kmax(self, seq: Sequence, free_slots: int) -> int:
+        # Drafts past max_tokens or the context can never be emitted; drafts beyond the free KV
+        # slots would need blocks that others hold.
         left = min(seq.params.max_tokens - len(seq.output_ids), self.engine.max_model_len - seq.num_tokens)
-        return max(0, min(self.config.kmax, left - 1))
+        reserved = len(self.engine.blocks.tables.get(seq.seq_id, ())) * self.engine.blocks.block_size - seq.num_tokens
+        return max(0, min(self.config.kmax, left - 1, reserved + free_slots))
 
-    def propose(self, seqs: list[Sequence], samples: list[bool]) -> Proposal:
+    def propose(self, seqs: list[Sequence], num_new: list[int], samples: list[bool]) -> Proposal:
         n = len(seqs)
         proposal = Proposal(tokens=[[] for _ in seqs], probs=[None] * n, expected_accepted=[0.0] * n,
                             forced=[[] for _ in seqs])
         if self.drafter is not None:
             self._draft(seqs, samples, proposal)
+            self._fit_kv(seqs, num_new, proposal)
         self._grammar_masks(seqs, samples, proposal)
         return proposal
+
+    def _fit_kv(self, seqs: list[Sequence], num_new: list[int], proposal: Proposal) -> None:
+        """Drafts only get KV slots that are free (in turn): cut them rather than preempt anyone."""
+        blocks, free = self.engine.blocks, self.engine.blocks.num_free
+        for i, seq in enumerate(seqs):
+            k = len(proposal.tokens[i])
+            base = seq.num_computed + num_new[i]
+            while k and blocks.blocks_needed(seq.seq_id, base + k) > free:
+                k -= 1
+            if k < len(proposal.tokens[i]):
+                proposal.cut(i, k)
+            free -= blocks.blocks_needed(seq.seq_id, base + k)
 
     def _draft(self, seqs: list[Sequence], samples: list[bool], proposal: Proposal) -> None:
         n = len(seqs)
         t0 = time.monotonic()
-        live = [i for i in range(n) if samples[i] and self._kmax(seqs[i]) > 0]
+        blocks = self.engine.blocks
+        share = blocks.num_free * blocks.block_size // max(1, sum(samples))
+        kmax = {i: self._kmax(seqs[i], share) for i in range(n) if samples[i]}
+        live = [i for i in kmax if kmax[i] > 0]
         if not live:
             return
-        reqs = {i: self._request(seqs[i], self._kmax(seqs[i])) for i in live}
+        reqs = {i: self._request(seqs[i], kmax[i]) for i in live}
         if self.drafter.deterministic:
             # Model-free drafts are nearly free: draft as deep as allowed, then let the controller
             # decide how much of each to verify, using the drafter's per-token confidence.
@@ -175,10 +200,7 @@ class SpecRunner:
                 bm = self.engine.grammars.new_bitmask(len(d) + 1)
                 m = seq.grammar.fill_masks(d, bm, 0)
                 if m < len(d):
-                    proposal.tokens[i] = d[:m]
-                    proposal.forced[i] = proposal.forced[i][:m]
-                    if proposal.probs[i] is not None:
-                        proposal.probs[i] = proposal.probs[i][:m]
+                    proposal.cut(i, m)
                 parts.append((rows, bm[: m + 1]))
             rows += len(proposal.tokens[i]) + 1
         if parts:

@@ -16,15 +16,18 @@ NUM_BLOCKS, BLOCK = 12, 4
 
 
 class BlockMachine(RuleBasedStateMachine):
+    prefix_caching = False
+
     def __init__(self):
         super().__init__()
-        self.bm = BlockManager(NUM_BLOCKS, BLOCK)
+        self.bm = BlockManager(NUM_BLOCKS, BLOCK, prefix_caching=self.prefix_caching)
+        self.past: list[list[int]] = []  # contents of freed sequences (prefix-cache candidates)
         self.cache = [None] * (NUM_BLOCKS * BLOCK)
         self.content: dict[int, list[int]] = {}
         self.next_id = 0
         self.next_tok = 0
 
-    def _write(self, sid: int, n: int) -> None:
+    def _write(self, sid: int, n: int, toks: list[int] | None = None) -> None:
         cur = self.bm.lengths.get(sid, 0)
         try:
             copies = self.bm.grow(sid, cur + n)
@@ -33,8 +36,9 @@ class BlockMachine(RuleBasedStateMachine):
             return
         for src, dst in copies:  # what KVCache.copy_blocks does
             self.cache[dst * BLOCK : (dst + 1) * BLOCK] = self.cache[src * BLOCK : (src + 1) * BLOCK]
-        toks = list(range(self.next_tok, self.next_tok + n))
-        self.next_tok += n
+        if toks is None:
+            toks = list(range(self.next_tok, self.next_tok + n))
+            self.next_tok += n
         for slot, t in zip(self.bm.slots(sid, cur, cur + n), toks):
             self.cache[slot] = t
         self.content.setdefault(sid, []).extend(toks)
@@ -70,10 +74,33 @@ class BlockMachine(RuleBasedStateMachine):
         self.bm.fork(src, dst, length)
         self.content[dst] = self.content[src][:length]
 
+    @precondition(lambda self: self.past and self.prefix_caching)
+    @rule(data=st.data(), extra=st.integers(1, 6))
+    def reuse_prefix(self, data, extra):
+        """A new sequence whose tokens start like an earlier one: it adopts cached blocks, which
+        must still hold exactly those tokens, then writes the rest."""
+        old = data.draw(st.sampled_from(self.past))
+        keep = data.draw(st.integers(1, len(old)))
+        toks = old[:keep] + list(range(self.next_tok, self.next_tok + extra))
+        self.next_tok += extra
+        sid = self.next_id
+        self.next_id += 1
+        cached = self.bm.adopt_prefix(sid, toks)
+        assert cached % BLOCK == 0 and cached < len(toks)
+        assert [self.cache[s] for s in self.bm.slots(sid, 0, cached)] == toks[:cached]
+        self.content[sid] = toks[:cached]
+        self._write(sid, len(toks) - cached, toks[cached:])
+        if len(self.content[sid]) == 0 and not self.bm.tables.get(sid):
+            self.bm.free(sid)
+            del self.content[sid]
+
     @precondition(lambda self: self.content)
     @rule(data=st.data())
     def free(self, data):
         sid = data.draw(st.sampled_from(sorted(self.content)))
+        self.bm.cache_prefix(sid, self.content[sid], len(self.content[sid]))
+        if self.content[sid]:
+            self.past.append(list(self.content[sid]))
         self.bm.free(sid)
         del self.content[sid]
 
@@ -95,6 +122,14 @@ class BlockMachine(RuleBasedStateMachine):
 
 TestBlockManager = BlockMachine.TestCase
 TestBlockManager.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+
+
+class PrefixBlockMachine(BlockMachine):
+    prefix_caching = True
+
+
+TestBlockManagerWithPrefixCache = PrefixBlockMachine.TestCase
+TestBlockManagerWithPrefixCache.settings = settings(max_examples=100, stateful_step_count=40, deadline=None)
 
 
 def test_grow_refuses_when_full():

@@ -1,23 +1,51 @@
-"""Attention over a paged KV cache for a ragged batch, in plain PyTorch.
+"""Attention over a paged KV cache for a ragged batch: the step's layout (AttentionMetadata) and
+the plain-PyTorch attention used for fp32, prefill-sized batches and machines without the C
+kernels (agentrt/kernels/paged_attention.py has the kernel).
 
-Queries of each sequence are laid out as a padded [B, Qmax] grid and each sequence's context is
-gathered from its blocks into a padded [B, Lmax] grid; one batched matmul pair then covers every
-sequence, with an additive mask for causality and padding. Manual attention rather than SDPA:
-bf16 SDPA is several times slower for one query on CPU (shared notes).
+The PyTorch path lays the queries of each sequence out as a padded [B, Qmax] grid and gathers
+each sequence's context from its blocks into a padded [B, Lmax] grid; one batched matmul pair
+then covers every sequence, with an additive mask for causality and padding. Manual attention
+rather than SDPA: bf16 SDPA is several times slower for one query on CPU (shared notes).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 
 @dataclass
-class AttentionMetadata:
+class AttentionGrid:
+    """The padded layout of the PyTorch path, built on first use (the kernel path needs none)."""
+
     q_index: torch.Tensor  # [B, Qmax] row of T for each padded query slot (padding -> 0)
     out_index: torch.Tensor  # [T] position of each token in the flattened [B * Qmax] grid
     kv_index: torch.Tensor  # [B, Lmax] flat cache slot of each context position (padding -> 0)
     bias: torch.Tensor  # [B, 1, Qmax, 1, Lmax] float32: 0 where visible, -inf elsewhere
+
+
+@dataclass
+class AttentionMetadata:
+    """Sequence b owns tokens cu_q[b]..cu_q[b+1] of the flat batch and blocks block_tables[b];
+    a token at position p sees its sequence's positions 0..p."""
+
+    cu_q: torch.Tensor  # [B + 1] int64
+    positions: torch.Tensor  # [T] int64
+    block_tables: torch.Tensor  # [B, ceil(Lmax / block_size)] int64 (padding -> block 0)
+    block_size: int
+    q_max: int  # most new tokens of one sequence
+    l_max: int  # longest context after this step
+    _grid: AttentionGrid | None = field(default=None, repr=False)
+
+    @property
+    def num_seqs(self) -> int:
+        return self.cu_q.numel() - 1
+
+    @property
+    def grid(self) -> AttentionGrid:
+        if self._grid is None:
+            self._grid = _build_grid(self)
+        return self._grid
 
 
 def build_attention_metadata(
@@ -30,33 +58,43 @@ def build_attention_metadata(
 ) -> AttentionMetadata:
     """num_new[b] new tokens of sequence b (flat order), whose context after this step is
     context_lens[b] tokens long; positions [T] are their absolute positions."""
-    B = len(num_new)
-    q_max, l_max = max(num_new), max(context_lens)
-    q_index = torch.zeros(B, q_max, dtype=torch.long)
-    out_index = torch.empty(sum(num_new), dtype=torch.long)
-    q_pos = torch.zeros(B, q_max, dtype=torch.long)
-    start = 0
-    for b, n in enumerate(num_new):
-        q_index[b, :n] = torch.arange(start, start + n)
-        out_index[start : start + n] = torch.arange(b * q_max, b * q_max + n)
-        q_pos[b, :n] = positions[start : start + n].cpu()
-        start += n
+    l_max = max(context_lens)
     nb = (l_max + block_size - 1) // block_size
-    tables = torch.zeros(B, nb, dtype=torch.long)
-    for b, t in enumerate(block_tables):
-        used = (context_lens[b] + block_size - 1) // block_size
-        tables[b, :used] = torch.tensor(t[:used], dtype=torch.long)
-    offs = torch.arange(l_max)
-    kv_index = tables[:, offs // block_size] * block_size + offs % block_size  # [B, Lmax]
+    rows = []
+    for t, n in zip(block_tables, context_lens):
+        used = (n + block_size - 1) // block_size
+        rows.append(t[:used] + [0] * (nb - used))
+    cu = [0]
+    for n in num_new:
+        cu.append(cu[-1] + n)
+    return AttentionMetadata(
+        cu_q=torch.tensor(cu, dtype=torch.long, device=device),
+        positions=positions.to(device),
+        block_tables=torch.tensor(rows, dtype=torch.long, device=device),
+        block_size=block_size,
+        q_max=max(num_new),
+        l_max=l_max,
+    )
+
+
+def _build_grid(meta: AttentionMetadata) -> AttentionGrid:
+    B, q_max, l_max, bs = meta.num_seqs, meta.q_max, meta.l_max, meta.block_size
+    device = meta.cu_q.device
+    starts, n = meta.cu_q[:-1], meta.cu_q[1:] - meta.cu_q[:-1]  # [B]
+    j = torch.arange(q_max, device=device)
+    valid = j.view(1, -1) < n.view(-1, 1)  # [B, Qmax]
+    q_index = torch.where(valid, starts.view(-1, 1) + j, 0)
+    T = meta.positions.numel()
+    first = starts.repeat_interleave(n, output_size=T)  # [T] first row of each token's sequence
+    seq_base = (torch.arange(B, device=device) * q_max).repeat_interleave(n, output_size=T)
+    out_index = seq_base + torch.arange(T, device=device) - first
+    q_pos = torch.where(valid, meta.positions[q_index], 0)  # [B, Qmax]
+    offs = torch.arange(l_max, device=device)
+    kv_index = meta.block_tables[:, offs // bs] * bs + offs % bs  # [B, Lmax]
     # A query at position p sees context positions 0..p; padded queries (p = 0) see position 0.
     visible = offs.view(1, 1, l_max) <= q_pos.unsqueeze(-1)  # [B, Qmax, Lmax]
-    bias = torch.zeros(B, q_max, l_max).masked_fill_(~visible, float("-inf"))
-    return AttentionMetadata(
-        q_index=q_index.to(device),
-        out_index=out_index.to(device),
-        kv_index=kv_index.to(device),
-        bias=bias.view(B, 1, q_max, 1, l_max).to(device),
-    )
+    bias = torch.zeros(B, q_max, l_max, device=device).masked_fill_(~visible, float("-inf"))
+    return AttentionGrid(q_index, out_index, kv_index, bias.view(B, 1, q_max, 1, l_max))
 
 
 def paged_attention(
@@ -66,18 +104,19 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
 ) -> torch.Tensor:  # [T, nq, d]
-    B, q_max = meta.q_index.shape
-    l_max = meta.kv_index.shape[1]
+    grid = meta.grid
+    B, q_max = grid.q_index.shape
+    l_max = grid.kv_index.shape[1]
     nq, d = q.shape[1], q.shape[2]
     nkv = k_cache.shape[1]
     g = nq // nkv
-    qp = q[meta.q_index.view(-1)].view(B, q_max, nkv, g, d)
+    qp = q[grid.q_index.view(-1)].view(B, q_max, nkv, g, d)
     qp = qp.permute(0, 2, 1, 3, 4).reshape(B, nkv, q_max * g, d)
-    flat = meta.kv_index.view(-1)
+    flat = grid.kv_index.view(-1)
     k = k_cache[flat].view(B, l_max, nkv, d).permute(0, 2, 3, 1)  # [B, nkv, d, Lmax]
     v = v_cache[flat].view(B, l_max, nkv, d).permute(0, 2, 1, 3)  # [B, nkv, Lmax, d]
     scores = torch.matmul(qp, k).float().view(B, nkv, q_max, g, l_max) * scale
-    probs = torch.softmax(scores + meta.bias, dim=-1).to(q.dtype).view(B, nkv, q_max * g, l_max)
+    probs = torch.softmax(scores + grid.bias, dim=-1).to(q.dtype).view(B, nkv, q_max * g, l_max)
     o = torch.matmul(probs, v).view(B, nkv, q_max, g, d)  # [B, nkv, Qmax, g, d]
     o = o.permute(0, 2, 1, 3, 4).reshape(B * q_max, nq, d)
-    return o[meta.out_index]
+    return o[grid.out_index]

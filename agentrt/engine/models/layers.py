@@ -11,13 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from agentrt.engine.config import ModelConfig, RopeScaling
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    # x [T, H]. Accumulate in fp32 like the reference implementation; cast back before the weight.
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
+from agentrt.kernels.linear import PackedWeight, pack_weight
+from agentrt.kernels.linear import rms_norm_reference as rms_norm  # noqa: F401  (the model's norm)
+from agentrt.kernels.paged_attention import rotate_reference as apply_rotary  # noqa: F401
 
 
 def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
@@ -55,24 +51,21 @@ class RotaryEmbedding:
         return cos, sin
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [T, heads, d]
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
-
-
 class Linear:
     """y = x W^T (+ b). On CPU in bf16 the weight is pre-packed for oneDNN: PyTorch's plain CPU
-    GEMV reads weights at ~10 GB/s, the packed path at 20-34 GB/s (shared notes)."""
+    GEMV reads weights at ~10 GB/s, the packed path at 20-34 GB/s (shared notes). With
+    `kernel`, it is also packed for the AMX kernel (agentrt/kernels/linear.py), which the bf16
+    kernel forward uses for small batches; `gated` marks a stacked [gate; up] weight there."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False):
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False,
+                 kernel: bool = False, gated: bool = False):
         self.out_features, self.in_features = weight.shape
         self.weight = weight
         self.bias = bias
         self.packed = None
         if pack and _can_pack(weight):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self.kernel: PackedWeight | None = pack_weight(weight, gated) if kernel else None
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:

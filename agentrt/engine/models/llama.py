@@ -8,64 +8,70 @@ wants one row per sequence, speculative verification wants all k+1 rows.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
 
 import torch
 
 from agentrt.engine.config import ModelConfig
 from agentrt.engine.kv_cache import KVCache
-from agentrt.engine.models.attention import AttentionMetadata, paged_attention
+from agentrt.engine.models.attention import AttentionMetadata, paged_attention  # noqa: F401  (re-export)
+from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F401  (re-export)
+from agentrt.engine.models.kernel_forward import KERNEL_MAX_TOKENS, kernel_forward, kernel_support
 from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, rms_norm
-
-
-@dataclass
-class ForwardBatch:
-    """One engine step's input. T = total new tokens, B = sequences."""
-
-    input_ids: torch.Tensor  # [T] int64
-    positions: torch.Tensor  # [T] int64, absolute position of each new token
-    slot_mapping: torch.Tensor  # [T] int64, flat cache slot each new token's K/V is written to
-    attn: AttentionMetadata  # ragged layout + block tables for attention
-    logits_indices: torch.Tensor | None = None  # [n_out] rows of T to project; None = all
-
-
-@dataclass
-class ForwardOutput:
-    logits: torch.Tensor  # [n_out, vocab] float32
-    hidden: torch.Tensor | None = None  # [n_out, hidden] final-normed hidden states, when asked
+from agentrt.errors import ModelLoadError
 
 
 class _Layer:
-    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], i: int, pack: bool):
+    def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], i: int, pack: bool, kernel: bool):
         p = f"model.layers.{i}."
         w = lambda name: sd[p + name]  # noqa: E731
         qkv_w = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")])
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"), w("self_attn.v_proj.bias")])
-        self.qkv = Linear(qkv_w.contiguous(), qkv_b, pack)
-        self.o = Linear(w("self_attn.o_proj.weight"), None, pack)
-        self.gate_up = Linear(torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]).contiguous(), None, pack)
-        self.down = Linear(w("mlp.down_proj.weight"), None, pack)
+        self.qkv = Linear(qkv_w.contiguous(), qkv_b, pack, kernel)
+        self.o = Linear(w("self_attn.o_proj.weight"), None, pack, kernel)
+        gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]).contiguous()
+        self.gate_up = Linear(gate_up, None, pack, kernel, gated=True)
+        self.down = Linear(w("mlp.down_proj.weight"), None, pack, kernel)
         self.attn_norm = w("input_layernorm.weight")
         self.mlp_norm = w("post_attention_layernorm.weight")
 
 
 class LlamaModel:
-    """Inference-only model. Weights come in Hugging Face names (see engine/weights.py)."""
+    """Inference-only model. Weights come in Hugging Face names (see engine/weights.py).
 
-    def __init__(self, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], max_positions: int | None = None):
+    use_kernels: run batches of up to KERNEL_MAX_TOKENS tokens on the C kernels (bf16 on CPUs
+    with AMX; agentrt/engine/models/kernel_forward.py). None = whenever they can run here, unless
+    AGENTRT_KERNELS=0; True = require them (ModelLoadError naming why not); False = PyTorch only.
+    `kernels_enabled` switches between the two paths at run time (the weights stay packed)."""
+
+    def __init__(self, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], max_positions: int | None = None,
+                 use_kernels: bool | None = None):
         self.cfg = cfg
         emb = state_dict["model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
+        kernel = _want_kernels(use_kernels, cfg, self.dtype, self.device)
         pack = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.embed = emb
-        self.layers = [_Layer(cfg, state_dict, i, pack) for i in range(cfg.num_hidden_layers)]
+        self.layers = [_Layer(cfg, state_dict, i, pack, kernel) for i in range(cfg.num_hidden_layers)]
         self.norm = state_dict["model.norm.weight"]
         head = emb if cfg.tie_word_embeddings else state_dict["lm_head.weight"]
-        self.lm_head = Linear(head, None, pack)
+        self.lm_head = Linear(head, None, pack, kernel)
         self.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings, self.device)
         self.scale = cfg.head_dim**-0.5
+        self._kernels_packed = kernel
+        self.kernels_enabled = kernel
+
+    @property
+    def kernels_enabled(self) -> bool:
+        return self._kernels_enabled
+
+    @kernels_enabled.setter
+    def kernels_enabled(self, on: bool) -> None:
+        if on and not self._kernels_packed:
+            raise ValueError("this model was built without the C kernels (use_kernels=False or unsupported here)")
+        self._kernels_enabled = bool(on)
 
     @property
     def num_layers(self) -> int:
@@ -77,12 +83,15 @@ class LlamaModel:
     ) -> ForwardOutput:
         """num_layers < all runs the first layers only (a layer-skip self-draft): their K/V at
         accepted positions equal the full model's, so the draft shares the target's cache."""
-        cfg = self.cfg
+        n_layers = num_layers or len(self.layers)
         T = batch.input_ids.shape[0]
+        if self._kernels_enabled and T <= KERNEL_MAX_TOKENS:
+            return kernel_forward(self, batch, kv, n_layers, return_hidden)
+        cfg = self.cfg
         h = self.embed[batch.input_ids]  # [T, hidden]
         cos, sin = self.rope.tables(batch.positions, self.dtype)  # [T, 1, d]
         nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        for li, layer in enumerate(self.layers[: num_layers or len(self.layers)]):
+        for li, layer in enumerate(self.layers[:n_layers]):
             x = rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
             qkv = layer.qkv(x)  # [T, (nq + 2 nkv) d]
             q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
@@ -99,3 +108,12 @@ class LlamaModel:
         h = rms_norm(h, self.norm, cfg.rms_norm_eps)  # [n_out, hidden]
         logits = self.lm_head(h).float()  # [n_out, vocab]
         return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
+
+
+def _want_kernels(use_kernels: bool | None, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> bool:
+    if use_kernels is False or (use_kernels is None and os.environ.get("AGENTRT_KERNELS", "1") == "0"):
+        return False
+    reason = kernel_support(cfg, dtype, device)
+    if reason is not None and use_kernels:
+        raise ModelLoadError(f"use_kernels=True but {reason}")
+    return reason is None

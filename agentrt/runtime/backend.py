@@ -1,0 +1,123 @@
+"""The runtime's view of an LLM engine: one async call per LLM node, plus a lane of engine steps.
+
+The runtime never imports the engine; `EngineBackend` (engine_backend.py) adapts
+`agentrt.engine.AsyncEngine` to this interface, `ScriptedBackend` (scripted.py) simulates one for
+tests and dry runs. Times are `time.monotonic()` seconds, the clock the engine stamps steps with.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class NodeIdentity:
+    """Which node of which program run a request belongs to (engine meta, trace attributes)."""
+
+    run_id: str
+    program: str
+    node: str
+
+
+@dataclass(frozen=True)
+class LLMRequest:
+    """One LLM node's call. response_format is the DSL's OpenAI-style dict: {"type": "text"},
+    {"type": "json_schema", "json_schema": {...}} or {"type": "tool_call", "tools": [...],
+    "allow_text": bool}. priority: smaller runs sooner. hints: what a scheduler may use, e.g.
+    {"next_is_tool": True} when a tool call follows this call (its KV could be held)."""
+
+    messages: tuple[Mapping[str, Any], ...]
+    response_format: Mapping[str, Any]
+    max_tokens: int
+    temperature: float
+    node: NodeIdentity
+    priority: float = 0.0
+    hints: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class LLMStepEvent:
+    """One engine step this request took part in: num_new prompt/context tokens fed (>1 while
+    prefilling), k drafts verified and `accepted` of them kept. preempted: the request was
+    evicted at this step (it runs again later, re-prefilling)."""
+
+    step: int
+    start: float
+    duration_s: float
+    batch_size: int
+    num_new: int
+    k: int = 0
+    accepted: int = 0
+    preempted: bool = False
+
+
+@dataclass(frozen=True)
+class Usage:
+    """cached_input_tokens: prompt tokens whose KV the engine reused (prefix cache)."""
+
+    input_tokens: int
+    output_tokens: int
+    cached_input_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class LLMResponse:
+    """text: what the model wrote; parsed: the structured value the engine decoded (JSON for
+    json_schema, {"name", "arguments"} for tool_call, None otherwise or when the model answered
+    in text). spec: the engine's α accounting ({"total": {drafted, accepted, forced, target_passes,
+    emitted, ...}, "by_drafter": {...}}). error is set when finish_reason is "error"."""
+
+    text: str
+    parsed: Any
+    finish_reason: str
+    usage: Usage
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    request_id: Any = None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class EngineStep:
+    """One step of the whole engine (all programs), for the engine lane of a trace."""
+
+    step: int
+    start: float
+    duration_s: float
+    batch_size: int
+    num_tokens: int
+    num_prefill_tokens: int = 0
+    kv_tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    max_k: int = 0
+    preempted: int = 0
+    predicted_s: float | None = None
+    draft_s: float = 0.0
+
+    def to_record(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+StepCallback = Callable[[LLMStepEvent], None]
+
+
+@runtime_checkable
+class LLMBackend(Protocol):
+    """What the runtime needs from an engine. Callbacks run on the caller's event loop."""
+
+    model_name: str
+
+    async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
+                       on_start: Callable[[Any], None] | None = None) -> LLMResponse:
+        """Run one request to its end. on_start(handle) is called once the request is queued
+        (the handle is what set_priority takes); on_step for each engine step it joins.
+        Cancelling the awaiting task aborts the request. Invalid requests raise AgentRTError."""
+        ...
+
+    def set_priority(self, handle: Any, priority: float) -> None:
+        """Change a queued or running request's priority (smaller = sooner)."""
+        ...
+
+    def subscribe_steps(self, fn: Callable[[EngineStep], None]) -> Callable[[], None]:
+        """Call fn(EngineStep) on this event loop after each engine step; returns unsubscribe."""
+        ...

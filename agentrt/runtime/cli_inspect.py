@@ -1,0 +1,42 @@
+"""`agentrt inspect TRACE [--html PATH] [--json]`: re-render a saved run trace.
+
+Default: the report `agentrt run` printed (output, α table, stall totals, timeline).
+--json: the machine-readable summary (see agentrt/runtime/summary.py) on stdout.
+--html PATH: a self-contained timeline page."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from agentrt.runtime.html_timeline import render_html
+from agentrt.runtime.summary import summarize
+from agentrt.runtime.terminal import render_report
+from agentrt.runtime.trace import read_trace
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("trace", help="a trace saved by `agentrt run` (JSON lines)")
+    p.add_argument("--html", default=None, metavar="PATH", help="write a self-contained HTML timeline")
+    p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+
+
+def run(args: argparse.Namespace) -> int:
+    records = read_trace(args.trace)
+    summary = summarize(records)
+    if args.html:
+        path = Path(args.html)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(render_html(summary, records), encoding="utf-8")
+    if args.json:
+        json.dump(summary, sys.stdout, indent=2, ensure_ascii=False, default=repr)
+        sys.stdout.write("\n")
+    else:
+        console = Console()
+        render_report(console, summary, records)
+        if args.html:
+            console.print(f"timeline: {args.html}")
+    return 0

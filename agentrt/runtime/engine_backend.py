@@ -1,0 +1,172 @@
+"""EngineBackend: the runtime's LLMBackend over agentrt.engine.AsyncEngine.
+
+Step records arrive on the engine thread; one listener hops each to every event loop that has
+requests or lane subscribers there (call_soon_threadsafe), where it is split per request. The
+engine delivers a request's final token event after the listener ran for that step, and both
+hops go through the same loop's FIFO callback queue, so a request sees all its steps before its
+result.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from agentrt.runtime.backend import EngineStep, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
+
+
+@dataclass
+class _LoopState:
+    """What one event loop listens to: per-request step callbacks and engine-lane subscribers."""
+
+    requests: dict[int, StepCallback] = field(default_factory=dict)
+    lanes: list[Callable[[EngineStep], None]] = field(default_factory=list)
+
+    def dispatch(self, record: Any) -> None:
+        if self.lanes:
+            step = engine_step(record)
+            for fn in list(self.lanes):
+                fn(step)
+        for i, rid in enumerate(record.request_ids):
+            cb = self.requests.get(rid)
+            if cb is not None:
+                cb(LLMStepEvent(step=record.step, start=record.start, duration_s=record.duration_s,
+                                batch_size=record.batch_size, num_new=_at(record.num_new, i, 1),
+                                k=_at(record.k, i, 0), accepted=_at(record.accepted, i, 0)))
+        for rid in record.preempted:
+            cb = self.requests.get(rid)
+            if cb is not None:
+                cb(LLMStepEvent(step=record.step, start=record.start, duration_s=0.0,
+                                batch_size=record.batch_size, num_new=0, preempted=True))
+
+    @property
+    def idle(self) -> bool:
+        return not self.requests and not self.lanes
+
+
+def _at(values: list, i: int, default: Any) -> Any:
+    return values[i] if i < len(values) else default
+
+
+def engine_step(record: Any) -> EngineStep:
+    """An engine StepRecord as a lane entry."""
+    return EngineStep(
+        step=record.step, start=record.start, duration_s=record.duration_s, batch_size=record.batch_size,
+        num_tokens=record.num_tokens, num_prefill_tokens=record.num_prefill_tokens, kv_tokens=record.kv_tokens,
+        drafted=sum(record.k), accepted=sum(record.accepted), max_k=max(record.k, default=0),
+        preempted=len(record.preempted), predicted_s=record.predicted_s, draft_s=record.draft_s,
+    )
+
+
+def chat_messages(messages: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
+    """The DSL's OpenAI-style messages for a chat template. An assistant turn that only called a
+    tool (content None) also gets the call as JSON text: templates without tool support (SmolLM2's)
+    concatenate `content` and would otherwise fail on None."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if m.get("content") is None and m.get("tool_calls"):
+            calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+                     for c in m["tool_calls"]]
+            m["content"] = json.dumps(calls[0] if len(calls) == 1 else calls, ensure_ascii=False)
+        elif m.get("content") is None:
+            m["content"] = ""
+        out.append(m)
+    return out
+
+
+class EngineBackend:
+    """EngineBackend(AsyncEngine(LLMEngine(EngineConfig()))). close() detaches the step listener
+    (the engine itself belongs to the caller)."""
+
+    def __init__(self, engine: Any, model_name: str | None = None) -> None:
+        self.engine = engine
+        self.model_name = model_name or getattr(engine.engine.config, "model", "model")
+        self._loops: dict[asyncio.AbstractEventLoop, _LoopState] = {}
+        self._lock = threading.Lock()
+        engine.engine.step_listeners.append(self._on_engine_step)
+
+    # -- the engine thread --
+    def _on_engine_step(self, record: Any) -> None:
+        with self._lock:
+            targets = list(self._loops.items())
+        for loop, state in targets:
+            try:
+                loop.call_soon_threadsafe(state.dispatch, record)
+            except RuntimeError:  # that loop is closed
+                with self._lock:
+                    self._loops.pop(loop, None)
+
+    # -- the caller's loop --
+    def _state(self) -> _LoopState:
+        loop = asyncio.get_running_loop()
+        with self._lock:
+            return self._loops.setdefault(loop, _LoopState())
+
+    def _release(self, state: _LoopState) -> None:
+        if state.idle:
+            with self._lock:
+                for loop, s in list(self._loops.items()):
+                    if s is state:
+                        del self._loops[loop]
+
+    async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
+                       on_start: Callable[[Any], None] | None = None) -> LLMResponse:
+        from agentrt.engine.sampling_params import SamplingParams
+
+        rf = dict(request.response_format)
+        params = SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
+                                response_format=None if rf.get("type", "text") == "text" else rf)
+        meta = {"run_id": request.node.run_id, "program": request.node.program, "node": request.node.node,
+                **request.hints}
+        state = self._state()
+        rid: int | None = None
+
+        def started(seq_id: int) -> None:
+            nonlocal rid
+            rid = seq_id
+            if on_step is not None:
+                state.requests[seq_id] = on_step
+            if on_start is not None:
+                on_start(seq_id)
+
+        result = None
+        try:
+            async for ev in self.engine.stream(chat_messages(request.messages), params, priority=request.priority,
+                                               meta=meta, on_start=started):
+                if ev.finished:
+                    result = ev.result
+        finally:
+            if rid is not None:
+                state.requests.pop(rid, None)
+            self._release(state)
+        if result is None:
+            return LLMResponse("", None, "error", Usage(0, 0), request_id=rid,
+                               error="the engine ended the stream without a result")
+        return LLMResponse(
+            text=result.text, parsed=result.parsed, finish_reason=result.finish_reason,
+            usage=Usage(result.prompt_tokens, len(result.token_ids), getattr(result, "cached_tokens", 0) or 0),
+            spec=result.spec or {},
+            request_id=result.request_id, error=result.error,
+        )
+
+    def set_priority(self, handle: Any, priority: float) -> None:
+        self.engine.set_priority(handle, priority)
+
+    def subscribe_steps(self, fn: Callable[[EngineStep], None]) -> Callable[[], None]:
+        state = self._state()
+        state.lanes.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in state.lanes:
+                state.lanes.remove(fn)
+            self._release(state)
+
+        return unsubscribe
+
+    def close(self) -> None:
+        listeners = self.engine.engine.step_listeners
+        if self._on_engine_step in listeners:
+            listeners.remove(self._on_engine_step)

@@ -1,0 +1,97 @@
+"""The runtime's record of one LLM or tool node: its phases as they happen, its attributes, and
+at the end its spans (one node span, one child span per phase)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrt.runtime.backend import LLMStepEvent
+from agentrt.runtime.phases import PhaseLog
+from agentrt.runtime.trace import Span, new_id
+
+
+@dataclass
+class Outcome:
+    """How a node's call ended: ok with a value, or failed with an error message."""
+
+    ok: bool
+    value: Any = None
+    error: str | None = None
+    error_type: str | None = None
+
+    @classmethod
+    def failed(cls, error: str, error_type: str) -> Outcome:
+        return cls(False, error=error, error_type=error_type)
+
+
+@dataclass
+class NodeState:
+    node: str
+    kind: str  # "llm" | "tool"
+    name: str  # the OpenTelemetry span name: "chat {model}" / "execute_tool {tool}"
+    created: float
+    span_id: str = field(default_factory=new_id)
+    status: str = "pending"  # pending | running | ok | error | cancelled
+    error: str | None = None
+    end: float | None = None
+    waited_on: str | None = None  # the node whose completion made this one ready
+    handle: Any = None  # the backend's request handle (LLM), for set_priority
+    attributes: dict[str, Any] = field(default_factory=dict)
+    log: PhaseLog = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.log = PhaseLog(self.created)
+
+    @property
+    def active(self) -> bool:
+        return self.status == "running"
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("ok", "error", "cancelled")
+
+    def on_llm_step(self, ev: LLMStepEvent, t: float) -> None:
+        """Advance an LLM node's phase from one engine step (t: the step start on the trace clock).
+        Steps feeding more than one token (or the first step) are prefill; prefill ends when
+        its last step ends, and the first generated token starts decode."""
+        if ev.preempted:
+            self.log.enter("preempted", t)
+            self.log.event(t, {"agentrt.step": ev.step, "agentrt.preempted": True})
+            return
+        step_end = t + ev.duration_s
+        if ev.num_new > 1 or self.log.phase in ("queued", "preempted"):
+            self.log.enter("prefill", t)
+            self.attributes["_prefill_end"] = step_end
+        elif self.log.phase == "prefill":
+            self.log.enter("decode", self.attributes.get("_prefill_end", t))
+        self.log.event(t, {"agentrt.step": ev.step, "agentrt.num_new": ev.num_new, "agentrt.k": ev.k,
+                           "agentrt.accepted": ev.accepted, "agentrt.batch_size": ev.batch_size,
+                           "agentrt.duration_s": round(ev.duration_s, 6)})
+
+    def finish(self, status: str, end: float, error: str | None = None) -> None:
+        if self.finished:
+            return
+        if self.log.phase == "prefill" and status == "ok" and self.kind == "llm":
+            # generation ended within the prefill step's window: the rest is the first token's
+            self.log.enter("decode", self.attributes.get("_prefill_end", end))
+        self.status, self.end, self.error = status, end, error
+
+    def spans(self, run_id: str, trace_id: str, parent_id: str | None = None) -> list[Span]:
+        assert self.end is not None, f"node {self.node} is not finished"
+        attrs = {k: v for k, v in self.attributes.items() if not k.startswith("_")}
+        attrs.update({"agentrt.node": self.node, "agentrt.node.kind": self.kind})
+        if self.waited_on is not None:
+            attrs["agentrt.waited_on"] = self.waited_on
+        phases = self.log.spans(self.end)
+        node_span = Span(run_id, trace_id, self.span_id, parent_id, self.name, phases[0][1], self.end,
+                         self.status, self.error, attrs)
+        out = [node_span]
+        for phase, t0, t1 in phases:
+            events = tuple({"name": "engine_step", "time": round(t, 6), "attributes": a}
+                           for t, a in self.log.events if t0 <= t < t1 or (t == t1 == self.end))
+            phase_attrs: dict[str, Any] = {"agentrt.phase": phase, "agentrt.node": self.node}
+            if phase == "waiting" and self.waited_on is not None:
+                phase_attrs["agentrt.waited_on"] = self.waited_on
+            out.append(Span(run_id, trace_id, new_id(), self.span_id, phase, t0, t1,
+                            "ok" if self.status == "ok" else self.status, None, phase_attrs, events))
+        return out

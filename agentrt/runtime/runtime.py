@@ -1,0 +1,297 @@
+"""The runtime: runs many program runs concurrently against one LLM backend and one tool registry.
+
+Each program run has a driver task. It starts every ready node as its own task (LLM nodes go to
+the backend, tool nodes to the registry: async tools on the loop, sync ones on threads), and as
+nodes end it reports them to the ProgramRun, which says what became ready. A node that fails
+takes its fallback where the program declared one; otherwise the run ends with a ProgramRunError
+naming the node and its other nodes in flight are cancelled. Nothing a node does raises out of
+the runtime.
+
+    rt = Runtime(EngineBackend(engine), tools=[get_weather, ...])
+    result = await rt.run(program, {"request": "..."})      # RunResult
+    rt.trace.write("runs/trip.jsonl")
+"""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+from agentrt.dag import CompiledProgram, Program, ProgramRun
+from agentrt.errors import ProgramRunError, RunConfigError
+from agentrt.runtime.backend import LLMBackend
+from agentrt.runtime.node_exec import run_llm, run_tool
+from agentrt.runtime.node_state import NodeState, Outcome
+from agentrt.runtime.policy import FCFSPolicy, ProgramStats, SchedulingPolicy
+from agentrt.runtime.trace import Trace, new_id
+from agentrt.tools import Tool, ToolRegistry
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """status: "done" (output holds the program's output), "failed" (error says why, and
+    failed_node which node) or "cancelled". values: the output of every finished node (inputs,
+    calls, fan-ins) by node id. Times are on the trace clock."""
+
+    run_id: str
+    program: str
+    status: str
+    output: Any
+    error: str | None
+    failed_node: str | None
+    start: float
+    end: float
+    node_errors: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done"
+
+
+@dataclass
+class ProgramState:
+    run_id: str
+    trace_id: str
+    program: CompiledProgram
+    run: ProgramRun
+    stats: ProgramStats
+    start: float
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    inflight: dict[asyncio.Task, str] = field(default_factory=dict)
+    status: str = "running"
+    result: RunResult | None = None
+    task: asyncio.Task | None = None
+
+
+class ProgramHandle:
+    """A submitted program run: await it (or `await handle.wait()`) for its RunResult."""
+
+    def __init__(self, state: ProgramState) -> None:
+        self.state = state
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    def done(self) -> bool:
+        return self.state.result is not None
+
+    def cancel(self) -> None:
+        """Cancel the run: its nodes in flight are cancelled (engine requests aborted)."""
+        if self.state.task is not None:
+            self.state.task.cancel()
+
+    async def wait(self) -> RunResult:
+        """The run's result; cancelling the wait does not cancel the run (use cancel())."""
+        assert self.state.task is not None
+        return await asyncio.shield(self.state.task)
+
+    def __await__(self):
+        return self.wait().__await__()
+
+
+def _outcome(task: asyncio.Task) -> Outcome:
+    """A finished node task's outcome; a bug in the runtime's own node code fails the node."""
+    try:
+        return task.result()
+    except Exception as e:  # noqa: BLE001 - nothing a node does may take the runtime down
+        return Outcome.failed(f"internal error running the node: {type(e).__name__}: {e}", "internal_error")
+
+
+def _registry(tools: ToolRegistry | Iterable[Tool | Any]) -> ToolRegistry:
+    return tools if isinstance(tools, ToolRegistry) else ToolRegistry(tools)
+
+
+class Runtime:
+    """backend: where LLM nodes run. tools: a ToolRegistry or the Tool objects to register.
+    policy: engine priorities (FCFS by default). trace: where spans go (a new Trace by default).
+    max_tokens: a cap on every LLM node's max_tokens."""
+
+    def __init__(self, backend: LLMBackend, tools: ToolRegistry | Iterable[Tool | Any] = (), *,
+                 policy: SchedulingPolicy | None = None, trace: Trace | None = None,
+                 max_tokens: int | None = None) -> None:
+        if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
+            raise RunConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        self.backend = backend
+        self.tools = _registry(tools)
+        self.policy: SchedulingPolicy = policy or FCFSPolicy()
+        self.trace = trace or Trace(meta={"model": backend.model_name})
+        self.max_tokens = max_tokens
+        self.programs: dict[str, ProgramState] = {}
+        self._unsubscribe = None
+
+    # -- submitting --
+    def submit(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
+               run_id: str | None = None) -> ProgramHandle:
+        """Start a run (needs a running event loop). Bad inputs raise ProgramRunError; a tool the
+        program declares but the registry lacks raises RunConfigError, both before anything runs."""
+        compiled = program.compile() if isinstance(program, Program) else program
+        if not isinstance(compiled, CompiledProgram):
+            raise RunConfigError(f"expected a Program or CompiledProgram, got {type(program).__name__}")
+        missing = [t for t in compiled.tools if t not in self.tools]
+        if missing:
+            have = ", ".join(self.tools.names()) or "none"
+            raise RunConfigError(f"program '{compiled.name}' declares tool(s) {', '.join(missing)} with no "
+                                 f"implementation in the runtime's tools (registered: {have})")
+        run_id = run_id or f"{compiled.name}-{new_id(3)}"
+        if run_id in self.programs:
+            raise RunConfigError(f"run id '{run_id}' is already used in this runtime")
+        run = compiled.start(inputs)
+        now = self.trace.now()
+        ps = ProgramState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now)
+        ps.stats.critical_path = run.critical_path_length()
+        self.programs[run_id] = ps
+        self._subscribe_lane()
+        ps.task = asyncio.get_running_loop().create_task(self._drive(ps, dict(inputs)), name=f"agentrt:{run_id}")
+        return ProgramHandle(ps)
+
+    async def run(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
+                  run_id: str | None = None) -> RunResult:
+        """Submit and wait; cancelling the caller cancels the run."""
+        handle = self.submit(program, inputs, run_id=run_id)
+        try:
+            return await handle.wait()
+        except asyncio.CancelledError:
+            handle.cancel()
+            raise
+
+    async def aclose(self) -> None:
+        """Cancel runs still going, stop listening to the engine, close the trace."""
+        tasks = [ps.task for ps in self.programs.values() if ps.task is not None and not ps.task.done()]
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._unsubscribe is not None:
+            self._unsubscribe()
+            self._unsubscribe = None
+        self.trace.close()
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.aclose()
+
+    def _subscribe_lane(self) -> None:
+        if self._unsubscribe is None:
+            self._unsubscribe = self.backend.subscribe_steps(self.trace.add_engine_step)
+
+    # -- driving one run --
+    async def _drive(self, ps: ProgramState, inputs: dict[str, Any]) -> RunResult:
+        failed_node = error = None
+        try:
+            self._sync_nodes(ps)
+            self._start_ready(ps, ps.run.ready(), cause=None)
+            while ps.inflight and ps.run.status == "running":
+                done, _ = await asyncio.wait(ps.inflight, return_when=asyncio.FIRST_COMPLETED)
+                for task in sorted(done, key=lambda t: ps.inflight[t]):
+                    node = ps.inflight.pop(task)
+                    self._report(ps, node, _outcome(task))
+                    self._start_ready(ps, ps.run.ready(), cause=node)
+                self._reprioritize()
+            if ps.run.status == "running":  # nothing in flight, nothing ready: cannot happen in a valid DAG
+                raise ProgramRunError(ps.program.name, "stalled: no node is ready or running")
+            status = ps.run.status
+        except ProgramRunError as e:
+            status, failed_node, error = "failed", e.node, str(e)
+        except asyncio.CancelledError:
+            status, error = "cancelled", "the run was cancelled"
+        finally:
+            await self._cancel_inflight(ps)
+        return self._finish(ps, status, failed_node, error, inputs)
+
+    def _report(self, ps: ProgramState, node: str, outcome: Outcome) -> None:
+        """Tell the ProgramRun how a node ended. Raises ProgramRunError when that ends the run
+        (an output the node's spec rejects fails the node itself)."""
+        ns = ps.nodes[node]
+        now = self.trace.now()
+        try:
+            if outcome.ok:
+                ps.run.complete(node, outcome.value)
+            else:
+                ps.run.fail(node, outcome.error or "failed")
+        except ProgramRunError as e:
+            ok = outcome.ok and e.node != node
+            ns.finish("ok" if ok else "error", now, None if ok else outcome.error or e.reason)
+            raise
+        finally:
+            ps.stats.critical_path = ps.run.critical_path_length() if ps.run.status == "running" else 0.0
+        ns.finish("ok" if outcome.ok else "error", now, outcome.error)
+        self._sync_nodes(ps)
+
+    def _start_ready(self, ps: ProgramState, nodes: list[str], cause: str | None) -> None:
+        for node in nodes:
+            ns = ps.nodes[node]
+            ps.run.begin(node)
+            ns.status, ns.waited_on = "running", cause
+            runner = run_llm if ns.kind == "llm" else run_tool
+            task = asyncio.get_running_loop().create_task(runner(self, ps, ns), name=f"agentrt:{ps.run_id}:{node}")
+            ps.inflight[task] = node
+
+    def _sync_nodes(self, ps: ProgramState) -> None:
+        """Track the run's LLM and tool nodes: new ones (fan-out branches, loop steps) start
+        waiting now; those of a branch case not taken leave."""
+        graph, now = ps.run.graph, self.trace.now()
+        for node, attrs in graph.nodes(data=True):
+            if attrs["kind"] in ("llm", "tool") and not attrs["template"] and node not in ps.nodes:
+                spec = attrs["spec"]
+                name = f"chat {self.backend.model_name}" if attrs["kind"] == "llm" else f"execute_tool {spec.tool}"
+                ps.nodes[node] = NodeState(node, attrs["kind"], name, now)
+        for node in [n for n in ps.nodes if n not in graph]:
+            del ps.nodes[node]
+
+    async def _cancel_inflight(self, ps: ProgramState) -> None:
+        """Cancel the run's nodes in flight and wait for them; nodes that had ended but were not
+        reported (the run failed first) keep their own outcome."""
+        now = self.trace.now()
+        for task, node in ps.inflight.items():
+            if task.done() and not task.cancelled():
+                outcome = _outcome(task)
+                ps.nodes[node].finish("ok" if outcome.ok else "error", now, outcome.error)
+            else:
+                task.cancel()
+        pending = [t for t in ps.inflight if not t.done()]
+        while pending:
+            try:
+                await asyncio.wait(pending)
+            except asyncio.CancelledError:  # cancelled again while cleaning up: finish cleaning up
+                pass
+            pending = [t for t in pending if not t.done()]
+        ps.inflight.clear()
+
+    def _finish(self, ps: ProgramState, status: str, failed_node: str | None, error: str | None,
+                inputs: dict[str, Any]) -> RunResult:
+        end = self.trace.now()
+        for ns in ps.nodes.values():
+            if not ns.finished:
+                ns.finish("cancelled", end, "cancelled: the run " + ("failed" if status == "failed" else "was cancelled"))
+            for span in ns.spans(ps.run_id, ps.trace_id):
+                self.trace.add_span(span)
+        output = ps.run.result if status == "done" else None
+        node_errors = {n: ns.error for n, ns in ps.nodes.items() if ns.status == "error" and ns.error}
+        ps.status = status
+        ps.result = RunResult(ps.run_id, ps.program.name, status, output, error, failed_node, ps.start, end, node_errors,
+                              dict(ps.run.values))
+        self.trace.add({
+            "type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
+            "inputs": inputs, "start": round(ps.start, 6), "end": round(end, 6), "status": status, "output": output,
+            "error": None if error is None else {"node": failed_node, "message": error},
+            "service": ps.stats.to_record(), "nodes": len(ps.nodes),
+        })
+        return ps.result
+
+    def _reprioritize(self) -> None:
+        running = [ps.stats for ps in self.programs.values() if ps.status == "running"]
+        for run_id, priority in self.policy.reprioritize(running).items():
+            ps = self.programs.get(run_id)
+            if ps is None:
+                continue
+            for node in ps.inflight.values():
+                ns = ps.nodes[node]
+                if ns.kind == "llm" and ns.handle is not None:
+                    self.backend.set_priority(ns.handle, priority)

@@ -1,0 +1,152 @@
+"""A machine-readable summary of a trace (what `agentrt inspect --json` prints; the terminal and
+HTML views read it too). Computed from the records alone:
+
+    {"trace": {name, wall_start, end, meta},
+     "runs": [{run_id, program, status, start, end, duration_s, error, output, service,
+               "stalls": {waiting_on_llm_s, waiting_on_tool_s, waiting_other_s, queued_llm_s,
+                          queued_tool_s, preempted_s, tool_backoff_s,
+                          llm_active_s, tool_only_s, neither_s},
+               "nodes": [{node, kind, name, status, error, start, end, duration_s,
+                          phases: {phase: seconds}, waited_on, value (preview), tool, attempts,
+                          usage: {input_tokens, cached_input_tokens, output_tokens},
+                          spec: {drafted, accepted, forced, alpha, alpha_free, alpha_forced,
+                                 target_passes, tokens_per_pass}, steps}]}],
+     "engine": {steps, busy_s, idle_s, busy_fraction, mean_batch, max_batch, drafted, accepted,
+                alpha, max_k}}
+
+Stalls: waiting_on_* add each node's waiting time by the kind of the node it waited on last;
+queued_* the time ready nodes spent before starting; llm_active_s / tool_only_s / neither_s split
+the run's wall time into: some LLM call of the run in the engine, only tools running, neither.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+STALL_KEYS = ("waiting_on_llm_s", "waiting_on_tool_s", "waiting_other_s", "queued_llm_s", "queued_tool_s",
+              "preempted_s", "tool_backoff_s", "llm_active_s", "tool_only_s", "neither_s")
+LLM_ACTIVE = ("queued", "prefill", "decode", "preempted")
+TOOL_ACTIVE = ("tool_running", "tool_retried", "tool_backoff", "tool_failed")
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+def _union(intervals: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
+    out: list[list[float]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], b)
+        else:
+            out.append([a, b])
+    return [(a, b) for a, b in out]
+
+
+def _length(intervals: Iterable[tuple[float, float]]) -> float:
+    return sum(b - a for a, b in intervals)
+
+
+def _minus(intervals: list[tuple[float, float]], cut: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """Parts of (disjoint, sorted) intervals outside (disjoint, sorted) cut."""
+    out = []
+    for a, b in intervals:
+        t = a
+        for c, d in cut:
+            if d <= t or c >= b:
+                continue
+            if c > t:
+                out.append((t, c))
+            t = max(t, d)
+        if t < b:
+            out.append((t, b))
+    return out
+
+
+def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str, Any]:
+    a = span["attributes"]
+    durations: dict[str, float] = {}
+    steps = 0
+    for p in phases:
+        name = p["attributes"]["agentrt.phase"]
+        durations[name] = durations.get(name, 0.0) + p["end"] - p["start"]
+        steps += sum(1 for e in p.get("events", []) if e.get("name") == "engine_step")
+    out: dict[str, Any] = {
+        "node": a["agentrt.node"], "kind": a["agentrt.node.kind"], "name": span["name"], "status": span["status"],
+        "error": span.get("error"), "start": span["start"], "end": span["end"],
+        "duration_s": _r(span["end"] - span["start"]), "phases": {k: _r(v) for k, v in durations.items()},
+        "waited_on": a.get("agentrt.waited_on"), "value": a.get("agentrt.value", a.get("gen_ai.tool.call.result")),
+    }
+    if out["kind"] == "tool":
+        out.update(tool=a.get("gen_ai.tool.name"), attempts=a.get("agentrt.tool.attempts", 0))
+    else:
+        out["usage"] = {"input_tokens": a.get("gen_ai.usage.input_tokens"),
+                        "cached_input_tokens": a.get("gen_ai.usage.cache_read.input_tokens"),
+                        "output_tokens": a.get("gen_ai.usage.output_tokens")}
+        out["spec"] = {k: a.get(f"agentrt.spec.{k}") for k in (
+            "drafted", "accepted", "forced", "alpha", "alpha_free", "alpha_forced", "target_passes", "tokens_per_pass")}
+        out["steps"] = steps
+        out["finish_reason"] = (a.get("gen_ai.response.finish_reasons") or [None])[0]
+    return out
+
+
+def run_stalls(nodes: list[dict[str, Any]], phase_spans: list[dict[str, Any]], start: float, end: float) -> dict[str, float]:
+    kinds = {n["node"]: n["kind"] for n in nodes}
+    st = dict.fromkeys(STALL_KEYS, 0.0)
+    for n in nodes:
+        ph = n["phases"]
+        waited = kinds.get(n["waited_on"] or "")
+        st["waiting_on_llm_s" if waited == "llm" else "waiting_on_tool_s" if waited == "tool" else
+           "waiting_other_s"] += ph.get("waiting", 0.0)
+        st["queued_llm_s" if n["kind"] == "llm" else "queued_tool_s"] += ph.get("queued", 0.0)
+        st["preempted_s"] += ph.get("preempted", 0.0)
+        st["tool_backoff_s"] += ph.get("tool_backoff", 0.0)
+    llm = _union((p["start"], p["end"]) for p in phase_spans if p["attributes"]["agentrt.phase"] in LLM_ACTIVE)
+    tool = _union((p["start"], p["end"]) for p in phase_spans if p["attributes"]["agentrt.phase"] in TOOL_ACTIVE)
+    tool_only = _minus(tool, llm)
+    st["llm_active_s"] = _length(llm)
+    st["tool_only_s"] = _length(tool_only)
+    st["neither_s"] = max(0.0, (end - start) - st["llm_active_s"] - st["tool_only_s"])
+    return {k: _r(v) for k, v in st.items()}
+
+
+def engine_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
+    steps = [r for r in records if r["type"] == "engine_step"]
+    idle = [r for r in records if r["type"] == "engine_idle"]
+    busy = sum(s["end"] - s["start"] for s in steps)
+    idle_s = sum(r["end"] - r["start"] for r in idle)
+    drafted = sum(s.get("drafted", 0) for s in steps)
+    accepted = sum(s.get("accepted", 0) for s in steps)
+    return {
+        "steps": len(steps), "busy_s": _r(busy), "idle_s": _r(idle_s),
+        "busy_fraction": _r(busy / (busy + idle_s)) if busy + idle_s > 0 else None,
+        "mean_batch": _r(sum(s["batch_size"] for s in steps) / len(steps)) if steps else None,
+        "max_batch": max((s["batch_size"] for s in steps), default=0),
+        "drafted": drafted, "accepted": accepted, "alpha": _r(accepted / drafted) if drafted else None,
+        "max_k": max((s.get("max_k", 0) for s in steps), default=0),
+    }
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    header = records[0]
+    spans = [r for r in records if r["type"] == "span"]
+    children: dict[str, list[dict[str, Any]]] = {}
+    for s in spans:
+        if s["parent_id"] is not None:
+            children.setdefault(s["parent_id"], []).append(s)
+    end = next((r["end"] for r in records if r["type"] == "trace_end"), None)
+    runs = []
+    for prog in (r for r in records if r["type"] == "program"):
+        node_spans = [s for s in spans if s["run_id"] == prog["run_id"] and s["parent_id"] is None]
+        nodes = [node_summary(s, sorted(children.get(s["span_id"], []), key=lambda p: p["start"])) for s in node_spans]
+        nodes.sort(key=lambda n: (n["start"] + n["phases"].get("waiting", 0.0), n["node"]))  # by ready time
+        phase_spans = [p for s in node_spans for p in children.get(s["span_id"], [])]
+        runs.append({
+            "run_id": prog["run_id"], "program": prog["program"], "status": prog["status"],
+            "start": prog["start"], "end": prog["end"], "duration_s": _r(prog["end"] - prog["start"]),
+            "error": prog.get("error"), "output": prog.get("output"), "inputs": prog.get("inputs"),
+            "service": prog.get("service"), "stalls": run_stalls(nodes, phase_spans, prog["start"], prog["end"]),
+            "nodes": nodes,
+        })
+    return {"trace": {"name": header.get("name"), "wall_start": header.get("wall_start"), "end": end,
+                      "meta": header.get("meta", {})},
+            "runs": runs, "engine": engine_summary(records)}

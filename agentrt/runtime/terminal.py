@@ -1,0 +1,177 @@
+"""Terminal views of a trace summary and its records (rich): the α table, the stall totals, the
+program's output and a timeline with a lane per node plus the engine's batch and k lanes."""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from agentrt.runtime.summary import LLM_ACTIVE, TOOL_ACTIVE
+
+# phase -> (character, style): readable without colour too
+PHASE_STYLE: dict[str, tuple[str, str]] = {
+    "waiting": ("·", "grey50"),
+    "queued": ("q", "yellow"),
+    "prefill": ("p", "bold magenta"),
+    "decode": ("█", "green"),
+    "preempted": ("!", "bold red"),
+    "tool_running": ("T", "bold cyan"),
+    "tool_retried": ("r", "bold bright_red"),
+    "tool_backoff": ("~", "bright_red"),
+    "tool_failed": ("X", "bold red"),
+}
+_ACTIVE = set(LLM_ACTIVE[1:]) | set(TOOL_ACTIVE)  # phases doing work (queued counts as stall here)
+
+
+def _f(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "–" if x is None else fmt.format(x)
+
+
+def alpha_table(run: dict[str, Any]) -> Table:
+    """Per LLM node: tokens, drafts, α (all, free, forced) and tokens per target pass."""
+    t = Table(title=f"speculation per LLM node ({run['program']})", title_justify="left")
+    for col in ("node", "in", "cached", "out", "drafted", "accepted", "forced", "α", "α free", "α forced", "tok/pass", "steps"):
+        t.add_column(col, justify="left" if col == "node" else "right")
+    tot = dict(drafted=0, accepted=0, forced=0, emitted=0, passes=0)
+    for n in run["nodes"]:
+        if n["kind"] != "llm":
+            continue
+        s, u = n["spec"], n["usage"]
+        t.add_row(n["node"], str(u["input_tokens"] or 0), str(u.get("cached_input_tokens") or 0),
+                  str(u["output_tokens"] or 0), str(s["drafted"] or 0),
+                  str(s["accepted"] or 0), str(s["forced"] or 0), _f(s["alpha"]), _f(s["alpha_free"]),
+                  _f(s["alpha_forced"]), _f(s["tokens_per_pass"]), str(n["steps"]))
+        tot["drafted"] += s["drafted"] or 0
+        tot["accepted"] += s["accepted"] or 0
+        tot["forced"] += s["forced"] or 0
+        tot["passes"] += s["target_passes"] or 0
+        tot["emitted"] += round((s["tokens_per_pass"] or 0) * (s["target_passes"] or 0))
+    free = tot["drafted"] - tot["forced"]
+    t.add_section()
+    t.add_row("all", "", "", "", str(tot["drafted"]), str(tot["accepted"]), str(tot["forced"]),
+              _f(tot["accepted"] / tot["drafted"] if tot["drafted"] else None),
+              _f((tot["accepted"] - tot["forced"]) / free if free > 0 else None),
+              _f(1.0 if tot["forced"] else None),
+              _f(tot["emitted"] / tot["passes"] if tot["passes"] else None), "")
+    return t
+
+
+def stall_table(run: dict[str, Any]) -> Table:
+    st = run["stalls"]
+    t = Table(title=f"where the time went ({run['duration_s']:.2f}s)", title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("s", justify="right")
+    rows = [("some LLM call in the engine", "llm_active_s"), ("only tools running", "tool_only_s"),
+            ("neither (runtime)", "neither_s"), ("nodes waiting on LLM nodes", "waiting_on_llm_s"),
+            ("nodes waiting on tool nodes", "waiting_on_tool_s"), ("LLM calls queued in the engine", "queued_llm_s"),
+            ("tool calls queued", "queued_tool_s"), ("preempted", "preempted_s"), ("tool retry backoff", "tool_backoff_s")]
+    for label, key in rows:
+        t.add_row(label, f"{st[key]:.3f}")
+    return t
+
+
+def output_view(run: dict[str, Any]) -> Panel:
+    if run["status"] == "done":
+        out = run["output"]
+        body = out if isinstance(out, str) else json.dumps(out, indent=2, ensure_ascii=False)
+        return Panel(Text(body), title=f"output of {run['program']}", border_style="green")
+    err = run.get("error") or {}
+    return Panel(Text(str(err.get("message")), style="red"),
+                 title=f"{run['program']} {run['status']}", border_style="red")
+
+
+def _lane(phases: list[dict[str, Any]], t0: float, dt: float, width: int) -> Text:
+    """One character per column: the working phase covering most of it, else the stall phase."""
+    text = Text()
+    for col in range(width):
+        a, b = t0 + col * dt, t0 + (col + 1) * dt
+        cover: dict[str, float] = {}
+        for p in phases:
+            overlap = min(b, p["end"]) - max(a, p["start"])
+            if overlap > 0 or (p["start"] == p["end"] and a <= p["start"] < b):
+                name = p["attributes"]["agentrt.phase"]
+                cover[name] = cover.get(name, 0.0) + max(overlap, 0.0)
+        if not cover:
+            text.append(" ")
+            continue
+        active = {k: v for k, v in cover.items() if k in _ACTIVE}
+        pool = active or cover
+        phase = max(pool, key=pool.get)
+        ch, style = PHASE_STYLE.get(phase, ("?", ""))
+        text.append(ch, style=style)
+    return text
+
+
+def _engine_lanes(steps: list[dict[str, Any]], t0: float, dt: float, width: int) -> tuple[Text, Text]:
+    batch, k = [0] * width, [0] * width
+    for s in steps:
+        first = max(0, int((s["start"] - t0) / dt))
+        last = min(width - 1, int((s["end"] - t0) / dt))
+        for col in range(first, last + 1):
+            batch[col] = max(batch[col], s["batch_size"])
+            k[col] = max(k[col], s.get("max_k", 0))
+
+    def digits(values: list[int], style: str) -> Text:
+        out = Text()
+        for v in values:
+            out.append(" " if v == 0 else str(v) if v < 10 else "+", style=style)
+        return out
+
+    return digits(batch, "bold blue"), digits(k, "bold yellow")
+
+
+def timeline(summary: dict[str, Any], records: list[dict[str, Any]], total_width: int = 120) -> Group:
+    """A lane per node (phase characters), then the engine's batch size and max draft length;
+    labels and lanes together take total_width characters."""
+    runs = summary["runs"]
+    if not runs:
+        return Group(Text("(no program runs in this trace)"))
+    label_w = min(34, max([len("engine batch")] + [len(n["node"]) for r in runs for n in r["nodes"]]) + 2)
+    width = max(20, total_width - label_w)
+    t0 = min(r["start"] for r in runs)
+    t1 = max(r["end"] for r in runs)
+    dt = max(t1 - t0, 1e-6) / width
+    phase_of: dict[str, list[dict[str, Any]]] = {}
+    for rec in records:
+        if rec["type"] == "span" and rec["parent_id"] is not None:
+            phase_of.setdefault(rec["parent_id"], []).append(rec)
+    node_span = {(r["run_id"], r["attributes"].get("agentrt.node")): r["span_id"]
+                 for r in records if r["type"] == "span" and r["parent_id"] is None}
+    lines = [Text(f"{'':<{label_w}}0s{'':>{max(0, width - 2 - len(f'{t1 - t0:.2f}s'))}}{t1 - t0:.2f}s", style="dim")]
+    for run in runs:
+        if len(runs) > 1:
+            lines.append(Text(f"{run['program']} ({run['run_id']})", style="bold"))
+        for n in run["nodes"]:
+            label = n["node"] if len(n["node"]) <= label_w - 1 else "…" + n["node"][-(label_w - 2):]
+            line = Text(f"{label:<{label_w}}", style="red" if n["status"] == "error" else "")
+            line.append_text(_lane(phase_of.get(node_span.get((run["run_id"], n["node"]), ""), []), t0, dt, width))
+            lines.append(line)
+    steps = [r for r in records if r["type"] == "engine_step" and r["end"] >= t0 and r["start"] <= t1]
+    batch, k = _engine_lanes(steps, t0, dt, width)
+    lines.append(Text(f"{'engine batch':<{label_w}}", style="bold").append_text(batch))
+    lines.append(Text(f"{'engine k':<{label_w}}", style="bold").append_text(k))
+    legend = Text("legend: ")
+    for phase, (ch, style) in PHASE_STYLE.items():
+        legend.append(ch, style=style).append(f" {phase}  ")
+    legend.append("engine lanes: max batch size / max drafts per step (blank: idle)", style="dim")
+    lines.append(legend)
+    return Group(*lines)
+
+
+def render_report(console: Console, summary: dict[str, Any], records: list[dict[str, Any]], *,
+                  show_output: bool = True) -> None:
+    """Everything `agentrt run` prints after a run and `agentrt inspect` prints for a trace."""
+    for run in summary["runs"]:
+        if show_output:
+            console.print(output_view(run))
+        console.print(alpha_table(run))
+        console.print(stall_table(run))
+    eng = summary["engine"]
+    console.print(Text(f"engine: {eng['steps']} steps, busy {_f(eng['busy_s'], '{:.2f}')}s, idle "
+                       f"{_f(eng['idle_s'], '{:.2f}')}s, mean batch {_f(eng['mean_batch'])}, "
+                       f"drafted {eng['drafted']}, accepted {eng['accepted']}, α {_f(eng['alpha'])}", style="dim"))
+    console.print(Panel(timeline(summary, records, min(160, console.width - 4)), title="timeline", border_style="dim"))

@@ -1,0 +1,74 @@
+"""An LLM response as the value of its node, by the node's output spec.
+
+Text: the text. JsonSchema: the engine's parsed value; without one (an engine that does not
+constrain decoding), the JSON found in the text. ToolCall: {"name", "arguments"} from the parsed
+call (or from a call the model wrote as JSON text), else {"text"}: the model answered in text.
+ProgramRun.complete() then checks the value against the spec (schema, tool names).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from agentrt.runtime.backend import LLMResponse
+
+_FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
+
+
+class OutputParseError(ValueError):
+    """The model's text holds no JSON value where the node needs one."""
+
+
+def parse_json_text(text: str) -> Any:
+    """The JSON value in a model's text: the whole text, a ```json fenced block, or the first
+    object/array that parses. Raises OutputParseError quoting the start of the text."""
+    stripped = text.strip()
+    candidates = [stripped, *(m.strip() for m in _FENCE.findall(text))]
+    for c in candidates:
+        try:
+            return json.loads(c)
+        except json.JSONDecodeError:
+            pass
+    decoder = json.JSONDecoder()
+    for m in re.finditer(r"[\[{]", text):
+        try:
+            value, _ = decoder.raw_decode(text, m.start())
+            return value
+        except json.JSONDecodeError:
+            continue
+    shown = stripped if len(stripped) <= 80 else stripped[:77] + "..."
+    raise OutputParseError(f"the model's output is not JSON: {shown!r}")
+
+
+def _tool_names(response_format: dict[str, Any]) -> set[str]:
+    return {t.get("function", t).get("name") for t in response_format.get("tools", []) if isinstance(t, dict)}
+
+
+def _call_in_text(response_format: dict[str, Any], text: str) -> dict[str, Any] | None:
+    """A tool call written as JSON text ({"name": tool, "arguments": {...}}), which is how models
+    without a tool-call grammar call tools; None if the text is not exactly that."""
+    try:
+        value = parse_json_text(text)
+    except OutputParseError:
+        return None
+    if isinstance(value, dict) and value.get("name") in _tool_names(response_format) \
+            and isinstance(value.get("arguments"), dict):
+        return {"name": value["name"], "arguments": value["arguments"]}
+    return None
+
+
+def node_value(response_format: dict[str, Any], response: LLMResponse) -> Any:
+    kind = response_format.get("type", "text")
+    if kind == "text":
+        return response.text
+    if kind == "json_schema":
+        if response.parsed is not None:
+            return response.parsed
+        return parse_json_text(response.text)
+    if kind == "tool_call":
+        call = response.parsed
+        if isinstance(call, dict) and call.get("name") is not None:
+            return {"name": call["name"], "arguments": call.get("arguments")}
+        return _call_in_text(response_format, response.text) or {"text": response.text}
+    raise OutputParseError(f"unknown response_format type {kind!r}")

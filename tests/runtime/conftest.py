@@ -1,0 +1,33 @@
+"""Fixtures of the runtime tests: scripted backends (closed after each test) and, for the tests
+that run the examples end to end, the embedded engine loaded once per session."""
+from __future__ import annotations
+
+import pytest
+
+from agentrt.runtime import ScriptedBackend
+
+
+@pytest.fixture
+async def scripted():
+    """scripted(replies, **options) -> a ScriptedBackend stopped at the end of the test."""
+    made: list[ScriptedBackend] = []
+
+    def make(replies=None, **kw) -> ScriptedBackend:
+        kw.setdefault("step_s", 0.001)
+        backend = ScriptedBackend(replies, **kw)
+        made.append(backend)
+        return backend
+
+    yield make
+    for backend in made:
+        await backend.aclose()
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """The embedded SmolLM2-135M behind AsyncEngine, with the template drafter (α split into grammar-forced and free drafts)."""
+    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
+
+    eng = AsyncEngine(LLMEngine(EngineConfig(spec=SpecConfig(drafter="template"))))
+    yield eng
+    eng.close()

@@ -1,0 +1,83 @@
+"""EngineBackend over the embedded engine: per-request step events, the engine lane, usage and α,
+cancellation, bad requests; and the message rendering for plain chat templates."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrt.errors import AgentRTError
+from agentrt.runtime import EngineBackend, LLMRequest, NodeIdentity
+from agentrt.runtime.engine_backend import chat_messages
+
+
+def request(text: str, max_tokens: int = 12, **kw) -> LLMRequest:
+    return LLMRequest(({"role": "user", "content": text},), {"type": "text"}, max_tokens, 0.0,
+                      NodeIdentity("run-1", "prog", "node"), **kw)
+
+
+async def test_steps_usage_and_alpha_reach_the_caller(engine):
+    backend = EngineBackend(engine)
+    events, lane = [], []
+    handles = []
+    unsubscribe = backend.subscribe_steps(lane.append)
+    try:
+        resp = await backend.complete(request("Count from one to ten: one, two,"), on_step=events.append,
+                                      on_start=handles.append)
+    finally:
+        unsubscribe()
+        backend.close()
+    assert resp.finish_reason in ("stop", "length") and resp.error is None and resp.text
+    assert handles == [resp.request_id]
+    assert 0 < resp.usage.output_tokens <= 12 and resp.usage.input_tokens > 0
+    # one prefill step (the prompt fits the token budget), less what the prefix cache held
+    assert events[0].num_new == resp.usage.input_tokens - resp.usage.cached_input_tokens
+    assert all(e.num_new == 1 for e in events[1:])
+    assert [e.step for e in events] == sorted(e.step for e in events)
+    total = resp.spec["total"]
+    # a stop string or EOS can cut the last step's accepted drafts: the stats count what was kept
+    assert sum(e.accepted for e in events[:-1]) <= total["accepted"] <= sum(e.accepted for e in events)
+    assert sum(e.k for e in events) == total["drafted"]
+    assert len(events) == total["target_passes"]
+    assert {e.step for e in events} <= {s.step for s in lane}
+    assert backend._on_engine_step not in engine.engine.step_listeners
+
+
+async def test_cancelling_aborts_the_engine_request(engine):
+    backend = EngineBackend(engine)
+    events, handles = [], []
+    task = asyncio.get_running_loop().create_task(backend.complete(
+        request("Write a long story about a lighthouse.", max_tokens=400), on_step=events.append,
+        on_start=handles.append))
+    while len(events) < 2:
+        await asyncio.sleep(0.01)
+    last_step_at_cancel = engine.engine.step_log[-1].step
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    async with asyncio.timeout(60):
+        while engine.engine.has_work():
+            await asyncio.sleep(0.02)
+    after = [r.step for r in engine.engine.step_log if r.step > last_step_at_cancel and handles[0] in r.request_ids]
+    assert len(after) <= 2  # the abort lands at the next step boundary
+    backend.close()
+
+
+async def test_bad_requests_raise_agentrt_errors(engine):
+    backend = EngineBackend(engine)
+    with pytest.raises(AgentRTError, match="exceeds the context length"):
+        await backend.complete(request("hi", max_tokens=10_000_000))
+    backend.close()
+
+
+def test_tool_call_turns_render_for_plain_templates():
+    messages = (
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function", "function": {"name": "run_query", "arguments": '{"sql": "SELECT 1"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "name": "run_query", "content": "[[1]]"},
+    )
+    out = chat_messages(messages)
+    assert out[1]["content"] == '{"name": "run_query", "arguments": {"sql": "SELECT 1"}}'
+    assert out[1]["tool_calls"] == messages[1]["tool_calls"]  # templates that know tool calls still see them
+    assert out[0] == messages[0] and out[2] == messages[2]

@@ -1,0 +1,120 @@
+"""`agentrt inspect`: the --json summary agrees with the trace it reads, --html is one
+self-contained page, the terminal report shows the α table and timeline."""
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import re
+
+import pytest
+from rich.console import Console
+
+from agentrt.cli import main
+from agentrt.dag import Program
+from agentrt.runtime import Runtime, read_trace
+from agentrt.runtime import cli_inspect
+from agentrt.runtime.summary import STALL_KEYS, summarize
+from agentrt.runtime.terminal import render_report
+from agentrt.tools import tool
+
+
+@tool(retries=1, backoff_s=0.01)
+def fetch(url: str) -> str:
+    """Fetch a page (fails for 'down')."""
+    if url == "down":
+        raise ConnectionError("unreachable")
+    return f"<page {url}>"
+
+
+@pytest.fixture
+async def trace_path(scripted, tmp_path):
+    p = Program("site", inputs={"url": str}, tools=[fetch])
+    page = p.tool("page", "fetch", args={"url": p.input("url")})
+    mirror = p.tool("mirror", "fetch", args={"url": "down"}, fallback="no mirror")
+    p.output(p.llm("summary", prompt="Summarise {page} and {mirror}"))
+    rt = Runtime(scripted({"summary": "one two three four five six"}, k=3, accepted=1), tools=[fetch])
+    runs = [rt.submit(p, {"url": u}) for u in ("a", "b")]
+    for r in runs:
+        assert (await r).status == "done"
+    return rt.trace.write(tmp_path / "site.jsonl")
+
+
+def inspect_json(path, capsys) -> dict:
+    assert cli_inspect.run(argparse.Namespace(trace=str(path), html=None, json=True)) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_inspect_json_agrees_with_the_trace(trace_path, capsys):
+    summary = inspect_json(trace_path, capsys)
+    records = read_trace(trace_path)
+    spans = [r for r in records if r["type"] == "span"]
+    assert [r["run_id"] for r in summary["runs"]] == [r["run_id"] for r in records if r["type"] == "program"]
+    for run in summary["runs"]:
+        assert run["status"] == "done" and run["output"] == "one two three four five six"
+        node_spans = {s["attributes"]["agentrt.node"]: s for s in spans
+                      if s["run_id"] == run["run_id"] and s["parent_id"] is None}
+        assert {n["node"] for n in run["nodes"]} == set(node_spans) == {"page", "mirror", "summary"}
+        for n in run["nodes"]:
+            span = node_spans[n["node"]]
+            assert n["kind"] == span["attributes"]["agentrt.node.kind"] and n["status"] == span["status"]
+            phases: dict[str, float] = {}
+            for s in spans:
+                if s["parent_id"] == span["span_id"]:
+                    phases[s["name"]] = phases.get(s["name"], 0.0) + s["end"] - s["start"]
+            assert n["phases"] == pytest.approx(phases, abs=1e-5)
+            assert sum(n["phases"].values()) == pytest.approx(span["end"] - span["start"], abs=1e-5)
+        summary_node = next(n for n in run["nodes"] if n["node"] == "summary")
+        attrs = node_spans["summary"]["attributes"]
+        assert summary_node["spec"]["drafted"] == attrs["agentrt.spec.drafted"] > 0
+        assert summary_node["spec"]["alpha"] == pytest.approx(attrs["agentrt.spec.accepted"] / attrs["agentrt.spec.drafted"])
+        assert summary_node["spec"]["alpha_free"] == summary_node["spec"]["alpha"]  # nothing forced
+        assert summary_node["spec"]["tokens_per_pass"] == attrs["agentrt.spec.tokens_per_pass"]
+        assert summary_node["usage"] == {"input_tokens": attrs["gen_ai.usage.input_tokens"],
+                                         "cached_input_tokens": attrs["gen_ai.usage.cache_read.input_tokens"],
+                                         "output_tokens": attrs["gen_ai.usage.output_tokens"]}
+        mirror = next(n for n in run["nodes"] if n["node"] == "mirror")
+        assert mirror["status"] == "error" and mirror["attempts"] == 2 and mirror["phases"]["tool_backoff"] > 0
+        stalls = run["stalls"]
+        assert set(stalls) == set(STALL_KEYS)
+        waiting = sum(n["phases"].get("waiting", 0.0) for n in run["nodes"])
+        assert stalls["waiting_on_llm_s"] + stalls["waiting_on_tool_s"] + stalls["waiting_other_s"] == \
+            pytest.approx(waiting, abs=1e-5)
+        assert stalls["waiting_on_tool_s"] == pytest.approx(summary_node["phases"]["waiting"], abs=1e-5)
+        assert stalls["tool_backoff_s"] == pytest.approx(mirror["phases"]["tool_backoff"], abs=1e-5)
+        assert stalls["llm_active_s"] + stalls["tool_only_s"] + stalls["neither_s"] == \
+            pytest.approx(run["duration_s"], abs=1e-5)
+    engine_steps = [r for r in records if r["type"] == "engine_step"]
+    assert summary["engine"]["steps"] == len(engine_steps)
+    assert summary["engine"]["drafted"] == sum(s["drafted"] for s in engine_steps)
+
+
+def test_inspect_html_is_self_contained(trace_path, tmp_path, capsys):
+    out = tmp_path / "view" / "timeline.html"
+    assert cli_inspect.run(argparse.Namespace(trace=str(trace_path), html=str(out), json=False)) == 0
+    page = out.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "</html>" in page
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched from elsewhere
+    assert "<script" not in page
+    for text in ("summary", "mirror", "engine batch", "tool_backoff", "decode"):
+        assert text in page
+    assert "timeline:" in capsys.readouterr().out
+
+
+def test_terminal_report_shows_alpha_table_and_timeline(trace_path):
+    records = read_trace(trace_path)
+    buf = io.StringIO()
+    render_report(Console(file=buf, width=140, color_system=None), summarize(records), records)
+    text = buf.getvalue()
+    for part in ("output of site", "speculation per LLM node", "α free", "tok/pass", "where the time went",
+                 "engine batch", "engine k", "timeline", "summary", "mirror"):
+        assert part in text, part
+    lane = next(line for line in text.splitlines() if "│ mirror" in line).split("mirror", 1)[1]
+    assert "r" in lane and "X" in lane and "T" not in lane  # retried, then failed
+
+
+def test_inspect_cli_reports_bad_traces(tmp_path, capsys):
+    bad = tmp_path / "x.jsonl"
+    bad.write_text("hello\n")
+    assert main(["inspect", str(bad)]) == 2
+    assert "x.jsonl:1: not a JSON line" in capsys.readouterr().err
