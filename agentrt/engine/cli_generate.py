@@ -56,5 +56,5 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {result.error}", file=sys.stderr)
         return 1
     if args.spec != "none" and result is not None:
-        print_spec_summary(result, engine.engine.step_log)
+        print_spec_summary(result)
     return 0

@@ -1,18 +1,28 @@
-"""A short α summary for the terminal."""
+"""A short α summary for the terminal (`agentrt generate --spec ...`)."""
 from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
 
 
-def print_spec_summary(result, step_log=None, console: Console | None = None) -> None:
-    console = console or Console(stderr=True)
+def _fmt(v) -> str:
+    return "-" if v is None else (f"{v:.2f}" if isinstance(v, float) else str(v))
+
+
+def print_spec_summary(result, console: Console | None = None) -> None:
+    if console is None:
+        console = Console(stderr=True)
+        if not console.is_terminal:  # piped: don't wrap the table to 80 columns
+            console = Console(stderr=True, width=140)
+    spec = result.spec or {}
     table = Table(title="speculation")
-    for col in ("drafter", "drafted", "accepted", "α", "tokens/pass", "passes"):
+    for col in ("drafter", "target passes", "drafted", "accepted", "forced", "α", "tokens/pass", "accepted-run histogram"):
         table.add_column(col)
-    for name, st in (result.spec or {}).items():
-        table.add_row(
-            name, str(st.get("drafted", 0)), str(st.get("accepted", 0)),
-            f"{st.get('alpha', 0.0):.2f}", f"{st.get('tokens_per_pass', 0.0):.2f}", str(st.get("target_passes", 0)),
-        )
+    rows = [(name, st) for name, st in spec.get("by_drafter", {}).items()]
+    if len(rows) != 1:
+        rows.append(("total", spec.get("total", {})))
+    for name, st in rows:
+        hist = " ".join(f"{k}:{v}" for k, v in st.get("run_lengths", {}).items())
+        table.add_row(name, _fmt(st.get("target_passes")), _fmt(st.get("drafted")), _fmt(st.get("accepted")),
+                      _fmt(st.get("forced")), _fmt(st.get("alpha")), _fmt(st.get("tokens_per_pass")), hist)
     console.print(table)
