@@ -1,4 +1,5 @@
-"""The bf16 CPU forward of LlamaModel on the C kernels (agentrt/kernels): five calls per layer.
+"""The bf16 CPU forward of LlamaModel on the C kernels (agentrt/kernels): all decoder layers in
+one call (agentrt/kernels/decoder.py), five kernels per layer:
 
     qkv  = linear(h, Wqkv, norm=attn_norm)           rms-norm fused into the projection
     rotary_kv_write(qkv -> q, k_cache, v_cache)      rotary on q and k, K/V into their slots
@@ -7,12 +8,15 @@
     act  = linear(h, Wgate_up, norm=mlp_norm, silu)  SiLU(gate) * up fused
     h    = linear(act, Wdown, residual=h)
 
-Every op rounds to bf16 where the PyTorch path's separate ops do, so the two paths differ by
-float summation order only (tests/engine/test_kernel_forward.py). Used for batches of at most
-KERNEL_MAX_TOKENS tokens (decode, verification, small prefill chunks); larger prefill chunks
-take the PyTorch path, whose oneDNN GEMMs are faster there.
+then the final norm fused into the head. Every op rounds to bf16 where the PyTorch path's
+separate ops do, so the two paths differ by float summation order only
+(tests/engine/test_kernel_forward.py). Used for batches of at most KERNEL_MAX_TOKENS tokens
+(decode, verification, small prefill chunks); larger prefill chunks take the PyTorch path, whose
+oneDNN GEMMs are faster there.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 
@@ -20,11 +24,11 @@ from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput
 from agentrt.engine.models.layers import rms_norm
 from agentrt.kernels.cpu_build import cpu_kernels
+from agentrt.kernels.decoder import Dims, LayerWeights, decoder_layers, layer_table
 from agentrt.kernels.linear import linear
-from agentrt.kernels.paged_attention import paged_attention, rotary_kv_write
 
-# Measured (bench notes in docs/benchmarks.md): the AMX kernel matches oneDNN near 64 rows and
-# falls behind above, while below it reads weights ~1.5x faster and costs far less per call.
+# Measured (docs/benchmarks.md): the AMX kernel matches oneDNN near 64 rows and falls behind
+# above, while below it reads weights ~1.5x faster and costs far less per call.
 KERNEL_MAX_TOKENS = 64
 
 
@@ -41,30 +45,38 @@ def kernel_support(cfg, dtype: torch.dtype, device: torch.device) -> str | None:
     return None
 
 
+class KernelDecoder:
+    """The model's layers as the decoder kernel reads them, with one address table per KV cache."""
+
+    def __init__(self, model):
+        cfg = model.cfg
+        self.dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                         cfg.head_dim, cfg.rms_norm_eps, model.scale)
+        self.layers = [
+            LayerWeights(ly.qkv.kernel, ly.qkv.bias, ly.o.kernel, ly.gate_up.kernel, ly.down.kernel, ly.attn_norm,
+                         ly.mlp_norm)
+            for ly in model.layers
+        ]
+        self._tables: weakref.WeakKeyDictionary[KVCache, torch.Tensor] = weakref.WeakKeyDictionary()
+
+    def table(self, kv: KVCache) -> torch.Tensor:
+        t = self._tables.get(kv)
+        if t is None:
+            t = self._tables[kv] = layer_table(self.layers, kv.k, kv.v)
+        return t
+
+
 def kernel_forward(model, batch: ForwardBatch, kv: KVCache, num_layers: int, return_hidden: bool) -> ForwardOutput:
-    cfg = model.cfg
-    nq, nkv, d, eps = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
-    T = batch.input_ids.shape[0]
-    meta, positions, slots = batch.attn, batch.positions, batch.slot_mapping
+    dec: KernelDecoder = model.kernel_decoder
+    positions, slots, meta = batch.positions, batch.slot_mapping, batch.attn
     if positions.dtype != torch.long or slots.dtype != torch.long:
         raise ValueError(f"positions and slot_mapping must be int64, got {positions.dtype} and {slots.dtype}")
     threads = torch.get_num_threads()
-    dt = model.dtype
-    h = model.embed[batch.input_ids]  # [T, hidden], a fresh tensor: updated in place below
-    qkv = torch.empty(T, (nq + 2 * nkv) * d, dtype=dt)
-    attn = torch.empty(T, nq * d, dtype=dt)
-    act = torch.empty(T, cfg.intermediate_size, dtype=dt)
-    cos, sin = model.rope.cos, model.rope.sin
-    for li, layer in enumerate(model.layers[:num_layers]):
-        kc, vc = kv.k[li], kv.v[li]
-        linear(h, layer.qkv.kernel, norm_weight=layer.attn_norm, eps=eps, bias=layer.qkv.bias, out=qkv, num_threads=threads)
-        rotary_kv_write(qkv, positions, cos, sin, slots, kc, vc, nq, threads)
-        paged_attention(qkv, kc, vc, meta.cu_q, positions, meta.block_tables, meta.block_size, model.scale, nq,
-                        out=attn, num_threads=threads)
-        linear(attn, layer.o.kernel, residual=h, out=h, num_threads=threads)
-        linear(h, layer.gate_up.kernel, norm_weight=layer.mlp_norm, eps=eps, out=act, num_threads=threads)
-        linear(act, layer.down.kernel, residual=h, out=h, num_threads=threads)
+    h = model.embed[batch.input_ids]  # [T, hidden], a fresh tensor: updated in place
+    decoder_layers(dec.table(kv), num_layers, dec.dims, h, positions, model.rope.cos, model.rope.sin, slots,
+                   meta.cu_q, meta.block_tables, meta.block_size, threads)
     if batch.logits_indices is not None:
         h = h[batch.logits_indices]
+    eps = dec.dims.eps
     logits = linear(h, model.lm_head.kernel, norm_weight=model.norm, eps=eps, out_dtype=torch.float32, num_threads=threads)
     return ForwardOutput(logits=logits, hidden=rms_norm(h, model.norm, eps) if return_hidden else None)

@@ -55,21 +55,30 @@ class Linear:
     """y = x W^T (+ b). On CPU in bf16 the weight is pre-packed for oneDNN: PyTorch's plain CPU
     GEMV reads weights at ~10 GB/s, the packed path at 20-34 GB/s (shared notes). With
     `kernel`, it is also packed for the AMX kernel (agentrt/kernels/linear.py), which the bf16
-    kernel forward uses for small batches; `gated` marks a stacked [gate; up] weight there."""
+    kernel forward uses for small batches; `gated` marks a stacked [gate; up] weight there. The
+    oneDNN packing then waits for the first large batch (it costs ~0.3 s of start-up)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False,
                  kernel: bool = False, gated: bool = False):
         self.out_features, self.in_features = weight.shape
         self.weight = weight
         self.bias = bias
-        self.packed = None
-        if pack and _can_pack(weight):
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
+        self._pack = pack and _can_pack(weight)
+        self._packed = None
+        if self._pack and not kernel:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
         self.kernel: PackedWeight | None = pack_weight(weight, gated) if kernel else None
 
+    @property
+    def packed(self) -> torch.Tensor | None:
+        if self._pack and self._packed is None:
+            self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+        return self._packed
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if self.packed is not None:
-            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        packed = self.packed
+        if packed is not None:
+            return torch.ops.mkldnn._linear_pointwise(x, packed, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
 
 

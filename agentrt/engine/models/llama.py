@@ -16,7 +16,7 @@ from agentrt.engine.config import ModelConfig
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.models.attention import AttentionMetadata, paged_attention  # noqa: F401  (re-export)
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F401  (re-export)
-from agentrt.engine.models.kernel_forward import KERNEL_MAX_TOKENS, kernel_forward, kernel_support
+from agentrt.engine.models.kernel_forward import KERNEL_MAX_TOKENS, KernelDecoder, kernel_forward, kernel_support
 from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, rms_norm
 from agentrt.errors import ModelLoadError
 
@@ -62,6 +62,7 @@ class LlamaModel:
         self.scale = cfg.head_dim**-0.5
         self._kernels_packed = kernel
         self.kernels_enabled = kernel
+        self.kernel_decoder = KernelDecoder(self) if kernel else None
 
     @property
     def kernels_enabled(self) -> bool:

@@ -1,0 +1,288 @@
+/* bf16 rotary + KV-cache write and paged attention for a ragged batch of few queries per
+ * sequence (decode and draft verification), on AMX and AVX512.
+ *
+ * Why: the PyTorch path gathers every sequence's context into a padded grid, masks it and runs
+ * two batched matmuls plus permute copies, about 20 small ops per layer; here one call per layer
+ * reads K/V straight from the paged cache through the block table.
+ *
+ * The rounding mirrors the PyTorch reference (agentrt/kernels/attention.py): rotary in bf16 ops
+ * (each product and the sum rounded), q.k rounded to bf16 then scaled in fp32, softmax in fp32,
+ * probabilities rounded to bf16, p.v accumulated in fp32 and rounded once. Dot-product
+ * summation order and exp() differ from ATen's by float rounding only.
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "cpu_common.h"
+
+/* Rotate-half rotary on `heads` heads of one token, in place: x*c + rot(x)*s in bf16 ops. */
+static void rotary_token(bf16 *x, int heads, int d, const float *cos, const float *sin) {
+  int half = d / 2;
+  for (int h = 0; h < heads; h++) {
+    bf16 *v = x + h * d;
+    for (int j = 0; j < half; j++) {
+      float c = bf2f(f2bf(cos[j])), s = bf2f(f2bf(sin[j]));
+      float a = bf2f(v[j]), b = bf2f(v[j + half]);
+      float lo = bf2f(f2bf(a * c)) + bf2f(f2bf(-b * s));
+      float hi = bf2f(f2bf(b * c)) + bf2f(f2bf(a * s));
+      v[j] = f2bf(lo);
+      v[j + half] = f2bf(hi);
+    }
+  }
+}
+
+/* qkv [T, ld]: q (nq heads), k (nkv heads), v (nkv heads), each head d wide, contiguous.
+ * Rotates q and k in place by positions[t] (cos/sin: [P, d/2] fp32), then copies k and v of
+ * token t into row slots[t] of the caches [num_slots, nkv, d]. */
+void agentrt_rotary_kv_write_bf16(bf16 *qkv, int64_t T, int64_t ld, int nq, int nkv, int d,
+                                  const int64_t *positions, const float *cos, const float *sin,
+                                  const int64_t *slots, bf16 *k_cache, bf16 *v_cache,
+                                  int num_threads) {
+  const int64_t kv_row = (int64_t)nkv * d;
+#pragma omp parallel for num_threads(T >= 64 ? num_threads : 1) schedule(static)
+  for (int64_t t = 0; t < T; t++) {
+    bf16 *row = qkv + t * ld;
+    const float *c = cos + positions[t] * (d / 2), *s = sin + positions[t] * (d / 2);
+    rotary_token(row, nq + nkv, d, c, s);
+    memcpy(k_cache + slots[t] * kv_row, row + nq * d, (size_t)kv_row * sizeof(bf16));
+    memcpy(v_cache + slots[t] * kv_row, row + (nq + nkv) * d, (size_t)kv_row * sizeof(bf16));
+  }
+}
+
+#define MAX_D 256
+#define QB 16 /* queries per block: the rows of an AMX tile */
+
+/* In-register transpose of a 16 x 16 fp32 block (r[i] = row i -> r[j] = column j). */
+static inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int i = 0; i < 4; i++) {
+    __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 2]);
+    __m512d c = _mm512_castps_pd(t[4 * i + 1]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, b));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, b));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(c, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(c, d));
+  }
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 4; j++) {
+      t[8 * i + j] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0x88);
+      t[8 * i + j + 4] = _mm512_shuffle_f32x4(r[8 * i + j], r[8 * i + j + 4], 0xDD);
+    }
+  for (int j = 0; j < 8; j++) {
+    r[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0x88);
+    r[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], 0xDD);
+  }
+}
+
+/* Scratch of one (sequence, kv head) task, sized for its context. */
+typedef struct {
+  int64_t *slots; /* [lpad] cache slot of each context position */
+  bf16 *vnni;     /* [lpad / 2][d / 16][16][2]: V as AMX B tiles (key pairs interleaved) */
+  float *scores;  /* [QB][lpad] */
+  bf16 *probs;    /* [QB][lpad] */
+  bf16 *kbuf;     /* [16][MAX_D] K rows copied when the cache cannot be tiled in place */
+  int64_t lpad;   /* context rounded up to 32 */
+} scratch;
+
+/* V rows 0..ctx (zero beyond) as B tiles: row p of chunk c holds keys 2p, 2p+1 of d 16c..16c+15. */
+static void pack_v(const scratch *S, const bf16 *v_cache, int64_t ctx, int64_t kv_row, int64_t head_off, int d) {
+  static const uint16_t interleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                          8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  const __m512i lo = _mm512_loadu_si512(interleave);
+  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+  for (int64_t l = 0; l < S->lpad; l += 2) {
+    const bf16 *r0 = l < ctx ? v_cache + S->slots[l] * kv_row + head_off : NULL;
+    const bf16 *r1 = l + 1 < ctx ? v_cache + S->slots[l + 1] * kv_row + head_off : NULL;
+    for (int c = 0; c < d; c += 32) {
+      __mmask32 m = d - c >= 32 ? 0xffffffffu : 0xffffu; /* d % 16 == 0 */
+      __m512i a = r0 ? _mm512_maskz_loadu_epi16(m, r0 + c) : _mm512_setzero_si512();
+      __m512i b = r1 ? _mm512_maskz_loadu_epi16(m, r1 + c) : _mm512_setzero_si512();
+      bf16 *dst = S->vnni + ((l / 2) * (d / 16) + c / 16) * 32;
+      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
+      if (d - c > 16) _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, hi, b));
+    }
+  }
+}
+
+/* One block of up to QB queries of one (sequence, kv head) against the sequence's context:
+ *   scores = Q . K^T on AMX: K tiles come straight from the paged cache (16 consecutive slots of
+ *     a block; copied when blocks are shorter), Q^T is packed once, each 16 x 16 result is
+ *     transposed so a zmm holds 16 keys of one query;
+ *   softmax per query in fp32 (bf16(q.k) * scale, -inf past its position, probabilities rounded
+ *     to bf16 as the reference does);
+ *   out = P . V on AMX against the packed V tiles. */
+static void attend_block(const scratch *S, const bf16 *const *qrows, const int64_t *qpos, int qb, int d, int64_t ctx,
+                         int64_t block_size, const bf16 *k_cache, int64_t kv_row, int64_t head_off, float scale,
+                         bf16 *const *orows) {
+  const int dpad = (d + 31) / 32 * 32;
+  const int64_t lpad = S->lpad;
+  /* Q^T as B tiles, per 32-wide d chunk: [16 d-pairs][QB queries][2]. */
+  uint32_t qt[MAX_D / 32][16][QB] __attribute__((aligned(64)));
+  memset(qt, 0, sizeof(uint32_t) * (dpad / 32) * 16 * QB);
+  for (int j = 0; j < qb; j++)
+    for (int p = 0; p < d / 2; p++) memcpy(&qt[p / 16][p % 16][j], qrows[j] + 2 * p, 4);
+  const int direct = block_size % 16 == 0 && d % 32 == 0;
+  float tile[16 * QB] __attribute__((aligned(64)));
+  const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
+  for (int64_t l0 = 0; l0 < ctx; l0 += 16) {
+    const bf16 *a;
+    int64_t stride;
+    if (direct) {
+      a = k_cache + S->slots[l0] * kv_row + head_off;
+      stride = kv_row * 2;
+    } else {
+      for (int l = 0; l < 16; l++) {
+        bf16 *row = S->kbuf + l * dpad;
+        memset(row, 0, (size_t)dpad * sizeof(bf16));
+        if (l0 + l < ctx) memcpy(row, k_cache + S->slots[l0 + l] * kv_row + head_off, (size_t)d * sizeof(bf16));
+      }
+      a = S->kbuf;
+      stride = dpad * 2;
+    }
+    _tile_zero(0);
+    for (int c = 0; c < dpad / 32; c++) {
+      _tile_loadd(1, a + c * 32, stride);
+      _tile_loadd(2, qt[c], 64);
+      _tile_dpbf16ps(0, 1, 2);
+    }
+    _tile_stored(0, tile, QB * 4); /* [16 keys][QB queries] */
+    __m512 r[16];
+    for (int l = 0; l < 16; l++) r[l] = _mm512_load_ps(tile + l * QB);
+    transpose16(r); /* r[j]: query j, lanes = keys l0.. */
+    const __m512 keys = _mm512_add_ps(lane, _mm512_set1_ps((float)l0));
+    for (int j = 0; j < qb; j++) {
+      __m512 sj = _mm512_mul_ps(round_bf16(r[j]), vscale);
+      __mmask16 hidden = _mm512_cmp_ps_mask(keys, _mm512_set1_ps((float)qpos[j]), _CMP_GT_OQ);
+      _mm512_storeu_ps(S->scores + j * lpad + l0, _mm512_mask_blend_ps(hidden, sj, ninf));
+    }
+  }
+  const int64_t lctx = (ctx + 15) / 16 * 16;
+  memset(S->probs, 0, sizeof(bf16) * QB * lpad);
+  for (int j = 0; j < qb; j++) {
+    float *row = S->scores + j * lpad;
+    const int64_t n = (qpos[j] / 16 + 1) * 16; /* 16-key groups with a visible key */
+    __m512 mx = ninf;
+    for (int64_t l = 0; l < n; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + l));
+    const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t l = 0; l < n; l += 16) {
+      __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(row + l), vmax));
+      _mm512_storeu_ps(row + l, e);
+      sum = _mm512_add_ps(sum, e);
+    }
+    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+    for (int64_t l = 0; l < n && l < lctx; l += 16)
+      _mm256_storeu_si256((__m256i *)(S->probs + j * lpad + l), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + l), inv)));
+  }
+  /* out = P [QB x lpad] . V, 4 output chunks of 16 d at a time in tiles 3..6 */
+  float otile[16 * 16] __attribute__((aligned(64)));
+  for (int c0 = 0; c0 < d / 16; c0 += 4) {
+    const int nc = d / 16 - c0 < 4 ? d / 16 - c0 : 4;
+    _tile_zero(3);
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    for (int64_t l0 = 0; l0 < lpad; l0 += 32) {
+      _tile_loadd(1, S->probs + l0, lpad * 2);
+      const bf16 *vb = S->vnni + ((l0 / 2) * (d / 16) + c0) * 32;
+      const int64_t vstride = (int64_t)(d / 16) * 64; /* bytes between key pairs */
+      _tile_loadd(2, vb, vstride);
+      _tile_dpbf16ps(3, 1, 2);
+      if (nc > 1) {
+        _tile_loadd(2, vb + 32, vstride);
+        _tile_dpbf16ps(4, 1, 2);
+      }
+      if (nc > 2) {
+        _tile_loadd(2, vb + 64, vstride);
+        _tile_dpbf16ps(5, 1, 2);
+      }
+      if (nc > 3) {
+        _tile_loadd(2, vb + 96, vstride);
+        _tile_dpbf16ps(6, 1, 2);
+      }
+    }
+    for (int c = 0; c < nc; c++) {
+      switch (c) {
+        case 0: _tile_stored(3, otile, 64); break;
+        case 1: _tile_stored(4, otile, 64); break;
+        case 2: _tile_stored(5, otile, 64); break;
+        default: _tile_stored(6, otile, 64); break;
+      }
+      for (int j = 0; j < qb; j++)
+        _mm256_storeu_si256((__m256i *)(orows[j] + 16 * (c0 + c)), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(otile + j * 16)));
+    }
+  }
+}
+
+/* One (sequence, kv head): nqs tokens x g query heads, in blocks of QB queries. */
+static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int64_t t0, int64_t nqs,
+                         const int64_t *positions, int kvh, int g, int nkv, int d, const int64_t *table,
+                         int64_t block_size, const bf16 *k_cache, const bf16 *v_cache, float scale) {
+  const int qn = (int)nqs * g;
+  const int64_t kv_row = (int64_t)nkv * d, head_off = (int64_t)kvh * d;
+  int64_t ctx = 0;
+  for (int64_t i = 0; i < nqs; i++)
+    if (positions[t0 + i] + 1 > ctx) ctx = positions[t0 + i] + 1;
+  static __thread scratch_buf bufs[5];
+  scratch S;
+  S.lpad = (ctx + 31) / 32 * 32;
+  S.slots = (int64_t *)scratch_get(&bufs[0], (size_t)S.lpad * sizeof(int64_t));
+  S.vnni = (bf16 *)scratch_get(&bufs[1], (size_t)S.lpad * d * sizeof(bf16));
+  S.scores = (float *)scratch_get(&bufs[2], (size_t)QB * S.lpad * sizeof(float));
+  S.probs = (bf16 *)scratch_get(&bufs[3], (size_t)QB * S.lpad * sizeof(bf16));
+  S.kbuf = (bf16 *)scratch_get(&bufs[4], 16 * MAX_D * sizeof(bf16));
+  /* Positions past ctx up to the block's end are still this sequence's slots (K tiles read
+   * whole 16-slot runs); past the last block they are never read. */
+  const int64_t nblocks = (ctx + block_size - 1) / block_size;
+  for (int64_t l = 0, blk = 0; l < S.lpad; blk++) {
+    const int64_t base = blk < nblocks ? table[blk] * block_size : 0;
+    for (int64_t o = 0; o < block_size && l < S.lpad; o++, l++) S.slots[l] = blk < nblocks ? base + o : 0;
+  }
+  pack_v(&S, v_cache, ctx, kv_row, head_off, d);
+  for (int i0 = 0; i0 < qn; i0 += QB) {
+    const int qb = qn - i0 < QB ? qn - i0 : QB;
+    const bf16 *qrows[QB];
+    bf16 *orows[QB];
+    int64_t qpos[QB];
+    int64_t bctx = 0;
+    for (int j = 0; j < qb; j++) { /* query i: token i / g, head kvh * g + i % g */
+      const int i = i0 + j;
+      const int64_t head = (int64_t)kvh * g + i % g;
+      qrows[j] = q + (t0 + i / g) * ldq + head * d;
+      orows[j] = out + (t0 + i / g) * ldo + head * d;
+      qpos[j] = positions[t0 + i / g];
+      if (qpos[j] + 1 > bctx) bctx = qpos[j] + 1;
+    }
+    attend_block(&S, qrows, qpos, qb, d, bctx, block_size, k_cache, kv_row, head_off, scale, orows);
+  }
+}
+
+/* out[t, nq*d] = attention of q[t] (rows of stride ldq, head h at h*d) over its sequence's
+ * cached context. Sequence b owns tokens cu_q[b]..cu_q[b+1] and block table row b
+ * (block_tables + b*bt_stride); a token at position p attends to positions 0..p. d % 16 == 0. */
+void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const int64_t *cu_q,
+                                  const int64_t *positions, const int64_t *block_tables,
+                                  int64_t bt_stride, int64_t block_size, const bf16 *k_cache,
+                                  const bf16 *v_cache, int nq, int nkv, int d, float scale,
+                                  bf16 *out, int64_t ldo, int num_threads) {
+  const int g = nq / nkv;
+  const int64_t tasks = B * nkv;
+#pragma omp parallel num_threads(tasks < num_threads ? (int)tasks : num_threads)
+  {
+    configure_tiles();
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; task++) {
+      int64_t b = task / nkv;
+      int kvh = (int)(task % nkv);
+      attend_group(q, ldq, out, ldo, cu_q[b], cu_q[b + 1] - cu_q[b], positions, kvh, g, nkv, d,
+                   block_tables + b * bt_stride, block_size, k_cache, v_cache, scale);
+    }
+    _tile_release();
+  }
+}

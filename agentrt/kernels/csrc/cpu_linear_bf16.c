@@ -1,0 +1,223 @@
+/* bf16 linear layers on Intel AMX: y = epilogue(norm(x) W^T + bias).
+ *
+ * Why: a decode or verification step multiplies a few rows by every weight once, so it is
+ * bound by reading the weights. oneDNN's packed GEMV reaches ~16 GB/s here with a large fixed
+ * cost per call, and AVX512 vdpbf16ps issues only every other cycle on this CPU. An AMX tile
+ * multiply takes 16 rows of x and 1 KB of weights at once: a step reads each weight once at
+ * memory speed whether it feeds 1 row or 16, which keeps verifying drafts nearly free.
+ *
+ * The rounding mirrors the PyTorch reference path (agentrt/kernels/linear.py) step by step:
+ * accumulate in fp32, round to bf16, then each epilogue op in fp32 followed by a bf16 rounding,
+ * as the separate bf16 torch ops do. Only the summation order of the dot products differs.
+ *
+ * Packed weight layout (agentrt/kernels/linear.py:pack_weight): [units][K32 / 2][16][2] bf16,
+ * K32 = K rounded up to 32, one unit = 16 output rows (zero padded): each 1 KB run of 16 k-pairs
+ * is an AMX B tile. For the SiLU-gated epilogue, units alternate gate/up (unit 2i: gate rows
+ * 16i.., unit 2i+1: the matching up rows).
+ */
+#include <immintrin.h>
+#include <math.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "cpu_common.h"
+
+#define EPI_NONE 0
+#define EPI_RESIDUAL 1 /* y = bf16(res + bf16(acc)) */
+#define EPI_SILU_MUL 2 /* y = bf16(bf16(silu(bf16(acc_gate))) * bf16(acc_up)) */
+
+#define NB 4 /* units (C tiles) per pass over a k range */
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* Linux hands out AMX state only to processes that ask. Returns 0 when AMX may be used. */
+int agentrt_amx_init(void) {
+  return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+}
+
+#ifndef PREFETCH_CHUNKS
+#define PREFETCH_CHUNKS 4
+#endif
+/* Ask for a weight tile PREFETCH_CHUNKS k-chunks ahead: AMX tile loads stall on memory. */
+static inline void prefetch_tile(const bf16 *p) {
+  const char *c = (const char *)p;
+  for (int i = 0; i < 1024; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
+}
+
+/* The reference rms_norm: bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))). */
+static void rms_norm_row(const bf16 *x, const bf16 *w, int64_t K, float eps, bf16 *out) {
+  float ss = 0.f;
+  for (int64_t k = 0; k < K; k++) {
+    float v = bf2f(x[k]);
+    ss += v * v;
+  }
+  float r = 1.0f / sqrtf(ss / (float)K + eps);
+  for (int64_t k = 0; k < K; k++) out[k] = f2bf(bf2f(w[k]) * bf2f(f2bf(bf2f(x[k]) * r)));
+}
+
+/* Write rows [0, mt) of the accumulators acc[b][16 rows][16] for units u0..u0+nb. */
+static void store_tile(const float *acc, int mt, int64_t u0, int nb, int64_t N, const bf16 *bias,
+                       int epilogue, const bf16 *res, int64_t ldr, void *y, int64_t ldy, int out_f32) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int m = 0; m < mt; m++) {
+    if (epilogue == EPI_SILU_MUL) {
+      for (int b = 0; b + 1 < nb; b += 2) {
+        int64_t n0 = ((u0 + b) / 2) * 16;
+        __mmask16 k = N - n0 >= 16 ? 0xffff : (__mmask16)((1u << (N - n0)) - 1);
+        __m512 g = round_bf16(_mm512_loadu_ps(acc + (b * 16 + m) * 16));
+        __m512 u = round_bf16(_mm512_loadu_ps(acc + ((b + 1) * 16 + m) * 16));
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        store_bf16((bf16 *)y + m * ldy + n0, _mm512_mul_ps(round_bf16(s), u), k);
+      }
+      continue;
+    }
+    for (int b = 0; b < nb; b++) {
+      int64_t n0 = (u0 + b) * 16;
+      if (n0 >= N) break;
+      __mmask16 k = N - n0 >= 16 ? 0xffff : (__mmask16)((1u << (N - n0)) - 1);
+      __m512 v = _mm512_loadu_ps(acc + (b * 16 + m) * 16);
+      if (bias) v = _mm512_add_ps(v, load_bf16(bias + n0, k));
+      if (epilogue == EPI_RESIDUAL) v = _mm512_add_ps(load_bf16(res + m * ldr + n0, k), round_bf16(v));
+      if (out_f32)
+        _mm512_mask_storeu_ps((float *)y + m * ldy + n0, k, round_bf16(v));
+      else
+        store_bf16((bf16 *)y + m * ldy + n0, v, k);
+    }
+  }
+}
+
+/* y[M, N] = epilogue(norm(x)[M, K] W^T + bias).
+ * w: packed weight of `units` 16-row units; N: output columns (for EPI_SILU_MUL the gated width,
+ * half the packed rows). norm_w: rms-norm weight applied to x first, or NULL. res may alias y
+ * (each element is read, then written, by one thread). out_f32: write fp32 (bf16-rounded) values. */
+void agentrt_linear_bf16(const bf16 *w, int64_t units, int64_t N, int64_t K, const bf16 *x,
+                         int64_t M, int64_t ldx, const bf16 *norm_w, float eps, const bf16 *bias,
+                         int epilogue, const bf16 *res, int64_t ldr, void *y, int64_t ldy,
+                         int out_f32, int num_threads) {
+  /* x, normed or not, copied into zero-padded [M16, K32] so every A tile load is full. */
+  const int64_t K32 = (K + 31) / 32 * 32, M16 = (M + 15) / 16 * 16;
+  static __thread scratch_buf xbuf;
+  bf16 *xp = (bf16 *)scratch_get(&xbuf, (size_t)(M16 * K32) * sizeof(bf16));
+  memset(xp, 0, (size_t)(M16 * K32) * sizeof(bf16));
+  for (int64_t m = 0; m < M; m++) {
+    if (norm_w)
+      rms_norm_row(x + m * ldx, norm_w, K, eps, xp + m * K32);
+    else
+      memcpy(xp + m * K32, x + m * ldx, (size_t)K * sizeof(bf16));
+  }
+  const int64_t kchunks = K32 / 32, unit_elems = K32 * 16;
+  const int64_t step = epilogue == EPI_SILU_MUL ? 2 : 1; /* units that must stay together */
+  const int64_t groups = units / step;
+#pragma omp parallel num_threads(num_threads)
+  {
+    int nt = omp_get_num_threads(), t = omp_get_thread_num();
+    int64_t u_begin = groups * t / nt * step, u_end = groups * (t + 1) / nt * step;
+    float acc[NB * 16 * 16] __attribute__((aligned(64)));
+    configure_tiles();
+    for (int64_t u = u_begin; u < u_end; u += NB) {
+      int nb = (int)(u_end - u < NB ? u_end - u : NB);
+      const bf16 *wu = w + u * unit_elems;
+      int64_t m0 = 0;
+      /* Pairs of 16-row blocks against 2 units at a time: each weight tile loaded once feeds 32 rows. */
+      for (; M - m0 > 16; m0 += 32) {
+        const bf16 *xa = xp + m0 * K32;
+        for (int b0 = 0; b0 < nb; b0 += 2) {
+          int two = nb - b0 > 1;
+          const bf16 *wb = wu + b0 * unit_elems;
+          _tile_zero(0);
+          _tile_zero(1);
+          _tile_zero(2);
+          _tile_zero(3);
+          for (int64_t kc = 0; kc < kchunks; kc++) {
+            _tile_loadd(4, xa + kc * 32, K32 * 2);
+            _tile_loadd(5, xa + 16 * K32 + kc * 32, K32 * 2);
+            if (kc + PREFETCH_CHUNKS < kchunks) {
+              prefetch_tile(wb + (kc + PREFETCH_CHUNKS) * 512);
+              if (two) prefetch_tile(wb + unit_elems + (kc + PREFETCH_CHUNKS) * 512);
+            }
+            _tile_loadd(6, wb + kc * 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(2, 5, 6);
+            if (two) {
+              _tile_loadd(7, wb + unit_elems + kc * 512, 64);
+              _tile_dpbf16ps(1, 4, 7);
+              _tile_dpbf16ps(3, 5, 7);
+            }
+          }
+          /* acc[b][row][16]: rows 0..15 of block 0 in units b0, b0+1, then block 1. */
+          _tile_stored(0, acc, 64);
+          _tile_stored(1, acc + 256, 64);
+          _tile_stored(2, acc + 512, 64);
+          _tile_stored(3, acc + 768, 64);
+          int mt = (int)(M - m0 - 16 < 16 ? M - m0 - 16 : 16);
+          for (int half = 0; half < 2; half++) {
+            int64_t r0 = m0 + 16 * half;
+            char *yrow = (char *)y + r0 * ldy * (out_f32 ? 4 : 2);
+            store_tile(acc + half * 512, half ? mt : 16, u + b0, two ? 2 : 1, N, bias, epilogue,
+                       res ? res + r0 * ldr : NULL, ldr, yrow, ldy, out_f32);
+          }
+        }
+      }
+      /* At most 16 rows left: one x tile against up to 4 units. */
+      if (m0 < M) {
+        const bf16 *xa = xp + m0 * K32;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kc = 0; kc < kchunks; kc++) {
+          _tile_loadd(4, xa + kc * 32, K32 * 2);
+          const bf16 *wk = wu + kc * 512;
+          if (kc + PREFETCH_CHUNKS < kchunks)
+            for (int b = 0; b < nb; b++) prefetch_tile(wk + b * unit_elems + PREFETCH_CHUNKS * 512);
+          _tile_loadd(5, wk, 64);
+          _tile_dpbf16ps(0, 4, 5);
+          if (nb > 1) {
+            _tile_loadd(6, wk + unit_elems, 64);
+            _tile_dpbf16ps(1, 4, 6);
+          }
+          if (nb > 2) {
+            _tile_loadd(7, wk + 2 * unit_elems, 64);
+            _tile_dpbf16ps(2, 4, 7);
+          }
+          if (nb > 3) {
+            _tile_loadd(5, wk + 3 * unit_elems, 64);
+            _tile_dpbf16ps(3, 4, 5);
+          }
+        }
+        _tile_stored(0, acc, 64);
+        _tile_stored(1, acc + 256, 64);
+        _tile_stored(2, acc + 512, 64);
+        _tile_stored(3, acc + 768, 64);
+        int mt = (int)(M - m0 < 16 ? M - m0 : 16);
+        char *yrow = (char *)y + m0 * ldy * (out_f32 ? 4 : 2);
+        store_tile(acc, mt, u, nb, N, bias, epilogue, res ? res + m0 * ldr : NULL, ldr, yrow, ldy,
+                   out_f32);
+      }
+    }
+    _tile_release();
+  }
+}
+
+/* Pack w ([groups * n, K] bf16, row stride ldw) into the layout above: units of 16 rows of each
+ * group side by side (unit u * groups + g holds rows 16u.. of group g), K padded to K32 = ceil32(K),
+ * rows padded to a multiple of 16, padding zero. dst: [ceil(n / 16) * groups][K32 / 2][16][2]. */
+void agentrt_pack_weight_bf16(const bf16 *w, int64_t ldw, int64_t n, int64_t K, int64_t groups,
+                              bf16 *dst, int num_threads) {
+  const int64_t K32 = (K + 31) / 32 * 32, units = (n + 15) / 16;
+#pragma omp parallel for num_threads(num_threads) schedule(static)
+  for (int64_t ug = 0; ug < units * groups; ug++) {
+    const int64_t u = ug / groups, g = ug % groups;
+    bf16 *out = dst + ug * K32 * 16;
+    for (int64_t kp = 0; kp < K32 / 2; kp++)
+      for (int r = 0; r < 16; r++) {
+        const int64_t row = u * 16 + r;
+        for (int i = 0; i < 2; i++) {
+          const int64_t k = 2 * kp + i;
+          out[(kp * 16 + r) * 2 + i] = row < n && k < K ? w[(g * n + row) * ldw + k] : 0;
+        }
+      }
+  }
+}

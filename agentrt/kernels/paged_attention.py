@@ -1,0 +1,110 @@
+"""Rotary + KV-cache write and paged attention over a ragged batch, in bf16: the C kernels
+(csrc/cpu_attention_bf16.c), pure-PyTorch references, and the dispatchers.
+
+Ragged layout: sequence b owns tokens cu_q[b]..cu_q[b+1] of the flat batch and row b of
+`block_tables`; cache slot of its context position l = table[l // block_size] * block_size +
+l % block_size. A token at position p attends to positions 0..p of its own sequence.
+"""
+from __future__ import annotations
+
+import torch
+
+from agentrt.kernels.cpu_build import cpu_kernels
+
+
+def _lib():
+    lib = cpu_kernels()
+    if lib is None:
+        raise RuntimeError("the CPU attention kernels are not available on this machine (see agentrt.kernels.cpu_build)")
+    return lib
+
+
+def rotate_reference(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x [T, heads, d]; cos, sin [T, 1, d] in x's dtype (halves repeated: rotate-half layout)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+def rotary_kv_write_reference(
+    qkv: torch.Tensor,  # [T, (nq + 2 nkv) d], updated in place (q and k rotated)
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [P, d/2] fp32
+    sin: torch.Tensor,  # [P, d/2] fp32
+    slots: torch.Tensor,  # [T] int64
+    k_cache: torch.Tensor,  # [num_slots, nkv, d]
+    v_cache: torch.Tensor,  # [num_slots, nkv, d]
+    nq: int,
+) -> None:
+    T = qkv.shape[0]
+    nkv, d = k_cache.shape[1], k_cache.shape[2]
+    c = torch.cat([cos[positions]] * 2, dim=-1).unsqueeze(1).to(qkv.dtype)  # [T, 1, d]
+    s = torch.cat([sin[positions]] * 2, dim=-1).unsqueeze(1).to(qkv.dtype)
+    qk = qkv[:, : (nq + nkv) * d].view(T, nq + nkv, d)
+    qk.copy_(rotate_reference(qk, c, s))
+    k_cache.index_copy_(0, slots, qk[:, nq:])
+    v_cache.index_copy_(0, slots, qkv[:, (nq + nkv) * d :].reshape(T, nkv, d))
+
+
+def rotary_kv_write(qkv, positions, cos, sin, slots, k_cache, v_cache, nq: int, num_threads: int | None = None) -> None:
+    """The kernel of rotary_kv_write_reference (same arguments, all contiguous, bf16 qkv/caches)."""
+    nkv, d = k_cache.shape[1], k_cache.shape[2]
+    _lib().agentrt_rotary_kv_write_bf16(
+        qkv.data_ptr(), qkv.shape[0], qkv.stride(0), nq, nkv, d, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), num_threads or torch.get_num_threads(),
+    )
+
+
+def paged_attention_reference(
+    q: torch.Tensor,  # [T, nq, d], rotary applied
+    k_cache: torch.Tensor,  # [num_slots, nkv, d]
+    v_cache: torch.Tensor,
+    cu_q: torch.Tensor,  # [B + 1] int64
+    positions: torch.Tensor,  # [T] int64
+    block_tables: torch.Tensor,  # [B, max_blocks] int64
+    block_size: int,
+    scale: float,
+) -> torch.Tensor:  # [T, nq, d]
+    nq, nkv = q.shape[1], k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(cu_q.numel() - 1):
+        t0, t1 = int(cu_q[b]), int(cu_q[b + 1])
+        pos = positions[t0:t1]
+        ctx = int(pos.max()) + 1
+        offs = torch.arange(ctx)
+        slots = block_tables[b, offs // block_size] * block_size + offs % block_size
+        k = k_cache[slots].repeat_interleave(nq // nkv, dim=1)  # [ctx, nq, d]
+        v = v_cache[slots].repeat_interleave(nq // nkv, dim=1)
+        scores = torch.matmul(q[t0:t1].transpose(0, 1), k.permute(1, 2, 0)).float() * scale  # [nq, n, ctx]
+        scores.masked_fill_(offs.view(1, 1, ctx) > pos.view(1, -1, 1), float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        out[t0:t1] = torch.matmul(probs, v.transpose(0, 1)).transpose(0, 1)  # [n, nq, d]
+    return out
+
+
+def paged_attention(
+    q: torch.Tensor,  # [T, nq * d] or [T, nq, d]; rows may be strided (a view into qkv)
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    cu_q: torch.Tensor,
+    positions: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    scale: float,
+    nq: int,
+    out: torch.Tensor | None = None,  # [T, nq * d] bf16
+    num_threads: int | None = None,
+) -> torch.Tensor:  # [T, nq * d]
+    """The kernel of paged_attention_reference; needs head_dim % 16 == 0 and <= 256."""
+    T = q.shape[0]
+    nkv, d = k_cache.shape[1], k_cache.shape[2]
+    if d % 16 or d > 256 or nq % nkv:
+        raise ValueError(f"paged_attention kernel: head_dim {d} must be a multiple of 16 up to 256, heads {nq} a multiple of {nkv}")
+    if out is None:
+        out = torch.empty(T, nq * d, dtype=q.dtype, device=q.device)
+    _lib().agentrt_paged_attention_bf16(
+        q.data_ptr(), q.stride(0), cu_q.numel() - 1, cu_q.data_ptr(), positions.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), block_size, k_cache.data_ptr(), v_cache.data_ptr(), nq, nkv, d, scale,
+        out.data_ptr(), out.stride(0), num_threads or torch.get_num_threads(),
+    )
+    return out

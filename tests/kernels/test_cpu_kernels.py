@@ -1,0 +1,180 @@
+"""The C kernels (agentrt/kernels/csrc) against their PyTorch references, on bf16 tensors of odd
+shapes. The kernels reproduce the references' bf16 rounding op by op, so only dot-product
+summation order may differ: outputs agree bit for bit except at rounding ties (bound: 1 bf16 ulp
+of the output for linear layers; attention's exp() adds at most a few ulps)."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrt.kernels.cpu_build import cpu_kernels, unsupported_reason
+from agentrt.kernels.linear import linear, linear_reference, pack_weight
+from agentrt.kernels.paged_attention import (
+    paged_attention,
+    paged_attention_reference,
+    rotary_kv_write,
+    rotary_kv_write_reference,
+)
+
+pytestmark = pytest.mark.skipif(unsupported_reason() is not None, reason=f"CPU kernels cannot run here: {unsupported_reason()}")
+
+
+def test_kernels_build_and_load_where_supported():
+    assert cpu_kernels() is not None  # a supported machine whose build failed: see the log for the compiler error
+
+
+def _ulps(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Distance in bf16 units in the last place (same-sign finite values)."""
+    ia = a.to(torch.bfloat16).view(torch.int16).int()
+    ib = b.to(torch.bfloat16).view(torch.int16).int()
+    return (ia - ib).abs()
+
+
+def _bf16(*shape, g, scale=1.0):
+    return (torch.randn(*shape, generator=g) * scale).bfloat16()
+
+
+@pytest.mark.parametrize("M", [1, 5, 16, 17, 33])
+@pytest.mark.parametrize("N,K", [(64, 64), (200, 72), (960, 576), (33, 31)])
+def test_linear_plain_matches_reference(M, N, K):
+    g = torch.Generator().manual_seed(M * 1000 + N + K)
+    w, x = _bf16(N, K, g=g, scale=0.1), _bf16(M, K, g=g)
+    out = linear(x, pack_weight(w), num_threads=2)
+    ref = linear_reference(x, w)
+    assert out.shape == (M, N)
+    ulps = _ulps(out, ref)
+    assert ulps.max() <= 1
+    assert (ulps == 0).float().mean() > 0.97
+
+
+@pytest.mark.parametrize("M", [1, 7, 20])
+def test_linear_norm_bias_residual_and_strided_input(M):
+    g = torch.Generator().manual_seed(M)
+    N, K = 96, 80
+    w, bias, nw = _bf16(N, K, g=g, scale=0.1), _bf16(N, g=g), _bf16(K, g=g)
+    big = _bf16(M, 2 * K, g=g)
+    x = big[:, :K]  # strided rows, as a view into a wider buffer
+    h = _bf16(M, N, g=g)
+    ref = linear_reference(x, w, norm_weight=nw, eps=1e-5, bias=bias, residual=h)
+    out = linear(x, pack_weight(w), norm_weight=nw, eps=1e-5, bias=bias, residual=h, out=h)  # in place
+    assert out.data_ptr() == h.data_ptr()
+    assert _ulps(out, ref).max() <= 2  # the residual add may inherit one tie flip
+    assert torch.allclose(out.float(), ref.float(), rtol=2**-7, atol=2**-7)
+
+
+@pytest.mark.parametrize("M", [1, 9, 18])
+def test_linear_silu_gated(M):
+    g = torch.Generator().manual_seed(M + 7)
+    inter, K = 72, 64  # 72 = not a multiple of 16: a padded unit pair
+    w, x, nw = _bf16(2 * inter, K, g=g, scale=0.2), _bf16(M, K, g=g), _bf16(K, g=g)
+    out = linear(x, pack_weight(w, gated=True), norm_weight=nw, eps=1e-6)
+    ref = linear_reference(x, w, norm_weight=nw, eps=1e-6, gated=True)
+    assert out.shape == (M, inter)
+    assert torch.allclose(out.float(), ref.float(), rtol=2**-6, atol=2**-8)
+
+
+def test_linear_fp32_output_is_the_rounded_bf16_value():
+    g = torch.Generator().manual_seed(3)
+    w, x = _bf16(500, 64, g=g), _bf16(3, 64, g=g)
+    out = linear(x, pack_weight(w), out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert torch.equal(out, out.bfloat16().float())
+    assert _ulps(out, linear_reference(x, w)).max() <= 1
+
+
+def test_linear_rejects_mismatched_input():
+    w = pack_weight(torch.zeros(32, 64, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match=r"\[M, 64\]"):
+        linear(torch.zeros(2, 48, dtype=torch.bfloat16), w)
+    with pytest.raises(ValueError, match="2-D bf16"):
+        pack_weight(torch.zeros(32, 64))
+
+
+def _paged_setup(g, lens, nq, nkv, d, block_size=4, num_blocks=64):
+    """A cache with shuffled blocks holding random K/V for sequences of the given context lengths."""
+    slots = num_blocks * block_size
+    kc, vc = _bf16(slots, nkv, d, g=g), _bf16(slots, nkv, d, g=g)
+    perm = torch.randperm(num_blocks, generator=g)
+    max_blocks = max((n + block_size - 1) // block_size for n in lens)
+    tables = torch.zeros(len(lens), max_blocks, dtype=torch.long)
+    used = 0
+    for b, n in enumerate(lens):
+        nb = (n + block_size - 1) // block_size
+        tables[b, :nb] = perm[used : used + nb]
+        used += nb
+    return kc, vc, tables
+
+
+@pytest.mark.parametrize("d,nq,nkv", [(16, 4, 2), (64, 9, 3), (32, 4, 4)])
+def test_paged_attention_matches_reference(d, nq, nkv):
+    g = torch.Generator().manual_seed(d + nq)
+    ctx = [5, 40, 17, 1]  # context after the step
+    new = [1, 17, 3, 1]  # queries per sequence (decode, verification)
+    kc, vc, tables = _paged_setup(g, ctx, nq, nkv, d)
+    positions = torch.cat([torch.arange(c - n, c) for c, n in zip(ctx, new)])
+    cu_q = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.long)
+    qkv = _bf16(positions.numel(), 2 * nq * d, g=g)  # q as a strided view, as in the model
+    q = qkv[:, : nq * d]
+    out = paged_attention(q, kc, vc, cu_q, positions, tables, 4, d**-0.5, nq)
+    ref = paged_attention_reference(q.reshape(-1, nq, d), kc, vc, cu_q, positions, tables, 4, d**-0.5)
+    assert torch.allclose(out.float(), ref.reshape(-1, nq * d).float(), rtol=2**-6, atol=2**-7)
+
+
+def test_rotary_kv_write_is_bit_identical_to_reference():
+    g = torch.Generator().manual_seed(5)
+    nq, nkv, d, T = 4, 2, 32, 6
+    cos, sin = torch.randn(100, d // 2, generator=g), torch.randn(100, d // 2, generator=g)
+    positions = torch.tensor([0, 7, 8, 50, 99, 3])
+    slots = torch.tensor([10, 3, 4, 20, 31, 0])
+    qkv = _bf16(T, (nq + 2 * nkv) * d, g=g)
+    caches = [torch.zeros(32, nkv, d, dtype=torch.bfloat16) for _ in range(4)]
+    ref_qkv = qkv.clone()
+    rotary_kv_write_reference(ref_qkv, positions, cos, sin, slots, caches[0], caches[1], nq)
+    rotary_kv_write(qkv, positions, cos, sin, slots, caches[2], caches[3], nq)
+    assert torch.equal(qkv, ref_qkv)
+    assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
+
+
+@pytest.mark.parametrize("gated", [False, True])
+@pytest.mark.parametrize("N,K", [(64, 64), (200, 72), (34, 31)])
+def test_c_packer_matches_the_torch_layout(N, K, gated):
+    from agentrt.kernels.linear import _units
+
+    w = _bf16(N, K, g=torch.Generator().manual_seed(N + K))
+    k32 = (K + 31) // 32 * 32
+    assert torch.equal(pack_weight(w, gated).data, _units(w, k32, 2 if gated else 1).view(-1, k32 // 2, 16, 2))
+
+
+def test_decoder_stack_matches_the_composed_references():
+    from agentrt.kernels.decoder import Dims, LayerWeights, decoder_layers, decoder_layers_reference, layer_table
+
+    g = torch.Generator().manual_seed(11)
+    hidden, inter, nq, nkv, d, bs = 64, 96, 4, 2, 16, 4
+    dims = Dims(hidden, inter, nq, nkv, d, 1e-6, d**-0.5)
+    layers = []
+    for _ in range(2):
+        plain = {"qkv": _bf16((nq + 2 * nkv) * d, hidden, g=g, scale=0.1), "o": _bf16(hidden, nq * d, g=g, scale=0.1),
+                 "gate_up": _bf16(2 * inter, hidden, g=g, scale=0.1), "down": _bf16(hidden, inter, g=g, scale=0.1)}
+        w = LayerWeights(pack_weight(plain["qkv"]), _bf16((nq + 2 * nkv) * d, g=g), pack_weight(plain["o"]),
+                         pack_weight(plain["gate_up"], gated=True), pack_weight(plain["down"]),
+                         _bf16(hidden, g=g) + 1, _bf16(hidden, g=g) + 1)
+        layers.append((w, plain))
+    ctx, new = [9, 20], [2, 5]
+    kc, vc, tables = _paged_setup(g, ctx, nq, nkv, d, block_size=bs)
+    caches = [(kc.clone(), vc.clone()) for _ in layers]
+    ref_caches = [(kc.clone(), vc.clone()) for _ in layers]
+    positions = torch.cat([torch.arange(c - n, c) for c, n in zip(ctx, new)])
+    slots = torch.stack([tables[b, p // bs] * bs + p % bs for b, (c, n) in enumerate(zip(ctx, new))
+                         for p in range(c - n, c)])
+    cu_q = torch.tensor([0, 2, 7])
+    cos, sin = torch.randn(64, d // 2, generator=g), torch.randn(64, d // 2, generator=g)
+    h = _bf16(7, hidden, g=g)
+    ref = decoder_layers_reference(layers, [c[0] for c in ref_caches], [c[1] for c in ref_caches], dims, h.clone(),
+                                   positions, cos, sin, slots, cu_q, tables, bs)
+    table = layer_table([w for w, _ in layers], [c[0] for c in caches], [c[1] for c in caches])
+    out = decoder_layers(table, 2, dims, h, positions, cos, sin, slots, cu_q, tables, bs)
+    assert out.data_ptr() == h.data_ptr()
+    assert torch.allclose(out.float(), ref.float(), rtol=2**-5, atol=2**-5)
+    for (k, v), (rk, rv) in zip(caches, ref_caches):  # every layer wrote the same K/V, up to rounding
+        assert torch.allclose(k.float(), rk.float(), rtol=2**-5, atol=2**-5)
+        assert torch.allclose(v.float(), rv.float(), rtol=2**-5, atol=2**-5)
