@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import sys
 
 # bench name -> module. Each module has add_arguments(parser) (optional) and run(args) -> BenchResult.
 BENCHES = {
@@ -21,6 +22,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     p.add_argument("--model", default="smollm2-135m-instruct")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    # The bench's own options (only the named bench's module is imported).
+    argv = sys.argv[sys.argv.index("bench") + 1 :] if "bench" in sys.argv else []
+    name = next((a for a in argv if not a.startswith("-")), None)
+    if name in BENCHES:
+        extra = getattr(importlib.import_module(BENCHES[name]), "add_arguments", None)
+        if extra is not None:
+            extra(p)
 
 
 def run(args: argparse.Namespace) -> int:

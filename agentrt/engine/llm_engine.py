@@ -239,6 +239,7 @@ class LLMEngine:
             if not toks:  # a prefill chunk that did not reach the prompt's end
                 seq.num_computed += n
                 self.blocks.truncate(seq.seq_id, seq.num_computed)
+                self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
                 continue
             # The real tokens and the accepted drafts are in the cache; the last emitted is not.
             seq.num_computed += n + len(toks) - 1

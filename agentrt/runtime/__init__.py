@@ -12,13 +12,14 @@ from agentrt.runtime.backend import (EngineStep, LLMBackend, LLMRequest, LLMResp
                                      Usage)
 from agentrt.runtime.engine_backend import EngineBackend
 from agentrt.runtime.phases import PHASES
-from agentrt.runtime.policy import FCFSPolicy, NodeContext, ProgramStats, SchedulingPolicy
+from agentrt.runtime.policy import (FCFSPolicy, KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
+                                    policy_from_name)
 from agentrt.runtime.runtime import ProgramHandle, RunResult, Runtime
 from agentrt.runtime.scripted import ScriptedBackend
 from agentrt.runtime.trace import Span, Trace, read_trace
 
 __all__ = [
-    "PHASES", "EngineBackend", "EngineStep", "FCFSPolicy", "LLMBackend", "LLMRequest", "LLMResponse", "LLMStepEvent",
-    "NodeContext", "NodeIdentity", "ProgramHandle", "ProgramStats", "RunResult", "Runtime", "SchedulingPolicy",
-    "ScriptedBackend", "Span", "Trace", "Usage", "read_trace",
+    "PHASES", "EngineBackend", "EngineStep", "FCFSPolicy", "KVHoldPolicy", "LASPolicy", "LLMBackend", "LLMRequest",
+    "LLMResponse", "LLMStepEvent", "NodeContext", "NodeIdentity", "ProgramHandle", "ProgramStats", "RunResult",
+    "Runtime", "SchedulingPolicy", "ScriptedBackend", "Span", "Trace", "Usage", "policy_from_name", "read_trace",
 ]

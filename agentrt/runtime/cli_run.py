@@ -26,6 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", default="template",
                    help="drafter: none | suffix | template (suffix + grammar-forced drafts) | layerskip:N | draft:PATH")
     p.add_argument("--max-tokens", type=int, default=None, help="cap on every LLM call's max_tokens")
+    p.add_argument("--policy", default="las", choices=["las", "fcfs"],
+                   help="engine priorities: least attained service per program (las) or first come first served")
     p.add_argument("--no-live", action="store_true", help="no live progress display")
 
 
@@ -35,7 +37,7 @@ def default_trace_path(program: str) -> Path:
 
 async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any, *, trace_path: str | Path | None = None,
                       console: Console | None = None, max_tokens: int | None = None, live: bool = True,
-                      meta: Mapping[str, Any] | None = None) -> tuple[Any, Path]:
+                      meta: Mapping[str, Any] | None = None, policy: str = "las") -> tuple[Any, Path]:
     """Run one example program on `backend`, print the report, save the trace. Returns
     (RunResult, trace path)."""
     from agentrt.runtime.live import LiveProgress
@@ -47,7 +49,7 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
     console = console or Console()
     trace = Trace(name=example.name, meta={"model": backend.model_name, "example": str(example.path),
                                            "max_tokens_cap": max_tokens, **(meta or {})})
-    runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens)
+    runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens, policy=policy)
     try:
         if live:
             async with LiveProgress(runtime, console):
@@ -75,10 +77,11 @@ def run(args: argparse.Namespace) -> int:
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec))
         engine = AsyncEngine(LLMEngine(config))
     backend = EngineBackend(engine, model_name=args.model)
-    meta = {"dtype": args.dtype, "device": args.device, "drafter": args.spec}
+    meta = {"dtype": args.dtype, "device": args.device, "drafter": args.spec, "policy": args.policy}
     try:
         result, _ = asyncio.run(run_example(example, inputs, backend, trace_path=args.trace, console=console,
-                                            max_tokens=args.max_tokens, live=not args.no_live, meta=meta))
+                                            max_tokens=args.max_tokens, live=not args.no_live, meta=meta,
+                                            policy=args.policy))
     finally:
         backend.close()
         engine.close()

@@ -5,6 +5,10 @@ requests or lane subscribers there (call_soon_threadsafe), where it is split per
 engine delivers a request's final token event after the listener ran for that step, and both
 hops go through the same loop's FIFO callback queue, so a request sees all its steps before its
 result.
+
+KV holds: `pin(response, ttl_s)` asks the engine (on its thread, through the AsyncEngine command
+queue) to keep the cached KV of that call's prompt and output for ttl_s seconds; responses are
+`EngineResponse`s, which carry the token ids a pin and its later outcome need.
 """
 from __future__ import annotations
 
@@ -15,6 +19,25 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from agentrt.runtime.backend import EngineStep, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
+
+
+@dataclass(frozen=True)
+class EngineResponse(LLMResponse):
+    """An LLMResponse with the engine's token ids (for KV holds)."""
+
+    prompt_token_ids: tuple[int, ...] = ()
+    token_ids: tuple[int, ...] = ()
+
+
+@dataclass
+class KVPin:
+    """One KV hold: the tokens whose cached blocks were pinned, for how long, and how many
+    blocks the engine pinned (None until the engine thread has done it)."""
+
+    request_id: Any
+    tokens: tuple[int, ...]
+    ttl_s: float
+    blocks: int | None = None
 
 
 @dataclass
@@ -145,12 +168,57 @@ class EngineBackend:
         if result is None:
             return LLMResponse("", None, "error", Usage(0, 0), request_id=rid,
                                error="the engine ended the stream without a result")
-        return LLMResponse(
+        return EngineResponse(
             text=result.text, parsed=result.parsed, finish_reason=result.finish_reason,
             usage=Usage(result.prompt_tokens, len(result.token_ids), getattr(result, "cached_tokens", 0) or 0),
             spec=result.spec or {},
             request_id=result.request_id, error=result.error,
+            prompt_token_ids=tuple(result.prompt_token_ids), token_ids=tuple(result.token_ids),
         )
+
+    # -- KV holds --
+    @property
+    def block_size(self) -> int:
+        return self.engine.engine.blocks.block_size
+
+    def pin(self, response: LLMResponse, ttl_s: float,
+            on_pinned: Callable[[KVPin], None] | None = None) -> KVPin | None:
+        """Hold the KV of this call's prompt and output for ttl_s seconds (its program waits on a
+        tool and will send them again). Runs on the engine thread between steps; on_pinned(pin)
+        follows on this loop once pin.blocks is known. None: not an engine response, or the
+        engine keeps no prefix cache."""
+        if not isinstance(response, EngineResponse) or self.engine.engine.blocks.prefix is None:
+            return None
+        pin = KVPin(response.request_id, response.prompt_token_ids + response.token_ids, float(ttl_s))
+        loop = asyncio.get_running_loop()
+
+        def done(blocks: int) -> None:
+            pin.blocks = blocks
+            if on_pinned is not None:
+                on_pinned(pin)
+
+        def on_engine_thread() -> None:
+            blocks = self.engine.engine.pin_prefix(list(pin.tokens), pin.ttl_s)
+            try:
+                loop.call_soon_threadsafe(done, blocks)
+            except RuntimeError:  # the caller's loop is gone
+                pass
+
+        self.engine._submit(on_engine_thread)
+        return pin
+
+    def reuse(self, pin: KVPin, response: LLMResponse) -> tuple[int, int]:
+        """(reusable, reused) prompt tokens of a later call against a hold: reusable = the full
+        blocks its prompt shares with the held tokens (at least one prompt token is always
+        computed), reused = what the engine took from its cache (cached_input_tokens)."""
+        prompt = response.prompt_token_ids if isinstance(response, EngineResponse) else ()
+        common = 0
+        for a, b in zip(pin.tokens, prompt[: max(0, len(prompt) - 1)]):
+            if a != b:
+                break
+            common += 1
+        bs = self.block_size
+        return common // bs * bs, response.usage.cached_input_tokens
 
     def set_priority(self, handle: Any, priority: float) -> None:
         self.engine.set_priority(handle, priority)

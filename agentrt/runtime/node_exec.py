@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import networkx as nx
+
 from agentrt.dag import render_prompt, tool_arguments
 from agentrt.dag.outputs import ToolCall
 from agentrt.dag.refs import as_text
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
 
 PREVIEW_CHARS = 300
+HOLD_COUNTERS = {"hit": "kv_hold_hits", "miss": "kv_hold_misses", "unused": "kv_hold_unused"}
 
 
 def preview(value: Any) -> str:
@@ -35,6 +38,86 @@ def next_is_tool(ps: ProgramState, node: str, spec: LLMSpec) -> bool:
     """Whether a tool call follows this LLM call (so its KV could be held across the tool)."""
     graph = ps.run.graph
     return isinstance(spec.output, ToolCall) or any(graph.nodes[s]["kind"] == "tool" for s in graph.successors(node))
+
+
+def path_service(ps: ProgramState, node: str) -> tuple[float, int]:
+    """LLM service (engine seconds, tokens) along the heaviest path of nodes leading into `node`
+    (itself excluded); each maximised on its own."""
+    graph, own_s, own_t = ps.run.graph, ps.stats.node_service_s, ps.stats.node_tokens
+    memo: dict[str, tuple[float, int]] = {}
+
+    def upto(n: str) -> tuple[float, int]:  # the heaviest path ending at n, n included
+        if n not in memo:
+            preds = [upto(p) for p in graph.predecessors(n)]
+            memo[n] = (max((s for s, _ in preds), default=0.0) + own_s.get(n, 0.0),
+                       max((t for _, t in preds), default=0) + own_t.get(n, 0))
+        return memo[n]
+
+    preds = [upto(p) for p in graph.predecessors(node)]
+    return max((s for s, _ in preds), default=0.0), max((t for _, t in preds), default=0)
+
+
+def tool_stall_s(rt: Runtime, ps: ProgramState, node: str, spec: LLMSpec, value: Any) -> float | None:
+    """Expected seconds this program waits on tools after `node` before its next LLM call
+    (consecutive tools add up, parallel ones take the max), or None when no tool follows: a
+    tool-call node that answered in text, or a node with no tool after it."""
+    hold = rt.kv_hold
+    if isinstance(spec.output, ToolCall):
+        name = value.get("name") if isinstance(value, dict) else None
+        return None if name is None else hold.estimate(name)
+    graph, memo = ps.run.graph, {}
+
+    def wait(n: str) -> float:  # tool time on the longest path from n's end to an LLM node
+        if n not in memo:
+            memo[n] = 0.0
+            for s in graph.successors(n):
+                attrs = graph.nodes[s]
+                if attrs["kind"] == "tool":
+                    memo[n] = max(memo[n], hold.estimate(attrs["spec"].tool) + wait(s))
+                elif attrs["kind"] != "llm":
+                    memo[n] = max(memo[n], wait(s))
+        return memo[n]
+
+    tools_follow = any(graph.nodes[s]["kind"] == "tool" for s in graph.successors(node))
+    return wait(node) if tools_follow else None
+
+
+def hold_kv(rt: Runtime, ps: ProgramState, ns: NodeState, spec: LLMSpec, value: Any, response: Any) -> None:
+    """Pin this call's KV while the program waits on the tool(s) that follow it, with a
+    time-to-live from their observed latency (see KVHoldPolicy)."""
+    pin_fn = getattr(rt.backend, "pin", None)
+    if rt.kv_hold is None or pin_fn is None:
+        return
+    stall = tool_stall_s(rt, ps, ns.node, spec, value)
+    if stall is None:
+        return
+    ttl = rt.kv_hold.ttl(stall)
+
+    def pinned(pin: Any) -> None:
+        ps.stats.kv_held_blocks += pin.blocks or 0
+        ns.attributes["agentrt.kv.hold_blocks"] = pin.blocks
+
+    pin = pin_fn(response, ttl, pinned)
+    if pin is None:
+        return
+    ps.stats.kv_holds += 1
+    ps.holds.append((ns.node, pin))
+    ns.attributes["agentrt.kv.hold_ttl_s"] = round(ttl, 4)
+
+
+def settle_holds(rt: Runtime, ps: ProgramState, ns: NodeState, response: Any) -> None:
+    """The outcome of the program's KV holds this call continues (it descends from the held
+    node): hit when the engine reused every block the call shares with the held tokens, miss when
+    it reused fewer (evicted meanwhile), unused when the call shares no full block with them."""
+    graph = ps.run.graph
+    for held in [h for h in ps.holds if h[0] in graph and nx.has_path(graph, h[0], ns.node)]:
+        ps.holds.remove(held)
+        reusable, reused = rt.backend.reuse(held[1], response)
+        outcome = "unused" if reusable == 0 else "hit" if reused >= reusable else "miss"
+        counter = HOLD_COUNTERS[outcome]
+        setattr(ps.stats, counter, getattr(ps.stats, counter) + 1)
+        ns.attributes.update({"agentrt.kv.hold_outcome": outcome, "agentrt.kv.hold_from": held[0],
+                              "agentrt.kv.hold_reusable_tokens": reusable})
 
 
 def spec_attributes(spec: dict[str, Any]) -> dict[str, Any]:
@@ -64,8 +147,10 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     except (ProgramRunError, ValueError) as e:
         return Outcome.failed(str(e), "invalid_prompt")
     follows_tool = next_is_tool(ps, ns.node, spec)
-    ctx = NodeContext(ps.run_id, ns.node, ps.run.critical_path_length(ns.node), follows_tool)
+    ctx = NodeContext(ps.run_id, ns.node, ps.run.critical_path_length(ns.node), follows_tool,
+                      *path_service(ps, ns.node))
     priority = rt.policy.priority(ps.stats, ctx)
+    dynamic = getattr(rt.policy, "dynamic", False)
     max_tokens = spec.max_tokens if rt.max_tokens is None else min(spec.max_tokens, rt.max_tokens)
     request = LLMRequest(tuple(messages), response_format, max_tokens, spec.temperature,
                          NodeIdentity(ps.run_id, ps.program.name, ns.node), priority,
@@ -79,10 +164,20 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     })
 
     def on_step(ev: LLMStepEvent) -> None:
+        nonlocal priority
         ns.on_llm_step(ev, trace.at(ev.start))
         if not ev.preempted:
-            ps.stats.llm_tokens += ev.num_new + ev.k
-            ps.stats.llm_service_s += ev.duration_s / max(1, ev.batch_size)
+            st, share = ps.stats, ev.duration_s / max(1, ev.batch_size)
+            st.llm_tokens += ev.num_new + ev.k
+            st.llm_service_s += share
+            st.node_tokens[ns.node] = st.node_tokens.get(ns.node, 0) + ev.num_new + ev.k
+            st.node_service_s[ns.node] = st.node_service_s.get(ns.node, 0.0) + share
+        if dynamic and ns.handle is not None:
+            new = rt.policy.priority(ps.stats, ctx)
+            if new != priority:
+                priority = new
+                rt.backend.set_priority(ns.handle, new)
+                ns.attributes["agentrt.priority.last"] = new
 
     def on_start(handle: Any) -> None:
         ns.handle = handle
@@ -106,6 +201,8 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
         "gen_ai.response.finish_reasons": [response.finish_reason],
         **spec_attributes(dict(response.spec)),
     })
+    ps.stats.cached_tokens += response.usage.cached_input_tokens
+    settle_holds(rt, ps, ns, response)
     if response.error is not None or response.finish_reason == "error":
         return Outcome.failed(f"the engine failed: {response.error or 'unknown error'}", "engine_error")
     if response.finish_reason == "abort":  # not by us: cancelling the node task never gets here
@@ -118,6 +215,8 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     if isinstance(value, dict) and value.get("name") is not None and response_format["type"] == "tool_call":
         ns.attributes["agentrt.tool_call"] = value["name"]
     ns.attributes["agentrt.value"] = preview(value)
+    if follows_tool:
+        hold_kv(rt, ps, ns, spec, value, response)
     return Outcome(True, value)
 
 
@@ -143,6 +242,8 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     finally:
         ps.stats.tools_in_flight -= 1
     ps.stats.tool_s += result.duration_s
+    if rt.kv_hold is not None:
+        rt.kv_hold.observe(spec.tool, result.duration_s)
     transitions: list[tuple[str, float]] = [("queued", dispatched)]
     for i, a in enumerate(result.attempts):
         last = i + 1 == len(result.attempts)

@@ -22,7 +22,7 @@ from agentrt.errors import ProgramRunError, RunConfigError
 from agentrt.runtime.backend import LLMBackend
 from agentrt.runtime.node_exec import run_llm, run_tool
 from agentrt.runtime.node_state import NodeState, Outcome
-from agentrt.runtime.policy import FCFSPolicy, ProgramStats, SchedulingPolicy
+from agentrt.runtime.policy import KVHoldPolicy, LASPolicy, ProgramStats, SchedulingPolicy, policy_from_name
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.tools import Tool, ToolRegistry
 
@@ -66,6 +66,7 @@ class ProgramState:
     status: str = "running"
     result: RunResult | None = None
     task: asyncio.Task | None = None
+    holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
 
 
 class ProgramHandle:
@@ -109,18 +110,22 @@ def _registry(tools: ToolRegistry | Iterable[Tool | Any]) -> ToolRegistry:
 
 class Runtime:
     """backend: where LLM nodes run. tools: a ToolRegistry or the Tool objects to register.
-    policy: engine priorities (FCFS by default). trace: where spans go (a new Trace by default).
-    max_tokens: a cap on every LLM node's max_tokens."""
+    policy: engine priorities, a SchedulingPolicy or its name ("las", the default, or "fcfs").
+    kv_hold: when an LLM call ends in a tool call, pin its KV in the engine for the tools'
+    expected latency (a KVHoldPolicy; True: the default one; False/None: never). Backends
+    without `pin` ignore it. trace: where spans go (a new Trace by default). max_tokens: a cap
+    on every LLM node's max_tokens."""
 
     def __init__(self, backend: LLMBackend, tools: ToolRegistry | Iterable[Tool | Any] = (), *,
-                 policy: SchedulingPolicy | None = None, trace: Trace | None = None,
-                 max_tokens: int | None = None) -> None:
+                 policy: SchedulingPolicy | str | None = None, kv_hold: KVHoldPolicy | bool | None = True,
+                 trace: Trace | None = None, max_tokens: int | None = None) -> None:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise RunConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         self.backend = backend
         self.tools = _registry(tools)
-        self.policy: SchedulingPolicy = policy or FCFSPolicy()
-        self.trace = trace or Trace(meta={"model": backend.model_name})
+        self.policy: SchedulingPolicy = policy_from_name(policy) if isinstance(policy, str) else policy or LASPolicy()
+        self.kv_hold: KVHoldPolicy | None = KVHoldPolicy() if kv_hold is True else kv_hold or None
+        self.trace = trace or Trace(meta={"model": backend.model_name, "policy": getattr(self.policy, "name", None)})
         self.max_tokens = max_tokens
         self.programs: dict[str, ProgramState] = {}
         self._unsubscribe = None

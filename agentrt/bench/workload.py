@@ -1,0 +1,406 @@
+"""`agentrt bench workload`: N agent programs at once on one engine, three policies side by side.
+
+The programs are the three examples (trip_planner, research, sql_agent) in turn, each with its own
+inputs; every tool call first waits a seeded heavy-tailed latency (log-normal, median 0.3 s, p90
+3 s, capped at 15 s) drawn from (seed, program, tool, n-th call of that tool in the program), so
+each policy sees the same latencies. All programs are submitted at once to one Runtime over one
+fresh engine per policy (the model is loaded once):
+
+    a  call-level FCFS: no program awareness, no prefix cache, no speculation.
+    b  (a) with the suffix drafter at fixed k = 4.
+    c  the full runtime: prefix cache, KV held through tool stalls, least-attained-service
+       priorities with critical-path awareness, template drafter with adaptive k.
+
+Per policy: makespan (first submit to last program end), mean and p90 program completion time,
+prefill tokens saved (engine prefix-cache hit tokens), engine busy fraction (sum of step times /
+makespan), and mean k over decoding rows in steps where most programs stall on tools (batch <=
+N/4) and in steps where the batch is full (batch >= N/2), from the engine's step log.
+
+Summary: mean_latency_speedup_vs_fcfs, p90_latency_speedup_vs_fcfs (a over c), k_idle_mean and
+k_busy_mean (of c). Goals: mean_latency_speedup_vs_fcfs >= 1.5 and k_idle_mean > k_busy_mean.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextvars
+import dataclasses
+import math
+import os
+import random
+import statistics
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from agentrt.bench.common import BenchResult
+
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
+EXAMPLE_NAMES = ("trip_planner", "research", "sql_agent")
+
+# Varied inputs per example; program i runs EXAMPLE_NAMES[i % 3] with the (i // 3)-th of them.
+INPUTS: dict[str, list[dict[str, Any]]] = {
+    "trip_planner": [
+        {"request": "Four days in Lisbon in May, budget 900 dollars.", "home_currency": "USD"},
+        {"request": "A week in Kyoto in April with 2000 pounds.", "home_currency": "GBP"},
+        {"request": "Three days in Prague in December, 600 euros.", "home_currency": "EUR"},
+        {"request": "Five days in Reykjavik in July, budget 1500 dollars.", "home_currency": "USD"},
+        {"request": "A weekend in Vienna in October for 400 francs.", "home_currency": "CHF"},
+        {"request": "Six days in Marrakech in March, 1000 euros.", "home_currency": "EUR"},
+    ],
+    "research": [
+        {"question": "How do honey bee colonies survive the winter, and what threatens them?"},
+        {"question": "How do bees decide where to swarm?"},
+        {"question": "What does the varroa mite do to a colony?"},
+        {"question": "How do bees tell each other where flowers are?"},
+        {"question": "How is honey made from nectar?"},
+        {"question": "Which crops depend on bee pollination?"},
+    ],
+    "sql_agent": [
+        {"question": "How many orders were placed in March 2025?"},
+        {"question": "Which city has the most customers?"},
+        {"question": "What is the most expensive product?"},
+        {"question": "How many products are in the tea category?"},
+        {"question": "Which customer placed the most orders?"},
+        {"question": "What was the total quantity ordered in January 2025?"},
+    ],
+}
+
+
+@dataclass(frozen=True)
+class Policy:
+    label: str
+    drafter: str  # SpecConfig drafter
+    k: int | None  # SpecConfig k (None = adaptive)
+    prefix_caching: bool
+    scheduling: str  # runtime policy name
+    kv_hold: bool
+
+
+POLICIES = [
+    Policy("a fcfs", "none", 0, False, "fcfs", False),
+    Policy("b fcfs+suffix k=4", "suffix", 4, False, "fcfs", False),
+    Policy("c full runtime", "template", None, True, "las", True),
+]
+# --ablate: (c) less one part each, to see what it contributes
+ABLATIONS = [
+    Policy("c with fcfs", "template", None, True, "fcfs", True),
+    Policy("c without kv holds", "template", None, True, "las", False),
+]
+
+
+# ---- tool latencies ---------------------------------------------------------------------------
+
+_PROGRAM: contextvars.ContextVar[int] = contextvars.ContextVar("agentrt_bench_program", default=-1)
+
+
+@dataclass(frozen=True)
+class ToolLatency:
+    """Log-normal latency with the given median and p90 (sigma = ln(p90/median) / z_0.9), capped."""
+
+    median_s: float = 0.3
+    p90_s: float = 3.0
+    cap_s: float = 15.0
+    seed: int = 0
+
+    @property
+    def sigma(self) -> float:
+        return math.log(self.p90_s / self.median_s) / 1.2815515655446004
+
+    def draw(self, program: int, tool: str, n: int) -> float:
+        rng = random.Random(f"{self.seed}:{program}:{tool}:{n}")
+        return min(self.cap_s, self.median_s * math.exp(self.sigma * rng.gauss(0.0, 1.0)))
+
+
+def delayed_tools(tools: list[Any], latency: ToolLatency) -> tuple[list[Any], list[tuple[int, str, float]]]:
+    """The tools, each waiting its drawn latency before running (the program comes from a context
+    variable the submitting code sets, so every call knows its program). Returns the wrapped tools
+    and the log of (program, tool, seconds) they fill as they are called."""
+    from agentrt.tools.tool import is_coroutine_tool
+
+    counts: dict[tuple[int, str], int] = defaultdict(int)
+    log: list[tuple[int, str, float]] = []
+
+    def wrap(t):
+        fn, is_async = t.fn, is_coroutine_tool(t)
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            program = _PROGRAM.get()
+            n = counts[program, t.name]
+            counts[program, t.name] += 1
+            seconds = latency.draw(program, t.name, n)
+            log.append((program, t.name, seconds))
+            await asyncio.sleep(seconds)
+            return await fn(*args, **kwargs) if is_async else await asyncio.to_thread(fn, *args, **kwargs)
+
+        # no timeout: the drawn latency is the tool's latency (the cap bounds it)
+        return dataclasses.replace(t, fn=call, timeout_s=None)
+
+    return [wrap(t) for t in tools], log
+
+
+# ---- one policy -------------------------------------------------------------------------------
+
+
+def workload(n: int) -> list[tuple[str, dict[str, Any]]]:
+    return [(EXAMPLE_NAMES[i % 3], INPUTS[EXAMPLE_NAMES[i % 3]][(i // 3) % len(INPUTS[EXAMPLE_NAMES[i % 3]])])
+            for i in range(n)]
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def k_by_load(step_log: list[Any], n_programs: int) -> dict[str, Any]:
+    """Mean k over decoding rows (one new token fed: they may carry drafts), in steps with few
+    sequences (batch <= max(1, N // 4): most programs stall on tools or wait) and in steps with a
+    full batch (batch >= ceil(N / 2))."""
+    idle_max, busy_min = max(1, n_programs // 4), math.ceil(n_programs / 2)
+    ks: dict[str, list[int]] = {"idle": [], "busy": []}
+    for rec in step_log:
+        cls = "idle" if rec.batch_size <= idle_max else "busy" if rec.batch_size >= busy_min else None
+        if cls is not None:
+            ks[cls] += [k for k, n in zip(rec.k, rec.num_new) if n == 1]
+    return {"idle_k_sum": sum(ks["idle"]), "idle_rows": len(ks["idle"]), "busy_k_sum": sum(ks["busy"]),
+            "busy_rows": len(ks["busy"]), "idle_batch_max": idle_max, "busy_batch_min": busy_min}
+
+
+def k_means(loads: list[dict[str, Any]]) -> dict[str, float | None]:
+    """k_idle_mean and k_busy_mean pooled over the rows of several runs."""
+    out = {}
+    for cls in ("idle", "busy"):
+        rows = sum(x[f"{cls}_rows"] for x in loads)
+        out[f"k_{cls}_mean"] = sum(x[f"{cls}_k_sum"] for x in loads) / rows if rows else None
+    return out
+
+
+def new_engine(loaded, policy: Policy, kv_tokens: int, cost_model):
+    from agentrt.engine import EngineConfig, LLMEngine, SpecConfig
+
+    dtype = str(loaded.model.dtype).removeprefix("torch.")
+    cfg = EngineConfig(model=str(loaded.source.path), dtype=dtype, kv_cache_tokens=kv_tokens,
+                       prefix_caching=policy.prefix_caching, spec=SpecConfig(drafter=policy.drafter, k=policy.k))
+    engine = LLMEngine(cfg, loaded=loaded)
+    if cost_model is not None:
+        engine.spec._cost_model = cost_model  # one cost model for every engine (see bench spec)
+    return engine
+
+
+async def run_policy(policy: Policy, loaded, cost_model, examples: dict[str, Any], n_programs: int,
+                     latency: ToolLatency, max_tokens: int | None, kv_tokens: int,
+                     trace_dir: Path | None) -> dict[str, Any]:
+    from agentrt.engine import AsyncEngine
+    from agentrt.runtime import EngineBackend, Runtime, Trace
+
+    engine = new_engine(loaded, policy, kv_tokens, cost_model)
+    aengine = AsyncEngine(engine)
+    backend = EngineBackend(aengine, model_name=loaded.name)
+    tools, tool_log = delayed_tools([t for ex in examples.values() for t in ex.tools], latency)
+    trace = Trace(name=f"workload {policy.label}", meta={"model": loaded.name, "policy": policy.scheduling,
+                                                         "drafter": policy.drafter, "k": policy.k,
+                                                         "prefix_caching": policy.prefix_caching})
+    rt = Runtime(backend, tools=tools, policy=policy.scheduling, kv_hold=policy.kv_hold, trace=trace,
+                 max_tokens=max_tokens)
+    try:
+        handles = []
+        t0 = time.monotonic()
+        for i, (name, inputs) in enumerate(workload(n_programs)):
+            token = _PROGRAM.set(i)  # the run's tasks copy this context: its tool calls know it
+            handles.append(rt.submit(examples[name].program, inputs, run_id=f"{i:02d}-{name}"))
+            _PROGRAM.reset(token)
+        results = await asyncio.gather(*handles)
+        t_end = time.monotonic()
+        stats = [rt.programs[r.run_id].stats for r in results]
+    finally:
+        await rt.aclose()
+        await rt.tools.aclose()
+        backend.close()
+        aengine.close()
+    if trace_dir is not None:
+        trace.write(trace_dir / f"workload-{policy.label.split()[0]}.jsonl")  # agentrt inspect reads it
+    steps = [r for r in engine.step_log if r.start >= t0]
+    makespan = t_end - t0
+    durations = [r.duration_s for r in results]
+    drafted = sum(sum(r.k) for r in steps)
+    accepted = sum(sum(r.accepted) for r in steps)
+    prefix = engine.blocks.prefix
+    row = {
+        "policy": policy.label,
+        "done": sum(r.ok for r in results),
+        "makespan_s": makespan,
+        "mean_s": statistics.fmean(durations),
+        "p90_s": percentile(durations, 0.9),
+        "prefill_saved": prefix.stats.hit_tokens if prefix else 0,
+        "prefill_fed": sum(r.num_prefill_tokens for r in steps),
+        "busy_frac": sum(r.duration_s for r in steps) / makespan,
+        "steps": len(steps),
+        "mean_batch": statistics.fmean(r.batch_size for r in steps) if steps else 0.0,
+        "alpha": accepted / drafted if drafted else None,
+        **k_means([k_by_load(steps, n_programs)]),
+        "preempted": sum(len(r.preempted) for r in steps),
+        "kv_holds": sum(s.kv_holds for s in stats),
+        "hold_hits": sum(s.kv_hold_hits for s in stats),
+        "hold_misses": sum(s.kv_hold_misses for s in stats),
+    }
+    detail = {
+        "load_average": os.getloadavg()[0],
+        "k_by_load": k_by_load(steps, n_programs),
+        "tool_s": sum(s for _, _, s in tool_log), "tool_calls": len(tool_log),
+        "hold_unused": sum(s.kv_hold_unused for s in stats),
+        "prefix_stats": prefix.stats.to_dict() if prefix else None,
+        "programs": [{"run_id": r.run_id, "status": r.status, "duration_s": round(r.duration_s, 4),
+                      "error": r.error, "output": r.output, "llm_calls": s.llm_calls, "tool_calls": s.tool_calls,
+                      "tool_s": round(s.tool_s, 4), "llm_service_s": round(s.llm_service_s, 4),
+                      "prefill_saved_tokens": s.cached_tokens}
+                     for r, s in zip(results, stats)],
+    }
+    return {"row": row, "detail": detail}
+
+
+# ---- the benchmark ----------------------------------------------------------------------------
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--programs", type=int, help="concurrent programs (default 16, --quick 6)")
+    p.add_argument("--max-tokens", type=int, help="cap on every LLM call's max_tokens (default: the examples' own; "
+                                                  "--quick 96)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tool latencies")
+    p.add_argument("--repeats", type=int, help="interleaved repeats of the three policies, averaged (default 2)")
+    p.add_argument("--ablate", action="store_true", help="also run (c) with FCFS and (c) without KV holds")
+    p.add_argument("--kv-tokens", type=int, default=32768, help="KV cache size of every engine, in tokens")
+    p.add_argument("--trace-dir", metavar="DIR", help="save each policy's run trace here (agentrt inspect)")
+
+
+def warm_up(loaded) -> None:
+    """First forwards of a process allocate; run a few (plain and constrained) on a throwaway engine."""
+    from agentrt.engine import EngineConfig, LLMEngine, SamplingParams
+
+    dtype = str(loaded.model.dtype).removeprefix("torch.")
+    engine = LLMEngine(EngineConfig(model=str(loaded.source.path), dtype=dtype, kv_cache_tokens=4096), loaded=loaded)
+    chat = [{"role": "user", "content": "Say hello to the world in a short sentence."}]
+    fmt = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object", "properties": {
+        "a": {"type": "integer"}}, "required": ["a"]}}}
+    engine.generate([chat, chat], SamplingParams(max_tokens=8, temperature=0))
+    engine.generate([chat], SamplingParams(max_tokens=12, temperature=0, response_format=fmt))
+
+
+def average(rows: list[dict[str, Any]], details: list[dict[str, Any]]) -> dict[str, Any]:
+    """One policy's row over its repeats: numbers averaged, k pooled over rows, done the worst."""
+    out: dict[str, Any] = {}
+    for key, value in rows[0].items():
+        values = [r[key] for r in rows]
+        if key == "done":
+            out[key] = min(values)
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and None not in values:
+            out[key] = statistics.fmean(values)
+        else:
+            out[key] = value
+    out.update(k_means([d["k_by_load"] for d in details]))
+    return out
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    a, b, c = rows
+    return {
+        "mean_latency_speedup_vs_fcfs": a["mean_s"] / c["mean_s"],
+        "p90_latency_speedup_vs_fcfs": a["p90_s"] / c["p90_s"],
+        "k_idle_mean": c["k_idle_mean"],
+        "k_busy_mean": c["k_busy_mean"],
+        "makespan_speedup_vs_fcfs": a["makespan_s"] / c["makespan_s"],
+        "mean_latency_speedup_vs_fixed_k4": b["mean_s"] / c["mean_s"],
+        "prefill_saved_tokens": c["prefill_saved"],
+        "done": f"{a['done']}/{b['done']}/{c['done']}",
+    }
+
+
+def speedup_done_everywhere(base: list[dict[str, Any]], full: list[dict[str, Any]]) -> float | None:
+    """Mean completion speedup over the programs that finished (status done) in every run of both
+    policies: a program that fails early (e.g. a structured output cut at max_tokens) shortens
+    its policy's mean."""
+    runs = base + full
+    ids = [p["run_id"] for p in runs[0]["programs"]
+           if all(q["status"] == "done" for d in runs for q in d["programs"] if q["run_id"] == p["run_id"])]
+    if not ids:
+        return None
+
+    def mean(ds: list[dict[str, Any]]) -> float:
+        return statistics.fmean(q["duration_s"] for d in ds for q in d["programs"] if q["run_id"] in ids)
+
+    return mean(base) / mean(full)
+
+
+def same_outputs(details: list[dict[str, Any]]) -> int:
+    """Programs whose output is the same in every run (greedy decoding; bf16 forwards of
+    different batch shapes are not bit-identical, so a few may differ)."""
+    outs = [[p["output"] for p in d["programs"]] for d in details]
+    return sum(len({repr(o) for o in col}) == 1 for col in zip(*outs))
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    import torch
+
+    from agentrt.bench.spec import shared_cost_model
+    from agentrt.engine.model_loader import load_model
+    from agentrt.runtime.loader import load_example
+
+    console = Console(stderr=True)
+    n = getattr(args, "programs", None) or (6 if args.quick else 16)
+    max_tokens = getattr(args, "max_tokens", None) or (96 if args.quick else None)
+    repeats = getattr(args, "repeats", None) or 2
+    kv_tokens = getattr(args, "kv_tokens", None) or 32768
+    latency = ToolLatency(seed=getattr(args, "seed", 0) or 0)
+    trace_dir = Path(args.trace_dir) if getattr(args, "trace_dir", None) else None
+    loaded = load_model(args.model, args.dtype, progress=False)
+    cost_model = shared_cost_model(loaded)
+    examples = {name: load_example(EXAMPLES_DIR / f"{name}.py") for name in EXAMPLE_NAMES}
+    console.print(f"[bold]bench workload[/]: {args.model} {args.dtype}, {n} programs ({', '.join(EXAMPLE_NAMES)} in "
+                  f"turn), tool latency log-normal median {latency.median_s} s p90 {latency.p90_s} s (cap "
+                  f"{latency.cap_s} s, seed {latency.seed}), max_tokens cap {max_tokens}, {repeats} repeats; "
+                  f"cost model: {cost_model.source}")
+    warm_up(loaded)
+    policies = POLICIES + (ABLATIONS if getattr(args, "ablate", False) else [])
+    runs: dict[str, list[dict[str, Any]]] = {p.label: [] for p in policies}
+    for r in range(repeats):
+        # interleaved and rotated, so the machine's drifting load falls on every policy alike
+        for policy in policies[r % len(policies):] + policies[: r % len(policies)]:
+            t = time.monotonic()
+            runs[policy.label].append(asyncio.run(run_policy(
+                policy, loaded, cost_model, examples, n, latency, max_tokens, kv_tokens,
+                None if trace_dir is None else trace_dir / f"r{r}")))
+            row = runs[policy.label][-1]["row"]
+            console.print(f"  repeat {r + 1}/{repeats} {policy.label}: {time.monotonic() - t:.1f} s, mean completion "
+                          f"{row['mean_s']:.2f} s, load {runs[policy.label][-1]['detail']['load_average']:.1f}")
+    rows = [average([x["row"] for x in runs[p.label]], [x["detail"] for x in runs[p.label]]) for p in policies]
+    summary = summarize(rows[:3])
+    details = {p.label: [x["detail"] for x in runs[p.label]] for p in policies}
+    summary["mean_speedup_done_everywhere"] = speedup_done_everywhere(details[POLICIES[0].label],
+                                                                      details[POLICIES[2].label])
+    k = details[POLICIES[2].label][0]["k_by_load"]
+    all_details = [d for ds in details.values() for d in ds]
+    notes = [
+        f"Averages over {repeats} interleaved repeat(s); load average at the end of each run: "
+        + ", ".join(f"{d['load_average']:.1f}" for d in all_details) + " (2 cores, shared).",
+        f"k_idle: decoding rows of steps with batch <= {k['idle_batch_max']}; k_busy: batch >= {k['busy_batch_min']} "
+        f"(c: {sum(d['k_by_load']['idle_rows'] for d in details[POLICIES[2].label])} and "
+        f"{sum(d['k_by_load']['busy_rows'] for d in details[POLICIES[2].label])} rows). Tool time per run: "
+        + ", ".join(f"{d['tool_s']:.1f} s / {d['tool_calls']} calls" for d in all_details),
+        f"same program outputs in every run: {same_outputs(all_details)}/{n} (greedy; bf16 forwards of different "
+        "batch shapes differ in rounding, so a program may take another path, e.g. another SQL query)",
+        "mean completion a / c per repeat: " + ", ".join(
+            f"{x['row']['mean_s']:.2f} / {y['row']['mean_s']:.2f} = {x['row']['mean_s'] / y['row']['mean_s']:.2f}"
+            for x, y in zip(runs[POLICIES[0].label], runs[POLICIES[2].label])),
+        "Goals: mean_latency_speedup_vs_fcfs >= 1.5, k_idle_mean > k_busy_mean.",
+    ]
+    config = {"model": args.model, "dtype": args.dtype, "programs": n, "max_tokens_cap": max_tokens, "repeats": repeats,
+              "kv_cache_tokens": kv_tokens, "latency": dataclasses.asdict(latency), "sigma": latency.sigma,
+              "policies": [dataclasses.asdict(p) for p in policies], "threads": torch.get_num_threads(),
+              "cost_model": cost_model.source, "details": details}
+    return BenchResult(rows=rows, summary=summary, notes=notes, config=config)

@@ -1,0 +1,106 @@
+"""The workload benchmark's parts: seeded heavy-tailed tool latencies keyed by program and call,
+the k-by-load split of the engine's step log, averaging over repeats, and a smoke run of one
+policy over the three examples on a tiny random model (plumbing only; speed is not checked)."""
+from __future__ import annotations
+
+import asyncio
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from agentrt.bench import workload
+
+
+def test_tool_latency_matches_its_median_and_p90():
+    lat = workload.ToolLatency(median_s=0.3, p90_s=3.0, cap_s=15.0, seed=1)
+    assert lat.sigma == pytest.approx(math.log(10) / 1.2816, rel=1e-4)
+    xs = [lat.draw(i, "search", 0) for i in range(4000)]
+    # n = 4000: the standard error of the log-median is ~0.036 and of the log-p90 ~0.049, so
+    # +-10% and +-15% are ~3 standard errors (and the draws are seeded: the test is deterministic).
+    assert workload.percentile(xs, 0.5) == pytest.approx(0.3, rel=0.10)
+    assert workload.percentile(xs, 0.9) == pytest.approx(3.0, rel=0.15)
+    assert max(xs) == 15.0  # the cap bounds the tail
+    # Same key, same latency; another seed, another one.
+    assert lat.draw(3, "search", 2) == lat.draw(3, "search", 2) != lat.draw(3, "search", 3)
+    assert workload.ToolLatency(seed=2).draw(3, "search", 2) != workload.ToolLatency(seed=1).draw(3, "search", 2)
+
+
+async def test_delayed_tools_know_their_program_and_call_number():
+    from agentrt.tools import ToolRegistry, tool
+
+    @tool
+    def echo(text: str) -> str:
+        """Echo."""
+        return text
+
+    lat = workload.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
+    tools, log = workload.delayed_tools([echo], lat)
+    registry = ToolRegistry(tools)
+
+    async def program(i: int, calls: int) -> list[str]:
+        workload._PROGRAM.set(i)  # a task's own context, as the bench sets it before submit()
+        return [(await registry.call("echo", {"text": f"{i}"})).value for _ in range(calls)]
+
+    outs = await asyncio.gather(asyncio.create_task(program(0, 2)), asyncio.create_task(program(5, 1)))
+    assert outs == [["0", "0"], ["5"]]
+    assert sorted(log) == sorted([(0, "echo", lat.draw(0, "echo", 0)), (0, "echo", lat.draw(0, "echo", 1)),
+                                  (5, "echo", lat.draw(5, "echo", 0))])
+    assert tools[0].timeout_s is None and tools[0].name == "echo"
+    await registry.aclose()
+
+
+def step(batch: int, k: list[int], num_new: list[int]) -> SimpleNamespace:
+    return SimpleNamespace(batch_size=batch, k=k, num_new=num_new)
+
+
+def test_k_by_load_splits_decoding_rows_by_batch_size():
+    log = [step(1, [8], [1]), step(2, [6, 0], [1, 300]), step(4, [1, 2, 0, 0], [1, 1, 1, 50]),
+           step(3, [5, 5, 5], [1, 1, 1])]
+    split = workload.k_by_load(log, 8)  # idle: batch <= 2, busy: batch >= 4
+    assert (split["idle_batch_max"], split["busy_batch_min"]) == (2, 4)
+    assert (split["idle_rows"], split["idle_k_sum"]) == (2, 14)  # the prefill row does not count
+    assert (split["busy_rows"], split["busy_k_sum"]) == (3, 3)
+    means = workload.k_means([split, workload.k_by_load([step(1, [2], [1])], 8)])
+    assert means == {"k_idle_mean": pytest.approx(16 / 3), "k_busy_mean": pytest.approx(1.0)}
+    assert workload.k_means([workload.k_by_load([], 8)]) == {"k_idle_mean": None, "k_busy_mean": None}
+
+
+def test_average_over_repeats_and_summary():
+    loads = [{"idle_k_sum": 8, "idle_rows": 2, "busy_k_sum": 1, "busy_rows": 1}]
+    rows = [{"policy": "x", "done": 6, "mean_s": 10.0, "alpha": None},
+            {"policy": "x", "done": 5, "mean_s": 14.0, "alpha": None}]
+    avg = workload.average(rows, [{"k_by_load": loads[0]}, {"k_by_load": loads[0]}])
+    assert avg == {"policy": "x", "done": 5, "mean_s": 12.0, "alpha": None, "k_idle_mean": 4.0, "k_busy_mean": 1.0}
+    base = {"mean_s": 12.0, "p90_s": 20.0, "makespan_s": 30.0, "prefill_saved": 0, "done": 6,
+            "k_idle_mean": 0.0, "k_busy_mean": 0.0}
+    full = dict(base, mean_s=6.0, p90_s=10.0, makespan_s=20.0, prefill_saved=900, k_idle_mean=4.0, k_busy_mean=1.0)
+    s = workload.summarize([base, dict(base, mean_s=9.0), full])
+    assert s["mean_latency_speedup_vs_fcfs"] == 2.0 and s["p90_latency_speedup_vs_fcfs"] == 2.0
+    assert s["mean_latency_speedup_vs_fixed_k4"] == 1.5 and (s["k_idle_mean"], s["k_busy_mean"]) == (4.0, 1.0)
+
+
+def test_inputs_name_known_cities_and_every_example_has_six():
+    import json
+
+    cities = json.loads((workload.EXAMPLES_DIR / "data" / "weather.json").read_text())["cities"]
+    assert all(len(workload.INPUTS[n]) == 6 for n in workload.EXAMPLE_NAMES)
+    for inputs in workload.INPUTS["trip_planner"]:
+        assert any(c in inputs["request"] for c in cities), inputs
+    assert [name for name, _ in workload.workload(5)] == ["trip_planner", "research", "sql_agent", "trip_planner",
+                                                          "research"]
+
+
+async def test_one_policy_runs_the_examples_on_a_tiny_model(tiny_model_dir):
+    from agentrt.engine.model_loader import load_model
+    from agentrt.runtime.loader import load_example
+
+    loaded = load_model(str(tiny_model_dir("smollm")), "float32", progress=False)
+    examples = {n: load_example(workload.EXAMPLES_DIR / f"{n}.py") for n in workload.EXAMPLE_NAMES}
+    lat = workload.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
+    out = await workload.run_policy(workload.POLICIES[2], loaded, None, examples, 3, lat, 12, 8192, None)
+    row, detail = out["row"], out["detail"]
+    assert row["policy"] == "c full runtime" and 0 <= row["done"] <= 3 and len(detail["programs"]) == 3
+    assert row["steps"] > 0 and 0 < row["busy_frac"] <= 1.0 + 1e-9 and row["mean_s"] <= row["makespan_s"] + 1e-6
+    assert detail["prefix_stats"] is not None and row["prefill_saved"] == detail["prefix_stats"]["hit_tokens"]
+    assert {p["run_id"] for p in detail["programs"]} == {"00-trip_planner", "01-research", "02-sql_agent"}
