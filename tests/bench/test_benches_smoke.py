@@ -1,0 +1,89 @@
+"""Smoke runs of the spec, toolcall and batch-sweep benchmarks' measuring functions on a tiny random
+model: every row and summary key is produced and the accounting adds up. Speed is not checked."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+CHATS = {
+    "prose": [{"role": "user", "content": "the cat sat on the mat"}],
+    "agent": [{"role": "user", "content": "a b c a b c a b c a b c"}],
+}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_model_dir):
+    from agentrt.engine.model_loader import load_model
+
+    return load_model(str(tiny_model_dir("smollm")), "float32", progress=False)
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tiny):
+    from agentrt.bench.spec import load_hf
+
+    return load_hf(tiny)
+
+
+def test_spec_bench_rows_and_summary(tiny, tiny_hf):
+    from agentrt.bench import spec
+
+    prompts = spec.encode_prompts(tiny, CHATS)
+    vs = spec.variants((2,), layerskip=1)
+    best = spec.measure(tiny, tiny_hf, prompts, vs, max_tokens=12, repeats=1)
+    rows = spec.table_rows(best, prompts, vs)
+    assert len(rows) == len(prompts) * len(vs)
+    assert {r["config"] for r in rows} == {v.label for v in vs}
+    for r in rows:
+        assert 1 <= r["tokens"] <= 12
+        if r["config"].startswith(("suffix", "layerskip")):
+            assert r["tok_per_pass"] >= 1.0
+    summary = spec.summarize(rows)
+    assert set(summary) >= {"best_speedup_vs_nospec", "vs_hf_prompt_lookup"}
+    assert all(not isinstance(v, float) or math.isfinite(v) for v in summary.values())
+
+
+def test_toolcall_bench_rows_and_summary(tiny, tiny_hf):
+    from agentrt.bench import toolcall
+    from agentrt.bench.prompts import TOOLS
+    from agentrt.spec.structured import parse_response_format
+
+    tools = [t for t in TOOLS if t["function"]["name"] == "get_stock_price"]
+    rf = toolcall.response_format(tools)
+    chats = [[{"role": "user", "content": q}] for q in ("price of AAPL?", "price of NVDA?")]
+    prompts = toolcall.encode_requests(tiny, chats, rf, max_tokens=16)
+    best = toolcall.measure(tiny, tiny_hf, prompts, rf, toolcall.POLICIES, max_tokens=16, repeats=1)
+    expected = ["get_stock_price"] * len(chats)
+    rows = toolcall.table(best, toolcall.POLICIES, parse_response_format(rf), expected, tiny.tokenizer)
+    assert [r["policy"] for r in rows] == [p.label for p in toolcall.POLICIES]
+    nospec, spec = rows[0], rows[1]
+    assert nospec["tok_per_pass"] == 1.0 and nospec["speedup"] == 1.0
+    assert spec["tok_per_pass"] >= 1.0 and 0 <= spec["valid"] <= len(chats)
+    summary = toolcall.summarize(rows, len(chats))
+    assert summary["total"] == len(chats) and set(summary) >= {"tokens_per_pass", "speedup", "valid"}
+    assert len(toolcall.per_request(best, toolcall.POLICIES, expected)) == len(chats)
+
+
+def test_batch_sweep_rows_and_breakeven(tiny):
+    from agentrt.bench import batch_sweep
+    from agentrt.spec.cost_model import StepCostModel
+
+    cost = StepCostModel(overhead_s=0.001, bytes_fixed=0.004, bytes_per_kv_token=0.0, flops_per_token=0.001,
+                         read_bw=1.0, flop_rate=1.0)
+    tok = tiny.tokenizer
+    prompts = [tok.encode(t) for t in ("a b c a b c a b c", "the the the the", "hello world", "x y z x y z")]
+    batches = [1, 2]
+    best = batch_sweep.measure(tiny, prompts, batches, batch_sweep.POLICIES, max_tokens=6, repeats=1, cost_model=cost)
+    rows = batch_sweep.table(best, batches, batch_sweep.POLICIES)
+    assert [r["B"] for r in rows] == batches
+    for r in rows:
+        assert 0 < r["adaptive/best"] <= 1.0
+        assert all(r[p.label] > 0 for p in batch_sweep.POLICIES)
+    predicted, alpha, context = batch_sweep.predicted_breakeven(best, batches, cost)
+    assert 0.0 <= alpha <= 1.0 and context > 0
+    summary = batch_sweep.summarize(rows, predicted)
+    assert set(summary) == {"worst_adaptive_vs_best", "breakeven_measured", "breakeven_predicted",
+                            "adaptive_beats_k4_where_k4_loses"}
+    # every request emitted exactly max_tokens (ignore_eos), in every policy
+    assert all(v["totals"]["emitted"] == 6 * 4 for v in best.values())
