@@ -25,31 +25,39 @@ def _tool(name: str, description: str, properties: dict, required: list[str]) ->
     }
 
 
-_STR = {"type": "string"}
+def _str(max_length: int, **extra) -> dict:
+    # Every string is bounded, as a production tool schema would be (a path, a ticker, an email
+    # body all have limits): a model that loops inside a string value then still closes the call.
+    return {"type": "string", "maxLength": max_length, **extra}
+
 
 TOOLS: list[dict] = [
     _tool("get_weather", "Current weather for a city.",
-          {"city": _STR, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, ["city", "unit"]),
+          {"city": _str(64), "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}, ["city", "unit"]),
     _tool("web_search", "Search the web and return the top results.",
-          {"query": _STR, "num_results": {"type": "integer", "minimum": 1, "maximum": 10}}, ["query", "num_results"]),
+          {"query": _str(160), "num_results": {"type": "integer", "minimum": 1, "maximum": 10}}, ["query", "num_results"]),
     _tool("sql_query", "Run a read-only SQL query against the analytics database.",
-          {"database": {"type": "string", "enum": ["sales", "users", "inventory"]}, "query": _STR}, ["database", "query"]),
-    _tool("read_file", "Read a text file from the workspace.", {"path": _STR}, ["path"]),
+          {"database": {"type": "string", "enum": ["sales", "users", "inventory"]}, "query": _str(240)},
+          ["database", "query"]),
+    _tool("read_file", "Read a text file from the workspace.", {"path": _str(120)}, ["path"]),
     _tool("write_file", "Write text to a file in the workspace, replacing it.",
-          {"path": _STR, "content": _STR}, ["path", "content"]),
+          {"path": _str(120), "content": _str(240)}, ["path", "content"]),
     _tool("create_calendar_event", "Create an event in the user's calendar.",
-          {"title": _STR, "date": {"type": "string", "description": "YYYY-MM-DD"},
-           "start_time": {"type": "string", "description": "HH:MM"}, "duration_minutes": {"type": "integer"}},
+          {"title": _str(80), "date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+           "start_time": {"type": "string", "pattern": "^[0-9]{2}:[0-9]{2}$"},
+           "duration_minutes": {"type": "integer", "minimum": 5, "maximum": 480}},
           ["title", "date", "start_time", "duration_minutes"]),
-    _tool("send_email", "Send an email.", {"to": _STR, "subject": _STR, "body": _STR}, ["to", "subject", "body"]),
+    _tool("send_email", "Send an email.", {"to": _str(64), "subject": _str(80), "body": _str(240)},
+          ["to", "subject", "body"]),
     _tool("convert_units", "Convert a quantity between units.",
-          {"value": {"type": "number"}, "from_unit": _STR, "to_unit": _STR}, ["value", "from_unit", "to_unit"]),
-    _tool("get_stock_price", "Latest price of a stock by ticker symbol.", {"ticker": _STR}, ["ticker"]),
+          {"value": {"type": "number", "minimum": -1e9, "maximum": 1e9}, "from_unit": _str(24), "to_unit": _str(24)},
+          ["value", "from_unit", "to_unit"]),
+    _tool("get_stock_price", "Latest price of a stock by ticker symbol.",
+          {"ticker": {"type": "string", "pattern": "^[A-Z.]{1,6}$"}}, ["ticker"]),
     _tool("translate_text", "Translate text into another language.",
-          {"text": _STR, "target_language": _STR}, ["text", "target_language"]),
+          {"text": _str(200), "target_language": _str(32)}, ["text", "target_language"]),
 ]
 
-TOOL_NAMES = [t["function"]["name"] for t in TOOLS]
 
 # (user request, the tool a correct answer calls): the expected tool is reported, not enforced.
 TOOLCALL_REQUESTS: list[tuple[str, str]] = [

@@ -73,7 +73,7 @@ def test_batch_sweep_rows_and_breakeven(tiny):
                          read_bw=1.0, flop_rate=1.0)
     tok = tiny.tokenizer
     prompts = [tok.encode(t) for t in ("a b c a b c a b c", "the the the the", "hello world", "x y z x y z")]
-    batches = [1, 2]
+    batches = [2, 4]
     best = batch_sweep.measure(tiny, prompts, batches, batch_sweep.POLICIES, max_tokens=6, repeats=1, cost_model=cost)
     rows = batch_sweep.table(best, batches, batch_sweep.POLICIES)
     assert [r["B"] for r in rows] == batches

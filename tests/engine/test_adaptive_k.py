@@ -1,4 +1,4 @@
-"""The adaptive k controller inside the engine: a request whose drafts are accepted drafts deep when
+"""The adaptive k controller inside the engine: a request whose drafts are accepted, drafts deep when
 it runs alone, and drafts nothing once it shares the step with a full batch.
 
 The engine gets a synthetic step-cost model with its ridge at 4 new tokens, so the outcome does not
