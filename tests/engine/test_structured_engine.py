@@ -9,20 +9,24 @@ from agentrt.engine import SamplingParams, SpecConfig
 from agentrt.errors import RequestError
 
 S = {"type": "string", "maxLength": 24}
+# Bounded numbers: an unbounded integer lets a sampled small model spin digits past any max_tokens
+# (the engine then reports truncation, tested below), which is the schema's fault, not the decoder's.
+I = {"type": "integer", "minimum": -100000, "maximum": 100000}
+N = {"type": "number", "minimum": -1000, "maximum": 10000}
 SCHEMAS = {
     "person": {"type": "object", "properties": {"name": S, "age": {"type": "integer", "minimum": 0, "maximum": 120}},
                "required": ["name", "age"]},
-    "nested": {"type": "object", "properties": {"user": {"type": "object", "properties": {"id": {"type": "integer"}, "email": S},
+    "nested": {"type": "object", "properties": {"user": {"type": "object", "properties": {"id": I, "email": S},
                "required": ["id", "email"]}, "active": {"type": "boolean"}}, "required": ["user", "active"]},
     "tags": {"type": "object", "properties": {"tags": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}}, "required": ["tags"]},
-    "enum": {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit", "kelvin"]}, "value": {"type": "number"}},
+    "enum": {"type": "object", "properties": {"unit": {"enum": ["celsius", "fahrenheit", "kelvin"]}, "value": N},
              "required": ["unit", "value"]},
-    "optional": {"type": "object", "properties": {"title": S, "subtitle": S, "pages": {"type": "integer"}}, "required": ["title"]},
-    "anyof": {"type": "object", "properties": {"id": {"anyOf": [{"type": "integer"}, S]}}, "required": ["id"]},
-    "numbers": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}, "alt": {"type": "integer"}},
+    "optional": {"type": "object", "properties": {"title": S, "subtitle": S, "pages": I}, "required": ["title"]},
+    "anyof": {"type": "object", "properties": {"id": {"anyOf": [I, S]}}, "required": ["id"]},
+    "numbers": {"type": "object", "properties": {"lat": N, "lon": N, "alt": I},
                 "required": ["lat", "lon", "alt"]},
     "matrix": {"type": "object", "properties": {"rows": {"type": "array", "maxItems": 2, "items": {"type": "array", "maxItems": 3,
-               "items": {"type": "integer"}}}}, "required": ["rows"]},
+               "items": I}}}, "required": ["rows"]},
     "event": {"type": "object", "properties": {"when": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
               "what": S, "attendees": {"type": "array", "items": S, "maxItems": 2}}, "required": ["when", "what", "attendees"]},
     "flags": {"type": "object", "properties": {"debug": {"type": "boolean"}, "level": {"enum": [1, 2, 3]}, "name": {"type": ["string", "null"], "maxLength": 12}},
