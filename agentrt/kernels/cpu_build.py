@@ -3,11 +3,11 @@
 The kernels are plain C (AVX512, AMX intrinsics) called through ctypes: no PyTorch headers, so a
 build takes ~2 s with the system C compiler, once per (sources, compiler, CPU); the shared
 library is cached under $AGENTRT_CACHE/kernels (default ~/.cache/agentrt/kernels) and later
-starts only load it. They run on x86-64 CPUs with AMX-BF16 (Sapphire Rapids and later); anywhere
+starts only load it (AGENTRT_KERNELS_LIB=path loads a given build instead). They run on x86-64 CPUs with AMX-BF16 (Sapphire Rapids and later); anywhere
 else, or with AGENTRT_KERNELS=0, `cpu_kernels()` returns None and callers use the PyTorch path.
 
-OpenMP: the library links libgomp by soname, which resolves to the copy PyTorch already loaded,
-so kernels and ATen share one thread pool.
+Threads: the kernels run on their own fork-join workers (csrc/cpu_pool.c: spin briefly, then
+sleep), not OpenMP, whose spinning joins collapse on a CPU shared with other busy processes.
 """
 from __future__ import annotations
 
@@ -25,16 +25,16 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("cpu_linear_bf16.c", "cpu_attention_bf16.c", "cpu_decoder_bf16.c")
-HEADERS = ("cpu_common.h",)
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11")
+SOURCES = ("cpu_pool.c", "cpu_linear_bf16.c", "cpu_attention_bf16.c", "cpu_decoder_bf16.c")
+HEADERS = ("cpu_common.h", "cpu_pool.h")
+CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
 
 _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 SIGNATURES = {
     "agentrt_amx_init": (_I32, []),
     "agentrt_linear_bf16": (None, [_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _F32, _P, _I32, _P, _I64, _P, _I64, _I32, _I32]),
-    "agentrt_pack_weight_bf16": (None, [_P, _I64, _I64, _I64, _I64, _P, _I32]),
+    "agentrt_pack_weight_bf16": (None, [_P, _I64, _I64, _I64, _P, _I64, _I32]),
     "agentrt_rotary_kv_write_bf16": (None, [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _I32]),
     "agentrt_decoder_layers_bf16": (None, [_P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F32, _F32,
                                            _P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I32]),
@@ -112,7 +112,7 @@ def _load() -> ctypes.CDLL | None:
         return None
     cc = _compiler()
     try:
-        path = _library_path(cc)
+        path = Path(os.environ.get("AGENTRT_KERNELS_LIB") or _library_path(cc))  # override: A/B runs
         if not path.exists():
             log.info("building agentrt CPU kernels into %s", path)
             build(cc, path)

@@ -46,23 +46,35 @@ def _units(w: torch.Tensor, k32: int, groups: int = 1) -> torch.Tensor:
     return w.view(groups, n16 // 16, 16, k32 // 2, 2).permute(1, 0, 3, 2, 4).contiguous()
 
 
-def pack_weight(w: torch.Tensor, gated: bool = False) -> PackedWeight:
-    """w [N, K] bf16; gated: w is [gate; up] stacked ([2I, K]) and the layer outputs silu(gate) * up."""
-    if w.dtype != torch.bfloat16 or w.dim() != 2:
-        raise ValueError(f"pack_weight wants a 2-D bf16 weight, got {w.dtype} {tuple(w.shape)}")
-    n, k = w.shape
-    if gated and n % 2:
-        raise ValueError(f"a gated weight stacks gate and up: its rows ({n}) must be even")
+def pack_weight(w: torch.Tensor | list[torch.Tensor], gated: bool = False) -> PackedWeight:
+    """w [N, K] bf16, or its row blocks [w1, w2, ...] (e.g. q, k, v: packed without stacking them
+    first). gated: the rows are [gate; up] (or the blocks are [gate, up]) and the layer outputs
+    silu(gate) * up."""
+    parts = list(w) if isinstance(w, (list, tuple)) else [w]
+    if any(p.dtype != torch.bfloat16 or p.dim() != 2 for p in parts) or len({p.shape[1] for p in parts}) != 1:
+        raise ValueError(f"pack_weight wants 2-D bf16 weights of one width, got {[(p.dtype, tuple(p.shape)) for p in parts]}")
+    if gated and len(parts) == 1:
+        if parts[0].shape[0] % 2:
+            raise ValueError(f"a gated weight stacks gate and up: its rows ({parts[0].shape[0]}) must be even")
+        parts = list(parts[0].chunk(2))
+    if gated and (len(parts) != 2 or parts[0].shape != parts[1].shape):
+        raise ValueError("a gated weight has two blocks of equal shape: gate and up")
+    n, k = sum(p.shape[0] for p in parts), parts[0].shape[1]
     k32 = (k + 31) // 32 * 32
-    groups = 2 if gated else 1  # gated: unit 2i holds gate rows, 2i+1 the matching up rows
     lib = cpu_kernels()
-    if lib is None or w.stride(1) != 1:
-        units = _units(w, k32, groups)
-    else:  # the same layout, written by a C loop: torch's strided copy of 4-byte runs is slow
-        units = torch.empty((n // groups + 15) // 16 * groups, k32 // 2, 16, 2, dtype=w.dtype)
-        lib.agentrt_pack_weight_bf16(w.data_ptr(), w.stride(0), n // groups, k, groups, units.data_ptr(),
-                                     torch.get_num_threads())
-    return PackedWeight(units.view(-1, k32 // 2, 16, 2), n // groups, k, gated)
+    aligned = all(p.shape[0] % 16 == 0 for p in parts[:-1]) and all(p.stride(1) == 1 for p in parts)
+    if lib is None or not (aligned or gated):
+        units = _units(torch.cat(parts), k32, 2 if gated else 1)
+    else:  # a C loop writes the layout: torch's strided copy of 4-byte runs is slow
+        units_per = [(p.shape[0] + 15) // 16 for p in parts]
+        units = torch.empty(sum(units_per), k32 // 2, 16, 2, dtype=torch.bfloat16)
+        threads = torch.get_num_threads()
+        for i, p in enumerate(parts):
+            # gated: gate -> units 0, 2, 4, ..., up -> 1, 3, 5, ...; else block i after block i-1
+            first, stride = (i, 2) if gated else (sum(units_per[:i]), 1)
+            lib.agentrt_pack_weight_bf16(p.data_ptr(), p.stride(0), p.shape[0], k,
+                                         units[first].data_ptr(), stride, threads)
+    return PackedWeight(units.view(-1, k32 // 2, 16, 2), n // 2 if gated else n, k, gated)
 
 
 def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:

@@ -178,3 +178,13 @@ def test_decoder_stack_matches_the_composed_references():
     for (k, v), (rk, rv) in zip(caches, ref_caches):  # every layer wrote the same K/V, up to rounding
         assert torch.allclose(k.float(), rk.float(), rtol=2**-5, atol=2**-5)
         assert torch.allclose(v.float(), rv.float(), rtol=2**-5, atol=2**-5)
+
+
+def test_packing_row_blocks_equals_packing_the_stacked_weight():
+    g = torch.Generator().manual_seed(9)
+    q, k, v = _bf16(64, 40, g=g), _bf16(32, 40, g=g), _bf16(32, 40, g=g)
+    assert torch.equal(pack_weight([q, k, v]).data, pack_weight(torch.cat([q, k, v])).data)
+    gate, up = _bf16(24, 40, g=g), _bf16(24, 40, g=g)  # 24 rows: padded units
+    assert torch.equal(pack_weight([gate, up], gated=True).data, pack_weight(torch.cat([gate, up]), gated=True).data)
+    odd = [_bf16(20, 40, g=g), _bf16(8, 40, g=g)]  # a block not a multiple of 16 rows: stacked first
+    assert torch.equal(pack_weight(odd).data, pack_weight(torch.cat(odd)).data)

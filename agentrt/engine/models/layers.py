@@ -52,22 +52,36 @@ class RotaryEmbedding:
 
 
 class Linear:
-    """y = x W^T (+ b). On CPU in bf16 the weight is pre-packed for oneDNN: PyTorch's plain CPU
-    GEMV reads weights at ~10 GB/s, the packed path at 20-34 GB/s (shared notes). With
-    `kernel`, it is also packed for the AMX kernel (agentrt/kernels/linear.py), which the bf16
-    kernel forward uses for small batches; `gated` marks a stacked [gate; up] weight there. The
-    oneDNN packing then waits for the first large batch (it costs ~0.3 s of start-up)."""
+    """y = x W^T (+ b), W given whole or as row blocks (q, k, v; gate, up) that it stacks.
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None, pack: bool = False,
-                 kernel: bool = False, gated: bool = False):
-        self.out_features, self.in_features = weight.shape
-        self.weight = weight
+    On CPU in bf16 the weight is pre-packed for oneDNN: PyTorch's plain CPU GEMV reads weights
+    at ~10 GB/s, the packed path at 20-34 GB/s (shared notes). With `kernel`, it is packed for
+    the AMX kernel instead (agentrt/kernels/linear.py), straight from the blocks; the stacked
+    weight and its oneDNN packing are then built on first use (a prefill chunk above
+    KERNEL_MAX_TOKENS, the fp32 reference path, a benchmark reading `weight`), which keeps ~0.3 s
+    and one copy of the weights out of start-up. `gated` marks [gate; up] for the kernel."""
+
+    def __init__(self, weight: torch.Tensor | list[torch.Tensor], bias: torch.Tensor | None = None,
+                 pack: bool = False, kernel: bool = False, gated: bool = False):
+        parts = list(weight) if isinstance(weight, (list, tuple)) else [weight]
+        self.out_features, self.in_features = sum(p.shape[0] for p in parts), parts[0].shape[1]
         self.bias = bias
-        self._pack = pack and _can_pack(weight)
+        self._parts: list[torch.Tensor] | None = parts
+        self._weight: torch.Tensor | None = parts[0] if len(parts) == 1 else None
+        self._pack = pack and _can_pack(parts[0])
         self._packed = None
-        if self._pack and not kernel:
-            self._packed = torch.ops.mkldnn._reorder_linear_weight(weight, None)
-        self.kernel: PackedWeight | None = pack_weight(weight, gated) if kernel else None
+        self.kernel: PackedWeight | None = pack_weight(parts, gated) if kernel else None
+        if not kernel:
+            _ = self.weight
+            if self._pack:
+                self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
+
+    @property
+    def weight(self) -> torch.Tensor:  # [N, K]
+        if self._weight is None:
+            self._weight = torch.cat(self._parts).contiguous()
+        self._parts = None  # the blocks' memory goes with them once stacked
+        return self._weight
 
     @property
     def packed(self) -> torch.Tensor | None:

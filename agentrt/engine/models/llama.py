@@ -25,14 +25,13 @@ class _Layer:
     def __init__(self, cfg: ModelConfig, sd: dict[str, torch.Tensor], i: int, pack: bool, kernel: bool):
         p = f"model.layers.{i}."
         w = lambda name: sd[p + name]  # noqa: E731
-        qkv_w = torch.cat([w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")])
+        qkv_w = [w("self_attn.q_proj.weight"), w("self_attn.k_proj.weight"), w("self_attn.v_proj.weight")]
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"), w("self_attn.v_proj.bias")])
-        self.qkv = Linear(qkv_w.contiguous(), qkv_b, pack, kernel)
+        self.qkv = Linear(qkv_w, qkv_b, pack, kernel)
         self.o = Linear(w("self_attn.o_proj.weight"), None, pack, kernel)
-        gate_up = torch.cat([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")]).contiguous()
-        self.gate_up = Linear(gate_up, None, pack, kernel, gated=True)
+        self.gate_up = Linear([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")], None, pack, kernel, gated=True)
         self.down = Linear(w("mlp.down_proj.weight"), None, pack, kernel)
         self.attn_norm = w("input_layernorm.weight")
         self.mlp_norm = w("post_attention_layernorm.weight")

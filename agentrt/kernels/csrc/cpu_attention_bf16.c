@@ -12,6 +12,7 @@
  */
 #include <immintrin.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "cpu_common.h"
@@ -35,19 +36,39 @@ static void rotary_token(bf16 *x, int heads, int d, const float *cos, const floa
 /* qkv [T, ld]: q (nq heads), k (nkv heads), v (nkv heads), each head d wide, contiguous.
  * Rotates q and k in place by positions[t] (cos/sin: [P, d/2] fp32), then copies k and v of
  * token t into row slots[t] of the caches [num_slots, nkv, d]. */
+typedef struct {
+  bf16 *qkv;
+  int64_t T, ld;
+  int nq, nkv, d;
+  const int64_t *positions, *slots;
+  const float *cos, *sin;
+  bf16 *k_cache, *v_cache;
+  pool_chunks chunks; /* of tokens */
+} rotary_job;
+
+static void rotary_part(void *arg, int tid, int nt) {
+  (void)nt;
+  rotary_job *J = (rotary_job *)arg;
+  const int64_t kv_row = (int64_t)J->nkv * J->d, half = J->d / 2;
+  for (int64_t t; (t = pool_claim(&J->chunks, tid)) >= 0;) {
+    bf16 *row = J->qkv + t * J->ld;
+    rotary_token(row, J->nq + J->nkv, J->d, J->cos + J->positions[t] * half, J->sin + J->positions[t] * half);
+    memcpy(J->k_cache + J->slots[t] * kv_row, row + (int64_t)J->nq * J->d, (size_t)kv_row * sizeof(bf16));
+    memcpy(J->v_cache + J->slots[t] * kv_row, row + (int64_t)(J->nq + J->nkv) * J->d, (size_t)kv_row * sizeof(bf16));
+  }
+}
+
+/* qkv [T, ld]: q (nq heads), k (nkv heads), v (nkv heads), each head d wide, contiguous.
+ * Rotates q and k in place by positions[t] (cos/sin: [P, d/2] fp32), then copies k and v of
+ * token t into row slots[t] of the caches [num_slots, nkv, d]. */
 void agentrt_rotary_kv_write_bf16(bf16 *qkv, int64_t T, int64_t ld, int nq, int nkv, int d,
                                   const int64_t *positions, const float *cos, const float *sin,
                                   const int64_t *slots, bf16 *k_cache, bf16 *v_cache,
                                   int num_threads) {
-  const int64_t kv_row = (int64_t)nkv * d;
-#pragma omp parallel for num_threads(T >= 64 ? num_threads : 1) schedule(static)
-  for (int64_t t = 0; t < T; t++) {
-    bf16 *row = qkv + t * ld;
-    const float *c = cos + positions[t] * (d / 2), *s = sin + positions[t] * (d / 2);
-    rotary_token(row, nq + nkv, d, c, s);
-    memcpy(k_cache + slots[t] * kv_row, row + nq * d, (size_t)kv_row * sizeof(bf16));
-    memcpy(v_cache + slots[t] * kv_row, row + (nq + nkv) * d, (size_t)kv_row * sizeof(bf16));
-  }
+  rotary_job job = {qkv, T, ld, nq, nkv, d, positions, slots, cos, sin, k_cache, v_cache, {0}};
+  const int nt = T >= 64 ? num_threads : 1; /* a few tokens: not worth a join */
+  pool_chunks_init(&job.chunks, T, nt);
+  pool_run(rotary_part, &job, nt);
 }
 
 #define MAX_D 256
@@ -263,6 +284,29 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
   }
 }
 
+typedef struct {
+  const bf16 *q, *k_cache, *v_cache;
+  int64_t ldq, ldo, B, bt_stride, block_size;
+  const int64_t *cu_q, *positions, *block_tables;
+  int nq, nkv, d;
+  float scale;
+  bf16 *out;
+  pool_chunks chunks; /* of (sequence, kv head) tasks */
+} attention_job;
+
+static void attention_part(void *arg, int tid, int nt) {
+  (void)nt;
+  attention_job *J = (attention_job *)arg;
+  configure_tiles();
+  for (int64_t task; (task = pool_claim(&J->chunks, tid)) >= 0;) {
+    const int64_t b = task / J->nkv;
+    attend_group(J->q, J->ldq, J->out, J->ldo, J->cu_q[b], J->cu_q[b + 1] - J->cu_q[b], J->positions,
+                 (int)(task % J->nkv), J->nq / J->nkv, J->nkv, J->d, J->block_tables + b * J->bt_stride,
+                 J->block_size, J->k_cache, J->v_cache, J->scale);
+  }
+  _tile_release();
+}
+
 /* out[t, nq*d] = attention of q[t] (rows of stride ldq, head h at h*d) over its sequence's
  * cached context. Sequence b owns tokens cu_q[b]..cu_q[b+1] and block table row b
  * (block_tables + b*bt_stride); a token at position p attends to positions 0..p. d % 16 == 0. */
@@ -271,18 +315,10 @@ void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const i
                                   int64_t bt_stride, int64_t block_size, const bf16 *k_cache,
                                   const bf16 *v_cache, int nq, int nkv, int d, float scale,
                                   bf16 *out, int64_t ldo, int num_threads) {
-  const int g = nq / nkv;
+  attention_job job = {q, k_cache, v_cache, ldq, ldo, B, bt_stride, block_size, cu_q, positions, block_tables,
+                       nq, nkv, d, scale, out, {0}};
   const int64_t tasks = B * nkv;
-#pragma omp parallel num_threads(tasks < num_threads ? (int)tasks : num_threads)
-  {
-    configure_tiles();
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t task = 0; task < tasks; task++) {
-      int64_t b = task / nkv;
-      int kvh = (int)(task % nkv);
-      attend_group(q, ldq, out, ldo, cu_q[b], cu_q[b + 1] - cu_q[b], positions, kvh, g, nkv, d,
-                   block_tables + b * bt_stride, block_size, k_cache, v_cache, scale);
-    }
-    _tile_release();
-  }
+  const int nt = tasks < num_threads ? (int)tasks : num_threads;
+  pool_chunks_init(&job.chunks, tasks, nt);
+  pool_run(attention_part, &job, nt);
 }

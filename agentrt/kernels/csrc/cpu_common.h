@@ -3,10 +3,11 @@
 #define AGENTRT_CPU_COMMON_H
 
 #include <immintrin.h>
-#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "cpu_pool.h"
 
 typedef uint16_t bf16;
 

@@ -37,15 +37,6 @@ int agentrt_amx_init(void) {
   return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
 }
 
-#ifndef PREFETCH_CHUNKS
-#define PREFETCH_CHUNKS 4
-#endif
-/* Ask for a weight tile PREFETCH_CHUNKS k-chunks ahead: AMX tile loads stall on memory. */
-static inline void prefetch_tile(const bf16 *p) {
-  const char *c = (const char *)p;
-  for (int i = 0; i < 1024; i += 64) _mm_prefetch(c + i, _MM_HINT_T0);
-}
-
 /* The reference rms_norm: bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))). */
 static void rms_norm_row(const bf16 *x, const bf16 *w, int64_t K, float eps, bf16 *out) {
   float ss = 0.f;
@@ -88,6 +79,104 @@ static void store_tile(const float *acc, int mt, int64_t u0, int nb, int64_t N, 
   }
 }
 
+typedef struct {
+  const bf16 *w, *xp, *bias, *res;
+  int64_t N, K32, M, units, ldr, ldy;
+  int epilogue, out_f32;
+  void *y;
+  pool_chunks chunks; /* of NB units */
+} linear_job;
+
+/* Chunks of NB units (NB even: a gated pair never splits) until none is left. */
+static void linear_part(void *arg, int tid, int nt) {
+  (void)nt;
+  linear_job *J = (linear_job *)arg;
+  const bf16 *w = J->w, *xp = J->xp, *bias = J->bias, *res = J->res;
+  const int64_t N = J->N, K32 = J->K32, M = J->M, units = J->units, ldr = J->ldr, ldy = J->ldy;
+  const int epilogue = J->epilogue, out_f32 = J->out_f32;
+  void *y = J->y;
+  const int64_t kchunks = K32 / 32, unit_elems = K32 * 16;
+  float acc[NB * 16 * 16] __attribute__((aligned(64)));
+  configure_tiles();
+  for (int64_t c; (c = pool_claim(&J->chunks, tid)) >= 0;) {
+    const int64_t u = c * NB;
+    int nb = (int)(units - u < NB ? units - u : NB);
+    const bf16 *wu = w + u * unit_elems;
+    int64_t m0 = 0;
+    /* Pairs of 16-row blocks against 2 units at a time: each weight tile loaded once feeds 32 rows. */
+    for (; M - m0 > 16; m0 += 32) {
+      const bf16 *xa = xp + m0 * K32;
+      for (int b0 = 0; b0 < nb; b0 += 2) {
+        int two = nb - b0 > 1;
+        const bf16 *wb = wu + b0 * unit_elems;
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+        for (int64_t kc = 0; kc < kchunks; kc++) {
+          _tile_loadd(4, xa + kc * 32, K32 * 2);
+          _tile_loadd(5, xa + 16 * K32 + kc * 32, K32 * 2);
+          _tile_loadd(6, wb + kc * 512, 64);
+          _tile_dpbf16ps(0, 4, 6);
+          _tile_dpbf16ps(2, 5, 6);
+          if (two) {
+            _tile_loadd(7, wb + unit_elems + kc * 512, 64);
+            _tile_dpbf16ps(1, 4, 7);
+            _tile_dpbf16ps(3, 5, 7);
+          }
+        }
+        /* acc[b][row][16]: rows 0..15 of block 0 in units b0, b0+1, then block 1. */
+        _tile_stored(0, acc, 64);
+        _tile_stored(1, acc + 256, 64);
+        _tile_stored(2, acc + 512, 64);
+        _tile_stored(3, acc + 768, 64);
+        int mt = (int)(M - m0 - 16 < 16 ? M - m0 - 16 : 16);
+        for (int half = 0; half < 2; half++) {
+          int64_t r0 = m0 + 16 * half;
+          char *yrow = (char *)y + r0 * ldy * (out_f32 ? 4 : 2);
+          store_tile(acc + half * 512, half ? mt : 16, u + b0, two ? 2 : 1, N, bias, epilogue,
+                     res ? res + r0 * ldr : NULL, ldr, yrow, ldy, out_f32);
+        }
+      }
+    }
+    /* At most 16 rows left: one x tile against up to 4 units. */
+    if (m0 < M) {
+      const bf16 *xa = xp + m0 * K32;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t kc = 0; kc < kchunks; kc++) {
+        _tile_loadd(4, xa + kc * 32, K32 * 2);
+        const bf16 *wk = wu + kc * 512;
+        _tile_loadd(5, wk, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        if (nb > 1) {
+          _tile_loadd(6, wk + unit_elems, 64);
+          _tile_dpbf16ps(1, 4, 6);
+        }
+        if (nb > 2) {
+          _tile_loadd(7, wk + 2 * unit_elems, 64);
+          _tile_dpbf16ps(2, 4, 7);
+        }
+        if (nb > 3) {
+          _tile_loadd(5, wk + 3 * unit_elems, 64);
+          _tile_dpbf16ps(3, 4, 5);
+        }
+      }
+      _tile_stored(0, acc, 64);
+      _tile_stored(1, acc + 256, 64);
+      _tile_stored(2, acc + 512, 64);
+      _tile_stored(3, acc + 768, 64);
+      int mt = (int)(M - m0 < 16 ? M - m0 : 16);
+      char *yrow = (char *)y + m0 * ldy * (out_f32 ? 4 : 2);
+      store_tile(acc, mt, u, nb, N, bias, epilogue, res ? res + m0 * ldr : NULL, ldr, yrow, ldy,
+                 out_f32);
+    }
+  }
+  _tile_release();
+}
+
 /* y[M, N] = epilogue(norm(x)[M, K] W^T + bias).
  * w: packed weight of `units` 16-row units; N: output columns (for EPI_SILU_MUL the gated width,
  * half the packed rows). norm_w: rms-norm weight applied to x first, or NULL. res may alias y
@@ -107,117 +196,41 @@ void agentrt_linear_bf16(const bf16 *w, int64_t units, int64_t N, int64_t K, con
     else
       memcpy(xp + m * K32, x + m * ldx, (size_t)K * sizeof(bf16));
   }
-  const int64_t kchunks = K32 / 32, unit_elems = K32 * 16;
-  const int64_t step = epilogue == EPI_SILU_MUL ? 2 : 1; /* units that must stay together */
-  const int64_t groups = units / step;
-#pragma omp parallel num_threads(num_threads)
-  {
-    int nt = omp_get_num_threads(), t = omp_get_thread_num();
-    int64_t u_begin = groups * t / nt * step, u_end = groups * (t + 1) / nt * step;
-    float acc[NB * 16 * 16] __attribute__((aligned(64)));
-    configure_tiles();
-    for (int64_t u = u_begin; u < u_end; u += NB) {
-      int nb = (int)(u_end - u < NB ? u_end - u : NB);
-      const bf16 *wu = w + u * unit_elems;
-      int64_t m0 = 0;
-      /* Pairs of 16-row blocks against 2 units at a time: each weight tile loaded once feeds 32 rows. */
-      for (; M - m0 > 16; m0 += 32) {
-        const bf16 *xa = xp + m0 * K32;
-        for (int b0 = 0; b0 < nb; b0 += 2) {
-          int two = nb - b0 > 1;
-          const bf16 *wb = wu + b0 * unit_elems;
-          _tile_zero(0);
-          _tile_zero(1);
-          _tile_zero(2);
-          _tile_zero(3);
-          for (int64_t kc = 0; kc < kchunks; kc++) {
-            _tile_loadd(4, xa + kc * 32, K32 * 2);
-            _tile_loadd(5, xa + 16 * K32 + kc * 32, K32 * 2);
-            if (kc + PREFETCH_CHUNKS < kchunks) {
-              prefetch_tile(wb + (kc + PREFETCH_CHUNKS) * 512);
-              if (two) prefetch_tile(wb + unit_elems + (kc + PREFETCH_CHUNKS) * 512);
-            }
-            _tile_loadd(6, wb + kc * 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
-            _tile_dpbf16ps(2, 5, 6);
-            if (two) {
-              _tile_loadd(7, wb + unit_elems + kc * 512, 64);
-              _tile_dpbf16ps(1, 4, 7);
-              _tile_dpbf16ps(3, 5, 7);
-            }
-          }
-          /* acc[b][row][16]: rows 0..15 of block 0 in units b0, b0+1, then block 1. */
-          _tile_stored(0, acc, 64);
-          _tile_stored(1, acc + 256, 64);
-          _tile_stored(2, acc + 512, 64);
-          _tile_stored(3, acc + 768, 64);
-          int mt = (int)(M - m0 - 16 < 16 ? M - m0 - 16 : 16);
-          for (int half = 0; half < 2; half++) {
-            int64_t r0 = m0 + 16 * half;
-            char *yrow = (char *)y + r0 * ldy * (out_f32 ? 4 : 2);
-            store_tile(acc + half * 512, half ? mt : 16, u + b0, two ? 2 : 1, N, bias, epilogue,
-                       res ? res + r0 * ldr : NULL, ldr, yrow, ldy, out_f32);
-          }
+  linear_job job = {w, xp, bias, res, N, K32, M, units, ldr, ldy, epilogue, out_f32, y, {0}};
+  pool_chunks_init(&job.chunks, (units + NB - 1) / NB, num_threads);
+  pool_run(linear_part, &job, num_threads);
+}
+
+/* Pack w ([n, K] bf16, row stride ldw) into the layout above: its 16-row units (rows padded to
+ * a multiple of 16, K to K32 = ceil32(K), padding zero) go to dst units 0, unit_stride,
+ * 2 * unit_stride, ... of K32 * 16 elements each (stride 2 interleaves a gate and an up weight). */
+typedef struct {
+  const bf16 *w;
+  int64_t ldw, n, K, unit_stride;
+  bf16 *dst;
+  pool_chunks chunks; /* of units */
+} pack_job;
+
+static void pack_part(void *arg, int tid, int nt) {
+  (void)nt;
+  pack_job *J = (pack_job *)arg;
+  const int64_t K32 = (J->K + 31) / 32 * 32;
+  for (int64_t u; (u = pool_claim(&J->chunks, tid)) >= 0;) {
+    bf16 *out = J->dst + u * J->unit_stride * K32 * 16;
+    for (int r = 0; r < 16; r++) {
+      const int64_t row = u * 16 + r;
+      for (int64_t kp = 0; kp < K32 / 2; kp++)
+        for (int i = 0; i < 2; i++) {
+          const int64_t k = 2 * kp + i;
+          out[(kp * 16 + r) * 2 + i] = row < J->n && k < J->K ? J->w[row * J->ldw + k] : 0;
         }
-      }
-      /* At most 16 rows left: one x tile against up to 4 units. */
-      if (m0 < M) {
-        const bf16 *xa = xp + m0 * K32;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
-        for (int64_t kc = 0; kc < kchunks; kc++) {
-          _tile_loadd(4, xa + kc * 32, K32 * 2);
-          const bf16 *wk = wu + kc * 512;
-          if (kc + PREFETCH_CHUNKS < kchunks)
-            for (int b = 0; b < nb; b++) prefetch_tile(wk + b * unit_elems + PREFETCH_CHUNKS * 512);
-          _tile_loadd(5, wk, 64);
-          _tile_dpbf16ps(0, 4, 5);
-          if (nb > 1) {
-            _tile_loadd(6, wk + unit_elems, 64);
-            _tile_dpbf16ps(1, 4, 6);
-          }
-          if (nb > 2) {
-            _tile_loadd(7, wk + 2 * unit_elems, 64);
-            _tile_dpbf16ps(2, 4, 7);
-          }
-          if (nb > 3) {
-            _tile_loadd(5, wk + 3 * unit_elems, 64);
-            _tile_dpbf16ps(3, 4, 5);
-          }
-        }
-        _tile_stored(0, acc, 64);
-        _tile_stored(1, acc + 256, 64);
-        _tile_stored(2, acc + 512, 64);
-        _tile_stored(3, acc + 768, 64);
-        int mt = (int)(M - m0 < 16 ? M - m0 : 16);
-        char *yrow = (char *)y + m0 * ldy * (out_f32 ? 4 : 2);
-        store_tile(acc, mt, u, nb, N, bias, epilogue, res ? res + m0 * ldr : NULL, ldr, yrow, ldy,
-                   out_f32);
-      }
     }
-    _tile_release();
   }
 }
 
-/* Pack w ([groups * n, K] bf16, row stride ldw) into the layout above: units of 16 rows of each
- * group side by side (unit u * groups + g holds rows 16u.. of group g), K padded to K32 = ceil32(K),
- * rows padded to a multiple of 16, padding zero. dst: [ceil(n / 16) * groups][K32 / 2][16][2]. */
-void agentrt_pack_weight_bf16(const bf16 *w, int64_t ldw, int64_t n, int64_t K, int64_t groups,
-                              bf16 *dst, int num_threads) {
-  const int64_t K32 = (K + 31) / 32 * 32, units = (n + 15) / 16;
-#pragma omp parallel for num_threads(num_threads) schedule(static)
-  for (int64_t ug = 0; ug < units * groups; ug++) {
-    const int64_t u = ug / groups, g = ug % groups;
-    bf16 *out = dst + ug * K32 * 16;
-    for (int64_t kp = 0; kp < K32 / 2; kp++)
-      for (int r = 0; r < 16; r++) {
-        const int64_t row = u * 16 + r;
-        for (int i = 0; i < 2; i++) {
-          const int64_t k = 2 * kp + i;
-          out[(kp * 16 + r) * 2 + i] = row < n && k < K ? w[(g * n + row) * ldw + k] : 0;
-        }
-      }
-  }
+void agentrt_pack_weight_bf16(const bf16 *w, int64_t ldw, int64_t n, int64_t K, bf16 *dst, int64_t unit_stride,
+                              int num_threads) {
+  pack_job job = {w, ldw, n, K, unit_stride, dst, {0}};
+  pool_chunks_init(&job.chunks, (n + 15) / 16, num_threads);
+  pool_run(pack_part, &job, num_threads);
 }

@@ -1,0 +1,44 @@
+/* Fork-join worker threads for the kernels (cpu_pool.c). */
+#ifndef AGENTRT_CPU_POOL_H
+#define AGENTRT_CPU_POOL_H
+
+#include <stdatomic.h>
+#include <stdint.h>
+
+typedef void (*pool_fn)(void *ctx, int tid, int nthreads);
+
+/* Runs fn(ctx, 0, n) on the caller and fn(ctx, tid, n) on up to n-1 workers that join in time;
+ * returns when every call that started has returned. fn must split the work dynamically
+ * (pool_claim on a counter in ctx) and be harmless when it finds nothing left. */
+void pool_run(pool_fn fn, void *ctx, int n);
+
+#define POOL_MAX_THREADS 64
+
+/* A job's chunks 0..n-1 in one contiguous range per thread (each thread streams its own part of
+ * the weights, as a static split would); a thread done with its range takes chunks from the
+ * others' ranges, so one that is descheduled or never joins delays nobody. */
+typedef struct {
+  int64_t n;
+  int nt;
+  _Atomic int64_t next[POOL_MAX_THREADS];
+} pool_chunks;
+
+static inline void pool_chunks_init(pool_chunks *c, int64_t n, int nt) {
+  c->n = n;
+  c->nt = nt < 1 ? 1 : (nt > POOL_MAX_THREADS ? POOL_MAX_THREADS : nt);
+  for (int t = 0; t < c->nt; t++) atomic_init(&c->next[t], n * t / c->nt);
+}
+
+/* The next chunk for thread tid, or -1 when none is left. */
+static inline int64_t pool_claim(pool_chunks *c, int tid) {
+  for (int k = 0; k < c->nt; k++) {
+    const int r = (tid + k) % c->nt;
+    const int64_t end = c->n * (r + 1) / c->nt;
+    if (atomic_load_explicit(&c->next[r], memory_order_relaxed) >= end) continue;
+    const int64_t i = atomic_fetch_add_explicit(&c->next[r], 1, memory_order_relaxed);
+    if (i < end) return i;
+  }
+  return -1;
+}
+
+#endif
