@@ -105,11 +105,16 @@ def _paged_setup(g, lens, nq, nkv, d, block_size=4, num_blocks=64):
     return kc, vc, tables
 
 
+# (context after the step, queries per sequence): decode and verification; then prefill-shaped
+# runs whose query rows (tokens x query heads per kv head) split over several 64-row tasks.
+SHAPES = {"decode": ([5, 40, 17, 1], [1, 17, 3, 1]), "prefill": ([130, 40, 70], [130, 17, 25])}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("d,nq,nkv", [(16, 4, 2), (64, 9, 3), (32, 4, 4)])
-def test_paged_attention_matches_reference(d, nq, nkv):
+def test_paged_attention_matches_reference(d, nq, nkv, shape):
     g = torch.Generator().manual_seed(d + nq)
-    ctx = [5, 40, 17, 1]  # context after the step
-    new = [1, 17, 3, 1]  # queries per sequence (decode, verification)
+    ctx, new = SHAPES[shape]
     kc, vc, tables = _paged_setup(g, ctx, nq, nkv, d)
     positions = torch.cat([torch.arange(c - n, c) for c, n in zip(ctx, new)])
     cu_q = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.long)

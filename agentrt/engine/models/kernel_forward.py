@@ -10,9 +10,11 @@ one call (agentrt/kernels/decoder.py), five kernels per layer:
 
 then the final norm fused into the head. Every op rounds to bf16 where the PyTorch path's
 separate ops do, so the two paths differ by float summation order only
-(tests/engine/test_kernel_forward.py). Used for batches of at most KERNEL_MAX_TOKENS tokens
-(decode, verification, small prefill chunks); larger prefill chunks take the PyTorch path, whose
-oneDNN GEMMs are faster there.
+(tests/engine/test_kernel_forward.py). Used for every batch the model runs in bf16 on CPU:
+decode, verification and prefill alike. (Capping it at 64 tokens and sending larger steps to the
+PyTorch path put a cliff into the step cost, 40 ms at 64 tokens and 75 ms at 65, that the
+adaptive controller's roofline cannot represent; the kernel path is faster at every size
+measured, up to 512 new tokens: docs/benchmarks.md.)
 """
 from __future__ import annotations
 
@@ -26,11 +28,6 @@ from agentrt.engine.models.layers import rms_norm
 from agentrt.kernels.cpu_build import cpu_kernels
 from agentrt.kernels.decoder import Dims, LayerWeights, decoder_layers, layer_table
 from agentrt.kernels.linear import linear
-
-# Measured (docs/benchmarks.md): the AMX kernel matches oneDNN near 64 rows and falls behind
-# above, while below it reads weights ~1.5x faster and costs far less per call.
-KERNEL_MAX_TOKENS = 64
-
 
 def kernel_support(cfg, dtype: torch.dtype, device: torch.device) -> str | None:
     """Why the kernel forward cannot run this model here, or None when it can."""

@@ -57,8 +57,8 @@ class Linear:
     On CPU in bf16 the weight is pre-packed for oneDNN: PyTorch's plain CPU GEMV reads weights
     at ~10 GB/s, the packed path at 20-34 GB/s (shared notes). With `kernel`, it is packed for
     the AMX kernel instead (agentrt/kernels/linear.py), straight from the blocks; the stacked
-    weight and its oneDNN packing are then built on first use (a prefill chunk above
-    KERNEL_MAX_TOKENS, the fp32 reference path, a benchmark reading `weight`), which keeps ~0.3 s
+    weight and its oneDNN packing are then built on first use (the PyTorch path run as a
+    reference with `kernels_enabled` off, a benchmark reading `weight`), which keeps ~0.3 s
     and one copy of the weights out of start-up. `gated` marks [gate; up] for the kernel."""
 
     def __init__(self, weight: torch.Tensor | list[torch.Tensor], bias: torch.Tensor | None = None,

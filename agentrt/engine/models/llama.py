@@ -16,7 +16,7 @@ from agentrt.engine.config import ModelConfig
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.models.attention import AttentionMetadata, paged_attention  # noqa: F401  (re-export)
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F401  (re-export)
-from agentrt.engine.models.kernel_forward import KERNEL_MAX_TOKENS, KernelDecoder, kernel_forward, kernel_support
+from agentrt.engine.models.kernel_forward import KernelDecoder, kernel_forward, kernel_support
 from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, rms_norm
 from agentrt.errors import ModelLoadError
 
@@ -40,7 +40,7 @@ class _Layer:
 class LlamaModel:
     """Inference-only model. Weights come in Hugging Face names (see engine/weights.py).
 
-    use_kernels: run batches of up to KERNEL_MAX_TOKENS tokens on the C kernels (bf16 on CPUs
+    use_kernels: run every batch on the C kernels (bf16 on CPUs
     with AMX; agentrt/engine/models/kernel_forward.py). None = whenever they can run here, unless
     AGENTRT_KERNELS=0; True = require them (ModelLoadError naming why not); False = PyTorch only.
     `kernels_enabled` switches between the two paths at run time (the weights stay packed)."""
@@ -85,7 +85,7 @@ class LlamaModel:
         accepted positions equal the full model's, so the draft shares the target's cache."""
         n_layers = num_layers or len(self.layers)
         T = batch.input_ids.shape[0]
-        if self._kernels_enabled and T <= KERNEL_MAX_TOKENS:
+        if self._kernels_enabled:
             return kernel_forward(self, batch, kv, n_layers, return_hidden)
         cfg = self.cfg
         h = self.embed[batch.input_ids]  # [T, hidden]

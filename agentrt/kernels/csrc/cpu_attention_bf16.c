@@ -241,14 +241,15 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
   }
 }
 
-/* One (sequence, kv head): nqs tokens x g query heads, in blocks of QB queries. */
-static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int64_t t0, int64_t nqs,
-                         const int64_t *positions, int kvh, int g, int nkv, int d, const int64_t *table,
-                         int64_t block_size, const bf16 *k_cache, const bf16 *v_cache, float scale) {
-  const int qn = (int)nqs * g;
+/* Queries i0..i1 of one (sequence, kv head), query i being token t0 + i / g, head kvh * g + i % g,
+ * in blocks of QB queries. */
+static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int64_t t0, int64_t i_begin,
+                         int64_t i_end, const int64_t *positions, int kvh, int g, int nkv, int d,
+                         const int64_t *table, int64_t block_size, const bf16 *k_cache, const bf16 *v_cache,
+                         float scale) {
   const int64_t kv_row = (int64_t)nkv * d, head_off = (int64_t)kvh * d;
   int64_t ctx = 0;
-  for (int64_t i = 0; i < nqs; i++)
+  for (int64_t i = i_begin / g; i <= (i_end - 1) / g; i++)
     if (positions[t0 + i] + 1 > ctx) ctx = positions[t0 + i] + 1;
   static __thread scratch_buf bufs[5];
   scratch S;
@@ -266,14 +267,14 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
     for (int64_t o = 0; o < block_size && l < S.lpad; o++, l++) S.slots[l] = blk < nblocks ? base + o : 0;
   }
   pack_v(&S, v_cache, ctx, kv_row, head_off, d);
-  for (int i0 = 0; i0 < qn; i0 += QB) {
-    const int qb = qn - i0 < QB ? qn - i0 : QB;
+  for (int64_t i0 = i_begin; i0 < i_end; i0 += QB) {
+    const int qb = (int)(i_end - i0 < QB ? i_end - i0 : QB);
     const bf16 *qrows[QB];
     bf16 *orows[QB];
     int64_t qpos[QB];
     int64_t bctx = 0;
-    for (int j = 0; j < qb; j++) { /* query i: token i / g, head kvh * g + i % g */
-      const int i = i0 + j;
+    for (int j = 0; j < qb; j++) {
+      const int64_t i = i0 + j;
       const int64_t head = (int64_t)kvh * g + i % g;
       qrows[j] = q + (t0 + i / g) * ldq + head * d;
       orows[j] = out + (t0 + i / g) * ldo + head * d;
@@ -291,18 +292,24 @@ typedef struct {
   int nq, nkv, d;
   float scale;
   bf16 *out;
-  pool_chunks chunks; /* of (sequence, kv head) tasks */
+  const int64_t *tasks; /* [n][4]: sequence, kv head, first and end query */
+  pool_chunks chunks;   /* of tasks */
 } attention_job;
+
+/* Queries per task: a long prefill splits into many tasks so both threads share it (one task
+ * per (sequence, kv head) left a 3-kv-head model's prefill 2:1 between two threads); each task
+ * re-packs its sequence's V, O(ctx d), small next to its O(QCHUNK ctx d) of attention. */
+#define QCHUNK 64
 
 static void attention_part(void *arg, int tid, int nt) {
   (void)nt;
   attention_job *J = (attention_job *)arg;
   configure_tiles();
   for (int64_t task; (task = pool_claim(&J->chunks, tid)) >= 0;) {
-    const int64_t b = task / J->nkv;
-    attend_group(J->q, J->ldq, J->out, J->ldo, J->cu_q[b], J->cu_q[b + 1] - J->cu_q[b], J->positions,
-                 (int)(task % J->nkv), J->nq / J->nkv, J->nkv, J->d, J->block_tables + b * J->bt_stride,
-                 J->block_size, J->k_cache, J->v_cache, J->scale);
+    const int64_t *T = J->tasks + 4 * task, b = T[0];
+    attend_group(J->q, J->ldq, J->out, J->ldo, J->cu_q[b], T[2], T[3], J->positions, (int)T[1], J->nq / J->nkv,
+                 J->nkv, J->d, J->block_tables + b * J->bt_stride, J->block_size, J->k_cache, J->v_cache,
+                 J->scale);
   }
   _tile_release();
 }
@@ -315,9 +322,21 @@ void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const i
                                   int64_t bt_stride, int64_t block_size, const bf16 *k_cache,
                                   const bf16 *v_cache, int nq, int nkv, int d, float scale,
                                   bf16 *out, int64_t ldo, int num_threads) {
+  const int g = nq / nkv;
+  int64_t tasks = 0;
+  for (int64_t b = 0; b < B; b++) tasks += nkv * (((cu_q[b + 1] - cu_q[b]) * g + QCHUNK - 1) / QCHUNK);
+  static __thread scratch_buf task_buf;
+  int64_t *list = (int64_t *)scratch_get(&task_buf, (size_t)(4 * tasks + 4) * sizeof(int64_t)), *t = list;
+  /* The latest queries of each sequence first: they see the longest context. */
+  for (int64_t b = 0; b < B; b++) {
+    const int64_t qn = (cu_q[b + 1] - cu_q[b]) * g;
+    for (int64_t i1 = qn; i1 > 0; i1 -= QCHUNK)
+      for (int h = 0; h < nkv; h++, t += 4) {
+        t[0] = b, t[1] = h, t[2] = i1 > QCHUNK ? i1 - QCHUNK : 0, t[3] = i1;
+      }
+  }
   attention_job job = {q, k_cache, v_cache, ldq, ldo, B, bt_stride, block_size, cu_q, positions, block_tables,
-                       nq, nkv, d, scale, out, {0}};
-  const int64_t tasks = B * nkv;
+                       nq, nkv, d, scale, out, list, {0}};
   const int nt = tasks < num_threads ? (int)tasks : num_threads;
   pool_chunks_init(&job.chunks, tasks, nt);
   pool_run(attention_part, &job, nt);
