@@ -160,18 +160,12 @@ def summarize(rows: list[dict[str, Any]], predicted: int | None) -> dict[str, An
     }
 
 
-INNER_MIN = 3  # forwards per calibration sample, the fastest kept
-
-
 def calibrated_cost_model(loaded, quick: bool, log=lambda msg: None):
-    """The cached calibration for this model, dtype and machine, else a fresh one saved where every
-    engine looks for it. Each sample is the fastest of INNER_MIN forwards (calibrate_engine times
-    one forward per sample: on a CPU shared with other processes, descheduled forwards tilted its
-    fit here to a per-KV-token cost 20x too high, which predicts memory-bound steps at any batch);
-    otherwise the same timer, grid shape, prior and fit as calibrate_engine."""
-    from agentrt.engine.calibration import analytic_cost_model, forward_timer, model_cost_path
+    """The cached calibration for this model, dtype and machine, else a fresh one by
+    calibrate_engine, saved where every engine looks for it."""
+    from agentrt.engine.calibration import calibrate_engine, model_cost_path
     from agentrt.engine.spec_runner import SpecConfig
-    from agentrt.spec.cost_model import StepCostModel, calibrate, default_grid
+    from agentrt.spec.cost_model import StepCostModel
 
     engine = new_engine(loaded, SpecConfig(), 4096)
     path = model_cost_path(engine)
@@ -179,15 +173,9 @@ def calibrated_cost_model(loaded, quick: bool, log=lambda msg: None):
         log(f"  cost model: cached calibration {path}")
         return StepCostModel.load(path), "cached"
     log("  cost model: calibrating (once per model, dtype and machine)")
-    timer = forward_timer(engine)
-
-    def fastest(num_tokens: int, kv_tokens: int) -> float:
-        return min(timer(num_tokens, kv_tokens) for _ in range(INNER_MIN))
-
     # up to 128 new tokens per step in quick runs: B = 16 at k = 8 verifies 144
-    grid = default_grid(128, (128, 1024)) if quick else default_grid(256, (128, 512, 2048))
-    model, _, _ = calibrate(fastest, grid, repeats=2 if quick else 3, progress=False, prior=analytic_cost_model(engine))
-    model.save(path)
+    kw = dict(max_tokens=128, kv_values=(128, 1024), repeats=2) if quick else dict(max_tokens=256, kv_values=(128, 512, 2048))
+    model, _, _ = calibrate_engine(engine, progress=False, **kw)
     log(f"  saved {path} (fit error {100 * (model.fit_rel_rmse or 0):.0f}% rms)")
     return model, "calibrated now"
 

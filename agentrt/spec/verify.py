@@ -154,6 +154,33 @@ def verify_drafts(
     return VerifyResult(num_accepted=num_accepted, output_tokens=output_tokens, num_emitted=num_accepted + 1)
 
 
+def verify_greedy(target_argmax: torch.Tensor, draft_tokens: torch.Tensor, cu_num_draft: torch.Tensor) -> VerifyResult:
+    """`verify_drafts` for temperature-0 rows, given only each row's argmax [sum(k_i+1)] int64.
+
+    With one-hot p every draft distribution gives the same answer: x_j is accepted iff it is the
+    argmax (u_j * q_j(x_j) < 1 always holds, < 0 never), and the recovered or bonus token is the
+    argmax of its row (the residual of a one-hot p is p itself, or empty, which falls back to p).
+    So this returns exactly what verify_drafts returns on one-hot rows, for any q and any
+    uniforms, without building [rows, vocab] distributions (tests/spec/test_verify.py)."""
+    cu = cu_num_draft.tolist()
+    drafts, best = draft_tokens.tolist(), target_argmax.tolist()
+    num_seqs = len(cu) - 1
+    max_k = max((b - a for a, b in zip(cu, cu[1:])), default=0)
+    out = [[-1] * (max_k + 1) for _ in range(num_seqs)]
+    accepted = []
+    for i in range(num_seqs):
+        row0, k = cu[i] + i, cu[i + 1] - cu[i]
+        n = 0
+        while n < k and drafts[cu[i] + n] == best[row0 + n]:
+            out[i][n] = drafts[cu[i] + n]
+            n += 1
+        out[i][n] = best[row0 + n]
+        accepted.append(n)
+    num_accepted = torch.tensor(accepted, dtype=torch.int64)
+    return VerifyResult(num_accepted=num_accepted, output_tokens=torch.tensor(out, dtype=torch.int64).view(num_seqs, max_k + 1),
+                        num_emitted=num_accepted + 1)
+
+
 def verify_reference(
     target_probs: torch.Tensor,
     draft_tokens: torch.Tensor,

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentrt.errors import SpecError
-from agentrt.spec.verify import verify_drafts, verify_reference
+from agentrt.spec.verify import verify_drafts, verify_greedy, verify_reference
 
 
 def random_batch(seed: int, deterministic: bool, onehot_share: float = 0.2):
@@ -109,6 +109,15 @@ def test_greedy_identity_on_one_hot_targets(with_q):
             expected.append(int(argmax[int(cu[i]) + i + len(expected)]))
             assert out.output_tokens[i, : len(expected)].tolist() == expected
             assert int(out.num_accepted[i]) == len(expected) - 1
+
+
+@settings(max_examples=100, deadline=None, derandomize=True)
+@given(seed=st.integers(0, 2**31 - 1), deterministic=st.booleans())
+def test_verify_greedy_equals_verify_drafts_on_one_hot_rows(seed, deterministic):
+    """The engine's temperature-0 path: same result for any q and any uniforms."""
+    target, tokens, cu, q, ua, us = random_batch(seed, deterministic, onehot_share=1.0)
+    best = target.argmax(-1)
+    assert_same(verify_greedy(best, tokens, cu), verify_drafts(target, tokens, cu, q, ua, us))
 
 
 def test_all_k_zero_emits_one_target_sample_each():
