@@ -3,12 +3,17 @@ under no speculation, fixed k in {2, 4, 8} and the adaptive controller, side by 
 measured batch size where fixed k = 4 stops beating no speculation, and the calibrated cost
 model's prediction of it (controller.break_even_batch at the α fixed k = 4 reached in this run).
 
-Every request generates exactly max_tokens (ignore_eos) so the batch stays at B throughout.
-Below B = 4 the prompt mix is served in several waves of B, so every B sees the same four prompt
-kinds. Goodput = tokens emitted by decode steps / wall time of those steps (steps carrying no
-prefill, timed around engine.step()): speculation changes only decode, and the prefill, identical
-for every policy, would dilute the differences; e2e_goodput includes it. Each (B, policy) runs on
-a fresh engine (the suffix history never holds another run's output); repeats are interleaved
+Concurrency B, kept: B + max(B / 2, 4) requests, B admitted at once and each finished one
+replaced by the next from the queue, as a client with B streams would. Every request generates
+exactly max_tokens (ignore_eos). Goodput = tokens emitted by steps in which all B sequences
+decoded / wall time of those steps (timed around engine.step()): steps carrying prefill are left
+out (speculation changes only decode; the prefill, the same for every policy, would dilute the
+differences; e2e_goodput includes it), and so is the drain at the end, where fewer than B run.
+Why refill: in a closed batch of equal-length requests every step lasts until its slowest
+sequence is done, so tokens a drafter wins for the others buy nothing, which is not how a server
+with a queue behaves (the first version of this bench did that, and no policy beat no-spec at
+B = 16 by more than noise while the same drafts paid at the forward level). Each (B, policy) runs
+on a fresh engine (the suffix history never holds another run's output); repeats are interleaved
 over policies and the best kept.
 
 Summary: worst_adaptive_vs_best (min over B of adaptive / best policy at that B),
@@ -21,6 +26,7 @@ import argparse
 import math
 import os
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +37,7 @@ from agentrt.bench.common import BenchResult
 from agentrt.bench.prompts import mixed_prompts
 from agentrt.bench.spec import new_engine
 
-MIN_REQUESTS = 4  # every B serves at least this many requests (waves of B below it)
+MIN_QUEUED = 4  # requests waiting behind the first B, at least
 
 
 @dataclass(frozen=True)
@@ -48,67 +54,69 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-new-tokens", type=int)
 
 
-def run_batch(loaded, policy: Policy, waves: list[list[list[int]]], max_tokens: int, cost_model) -> dict[str, Any]:
-    """Serve each wave of prompts concurrently; decode goodput and α totals over all waves."""
+def requests_for(batch: int) -> int:
+    return batch + max(batch // 2, MIN_QUEUED)
+
+
+def run_batch(loaded, policy: Policy, prompts: list[list[int]], batch: int, max_tokens: int, cost_model) -> dict[str, Any]:
+    """Serve the prompts at concurrency `batch`; decode goodput over full-batch steps and α totals."""
     from agentrt.engine import SamplingParams, SpecConfig
 
     spec = SpecConfig(drafter="suffix" if policy.k != 0 else "none", k=policy.k)
-    max_len = max(len(p) for w in waves for p in w) + max_tokens
+    max_len = max(len(p) for p in prompts) + max_tokens
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    decode_s = e2e_s = 0.0
+    engine = new_engine(loaded, spec, max_len * (batch + 1), cost_model)
+    queue = deque(prompts)
+    for _ in range(min(batch, len(queue))):
+        engine.add_request(list(queue.popleft()), params)
+    decode_s = 0.0
     decode_tokens = tokens = 0
     ctx, ks, results = [], [], []
-    for wave in waves:  # a fresh engine per wave: no wave drafts from an earlier one's output
-        engine = new_engine(loaded, spec, max_len * len(wave), cost_model)
-        for p in wave:
-            engine.add_request(list(p), params)
-        t_wave = time.perf_counter()
-        while engine.has_work():
-            t0 = time.perf_counter()
-            events = engine.step()
-            dt = time.perf_counter() - t0
-            emitted = sum(len(ev.token_ids) for ev in events)
-            tokens += emitted
-            results += [ev.result for ev in events if ev.finished]
-            rec = engine.step_log[-1] if engine.step_log else None
-            if rec is not None and rec.num_prefill_tokens == 0 and emitted:
-                decode_s += dt
-                decode_tokens += emitted
-                ctx.append(rec.kv_tokens / rec.batch_size)
-                ks += rec.k
-        e2e_s += time.perf_counter() - t_wave
+    t_start = time.perf_counter()
+    while engine.has_work():
+        t0 = time.perf_counter()
+        events = engine.step()
+        dt = time.perf_counter() - t0
+        emitted = sum(len(ev.token_ids) for ev in events)
+        tokens += emitted
+        for ev in events:
+            if ev.finished:
+                results.append(ev.result)
+                if queue:
+                    engine.add_request(list(queue.popleft()), params)
+        rec = engine.step_log[-1] if engine.step_log else None
+        if rec is not None and rec.num_prefill_tokens == 0 and rec.batch_size == batch and emitted:
+            decode_s += dt
+            decode_tokens += emitted
+            ctx.append(rec.kv_tokens / rec.batch_size)
+            ks += rec.k
+    e2e_s = time.perf_counter() - t_start
     tot: dict[str, int] = {}
     for r in results:
         for key in ("drafted", "accepted", "rejections", "target_passes", "emitted"):
             tot[key] = tot.get(key, 0) + int(r.spec["total"].get(key) or 0)
     tested = tot["accepted"] + tot["rejections"]
     return {
-        "goodput": decode_tokens / decode_s,
+        "goodput": decode_tokens / decode_s if decode_s else 0.0,
         "e2e_goodput": tokens / e2e_s,
         "alpha_tested": tot["accepted"] / tested if tested else None,
         "tok_per_pass": tot["emitted"] / tot["target_passes"],
         "mean_k": sum(ks) / len(ks) if ks else 0.0,
         "context": sum(ctx) / len(ctx) if ctx else 0.0,
+        "full_batch_steps": len(ctx),
         "totals": tot,
     }
 
 
-def waves_for(prompts: list[list[int]], batch: int) -> list[list[list[int]]]:
-    n = max(batch, MIN_REQUESTS)
-    n = math.ceil(n / batch) * batch
-    pool = [prompts[i % len(prompts)] for i in range(n)]
-    return [pool[i : i + batch] for i in range(0, n, batch)]
-
-
 def measure(loaded, prompts: list[list[int]], batches: list[int], policies: list[Policy], max_tokens: int,
             repeats: int, cost_model, log=lambda msg: None) -> dict[tuple[int, str], dict[str, Any]]:
-    run_batch(loaded, policies[-1], [prompts[:2]], 4, cost_model)  # warm-up
+    run_batch(loaded, policies[-1], prompts[:2], 2, 4, cost_model)  # warm-up
     best: dict[tuple[int, str], dict[str, Any]] = {}
     for r in range(repeats):
         for b in batches:
             log(f"  repeat {r + 1}/{repeats}: B = {b}")
             for p in policies:
-                got = run_batch(loaded, p, waves_for(prompts, b), max_tokens, cost_model)
+                got = run_batch(loaded, p, prompts[: requests_for(b)], b, max_tokens, cost_model)
                 if (b, p.label) not in best or got["goodput"] > best[b, p.label]["goodput"]:
                     best[b, p.label] = got
     return best
@@ -189,7 +197,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     repeats = getattr(args, "repeats", None) or 3
     loaded = load_model(args.model, args.dtype, progress=False)
     tok = loaded.tokenizer
-    prompts = [tok.encode(tok.apply_chat_template(m, add_generation_prompt=True)) for m in mixed_prompts(max(batches))]
+    prompts = [tok.encode(tok.apply_chat_template(m, add_generation_prompt=True)) for m in mixed_prompts(requests_for(max(batches)))]
     console.print(f"[bold]bench batch-sweep[/]: {args.model} {args.dtype}, B in {batches}, suffix drafter, "
                   f"{max_tokens} new tokens per request, best of {repeats}")
     cost_model, cost_source = calibrated_cost_model(loaded, args.quick, log=console.print)

@@ -37,15 +37,21 @@ int agentrt_amx_init(void) {
   return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
 }
 
-/* The reference rms_norm: bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))). */
+/* The reference rms_norm: bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))), 16 lanes at a time
+ * (a scalar loop cost ~1.1 us per 576-wide row: 1 ms of a 16-token step, in the caller alone). */
 static void rms_norm_row(const bf16 *x, const bf16 *w, int64_t K, float eps, bf16 *out) {
-  float ss = 0.f;
-  for (int64_t k = 0; k < K; k++) {
-    float v = bf2f(x[k]);
-    ss += v * v;
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? 0xffff : (__mmask16)((1u << (K - k)) - 1);
+    const __m512 v = load_bf16(x + k, m);
+    ss = _mm512_fmadd_ps(v, v, ss);
   }
-  float r = 1.0f / sqrtf(ss / (float)K + eps);
-  for (int64_t k = 0; k < K; k++) out[k] = f2bf(bf2f(w[k]) * bf2f(f2bf(bf2f(x[k]) * r)));
+  const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)K + eps));
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? 0xffff : (__mmask16)((1u << (K - k)) - 1);
+    const __m512 xn = round_bf16(_mm512_mul_ps(load_bf16(x + k, m), r));
+    store_bf16(out + k, _mm512_mul_ps(load_bf16(w + k, m), xn), m);
+  }
 }
 
 /* Write rows [0, mt) of the accumulators acc[b][16 rows][16] for units u0..u0+nb. */
