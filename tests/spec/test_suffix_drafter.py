@@ -53,6 +53,21 @@ def test_proposes_the_continuation_of_a_pattern_in_the_prompt():
     assert all(0.0 < c <= 1.0 for c in draft.confidence)
 
 
+def test_propose_after_continues_a_repetition_in_the_requests_own_text():
+    """The template drafter's free slots: the tail ends with the committed text itself, so the
+    longest match is at the text's end; the draft must come from the repeated period before it
+    (a value like "fab-fab-fab-" once went 50 steps without a draft)."""
+    prompt = list(range(100, 140))
+    drafter = started(SuffixDrafter(), 0, prompt)
+    output = [7, 8, 9] * 3 + [7]
+    context = prompt + output
+    propose(drafter, 0, context, max_k=0)  # the engine syncs the request's trie every step
+    forced = [8]  # a grammar-forced token not committed yet
+    draft = drafter.propose_after(0, forced, 5)
+    assert draft.tokens == [9, 7, 8, 9, 7]
+    assert drafter.request_text(0) == context  # nothing added by propose_after
+
+
 def test_unseen_context_proposes_nothing():
     drafter = started(SuffixDrafter(), 0, list(range(100, 140)))
     assert propose(drafter, 0, list(range(100, 140))).tokens == []

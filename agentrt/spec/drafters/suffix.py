@@ -206,15 +206,17 @@ class SuffixConfig:
 
 
 def _walk(
-    trie: SuffixTrie, pos: Position, match_len: int, max_k: int, cfg: SuffixConfig, own_text: bool
+    trie: SuffixTrie, pos: Position, match_len: int, max_k: int, cfg: SuffixConfig, own_text: bool,
+    pending: Sequence[int] = (),
 ) -> Draft:
     """Greedy most-frequent continuation from a matched position, with per-token confidence.
-    own_text: the trie's text is the context, so the draft continues it (see continuations)."""
+    own_text: the trie's text is the context (followed by `pending` tokens not in it yet), so the
+    draft continues it (see continuations)."""
     tokens: list[int] = []
     confidence: list[float] = []
     product, depth = 1.0, match_len
     while len(tokens) < max_k:
-        options = trie.continuations(pos, tokens if own_text else ())
+        options = trie.continuations(pos, [*pending, *tokens] if own_text else ())
         if not options:
             break
         token, hits, _, child = max(options, key=lambda o: (o[1], o[2]))
@@ -282,14 +284,23 @@ class SuffixDrafter:
     def release(self, seq_id: int) -> None:
         self._requests.pop(seq_id, None)
 
-    def propose_after(self, seq_id: int, tail: Sequence[int], max_k: int) -> Draft:
-        """Continue a hypothetical context ending in `tail` (e.g. the committed context plus
-        grammar-forced tokens not emitted yet) without adding anything to the request's trie."""
-        tail = list(tail[-self.config.max_pattern :])
+    def sync(self, seq_id: int, context: Sequence[int]) -> None:
+        """Make the request's text exactly `context` (after a preemption, say); O(1) when it is."""
+        self._sync(seq_id, context)
+
+    def propose_after(self, seq_id: int, pending: Sequence[int], max_k: int) -> Draft:
+        """Continue the request's committed context followed by `pending` tokens not emitted yet
+        (grammar-forced ones, say), without adding anything to the request's trie."""
         if max_k <= 0:
             return Draft.empty()
-        best = Draft.empty()
-        for trie in [self._trie(seq_id), *reversed(self._history)]:
+        own = self._trie(seq_id)
+        tail = (own.text[-self.config.max_pattern :] + list(pending))[-self.config.max_pattern :]
+        # In the request's own text the longest match of the tail may be the tail itself at the
+        # text's end, with no future: look down to the longest suffix that occurred earlier (a
+        # repeated value like "fab-fab-" is found at its period), and walk on through the
+        # pending tokens as if they were text.
+        best = self._propose_from_history(own, tail, max_k, shortest=1, pending=pending)
+        for trie in reversed(self._history):
             draft = self._propose_from_history(trie, tail, max_k)
             if _score(draft) > _score(best):
                 best = draft
@@ -337,7 +348,11 @@ class SuffixDrafter:
                 best = draft
         return best
 
-    def _propose_from_history(self, trie: SuffixTrie, tail: list[int], max_k: int) -> Draft:
+    def _propose_from_history(self, trie: SuffixTrie, tail: list[int], max_k: int, shortest: int | None = None,
+                              pending: Sequence[int] | None = None) -> Draft:
+        """Walk on from the longest suffix of tail found in trie that has a continuation, trying
+        lengths down to `shortest` (default: 3 below the longest found: a match at a document's
+        end has no future, and much shorter ones are rarely worth drafting)."""
         if trie.num_tokens == 0 or not tail:
             return Draft.empty()
         lo, hi = 0, min(len(tail), trie.max_depth)  # tail[-lo:] present; find the largest such lo
@@ -347,8 +362,9 @@ class SuffixDrafter:
                 lo = mid
             else:
                 hi = mid - 1
-        for length in range(lo, max(lo - 4, 0), -1):  # a match at a document end has no future
+        floor = max(lo - 4, 0) if shortest is None else shortest - 1
+        for length in range(lo, floor, -1):
             pos = trie.locate(tail[-length:])
             if pos is not None and trie.continuations(pos):
-                return _walk(trie, pos, length, max_k, self.config, own_text=False)
+                return _walk(trie, pos, length, max_k, self.config, own_text=pending is not None, pending=pending or ())
         return Draft.empty()

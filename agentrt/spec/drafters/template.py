@@ -45,7 +45,7 @@ class TemplateDrafter:
         confidence: list[float] = []
         forced: list[bool] = []
         advanced = 0
-        context = list(req.token_ids[-64:])
+        self.suffix.sync(req.seq_id, req.token_ids)
         try:
             while len(tokens) < req.max_k and not state.terminated:
                 room = req.max_k - len(tokens)
@@ -60,7 +60,7 @@ class TemplateDrafter:
                     if n < len(ids) or n == 0:
                         break
                     continue
-                draft = self.suffix.propose_after(req.seq_id, context + tokens, room)
+                draft = self.suffix.propose_after(req.seq_id, tokens, room)
                 took = 0
                 for t, c in zip(draft.tokens, draft.confidence):
                     if state.try_advance([t]) == 0:
