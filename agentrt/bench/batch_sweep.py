@@ -13,8 +13,10 @@ Why refill: in a closed batch of equal-length requests every step lasts until it
 sequence is done, so tokens a drafter wins for the others buy nothing, which is not how a server
 with a queue behaves (the first version of this bench did that, and no policy beat no-spec at
 B = 16 by more than noise while the same drafts paid at the forward level). Each (B, policy) runs
-on a fresh engine (the suffix history never holds another run's output); repeats are interleaved
-over policies and the best kept.
+on its own fresh engine (the suffix history never holds another run's output), and the policies
+of one B advance together, one engine step each in turn, so the machine's load drifts (identical
+runs here vary by +-15% over seconds) hit them alike; goodput pools the repeats (sum of tokens
+over sum of step seconds).
 
 Summary: worst_adaptive_vs_best (min over B of adaptive / best policy at that B),
 breakeven_measured, breakeven_predicted. Goals: worst_adaptive_vs_best >= 0.95, and adaptive
@@ -50,7 +52,7 @@ POLICIES = [Policy("none", 0), Policy("k=2", 2), Policy("k=4", 4), Policy("k=8",
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--repeats", type=int, help="interleaved repeats per (B, policy), best kept")
+    p.add_argument("--repeats", type=int, help="repeats per (B, policy), pooled")
     p.add_argument("--max-new-tokens", type=int)
 
 
@@ -58,47 +60,61 @@ def requests_for(batch: int) -> int:
     return batch + max(batch // 2, MIN_QUEUED)
 
 
-def run_batch(loaded, policy: Policy, prompts: list[list[int]], batch: int, max_tokens: int, cost_model) -> dict[str, Any]:
-    """Serve the prompts at concurrency `batch`; decode goodput over full-batch steps and α totals."""
-    from agentrt.engine import SamplingParams, SpecConfig
+class PolicyRun:
+    """One policy serving the prompts at concurrency `batch` on its own engine, a step at a time."""
 
-    spec = SpecConfig(drafter="suffix" if policy.k != 0 else "none", k=policy.k)
-    max_len = max(len(p) for p in prompts) + max_tokens
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
-    engine = new_engine(loaded, spec, max_len * (batch + 1), cost_model)
-    queue = deque(prompts)
-    for _ in range(min(batch, len(queue))):
-        engine.add_request(list(queue.popleft()), params)
-    decode_s = 0.0
-    decode_tokens = tokens = 0
-    ctx, ks, results = [], [], []
-    t_start = time.perf_counter()
-    while engine.has_work():
+    def __init__(self, loaded, policy: Policy, prompts: list[list[int]], batch: int, max_tokens: int, cost_model):
+        from agentrt.engine import SamplingParams, SpecConfig
+
+        spec = SpecConfig(drafter="suffix" if policy.k != 0 else "none", k=policy.k)
+        max_len = max(len(p) for p in prompts) + max_tokens
+        self.params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        self.engine = new_engine(loaded, spec, max_len * (batch + 1), cost_model)
+        self.batch, self.queue = batch, deque(prompts)
+        for _ in range(min(batch, len(self.queue))):
+            self.engine.add_request(list(self.queue.popleft()), self.params)
+        self.decode_s = self.all_s = 0.0
+        self.decode_tokens = self.tokens = 0
+        self.ctx: list[float] = []
+        self.ks: list[int] = []
+        self.results: list = []
+
+    def has_work(self) -> bool:
+        return self.engine.has_work()
+
+    def step(self) -> None:
         t0 = time.perf_counter()
-        events = engine.step()
+        events = self.engine.step()
         dt = time.perf_counter() - t0
         emitted = sum(len(ev.token_ids) for ev in events)
-        tokens += emitted
+        self.tokens += emitted
+        self.all_s += dt
         for ev in events:
             if ev.finished:
-                results.append(ev.result)
-                if queue:
-                    engine.add_request(list(queue.popleft()), params)
-        rec = engine.step_log[-1] if engine.step_log else None
-        if rec is not None and rec.num_prefill_tokens == 0 and rec.batch_size == batch and emitted:
-            decode_s += dt
-            decode_tokens += emitted
-            ctx.append(rec.kv_tokens / rec.batch_size)
-            ks += rec.k
-    e2e_s = time.perf_counter() - t_start
+                self.results.append(ev.result)
+                if self.queue:
+                    self.engine.add_request(list(self.queue.popleft()), self.params)
+        rec = self.engine.step_log[-1] if self.engine.step_log else None
+        if rec is not None and rec.num_prefill_tokens == 0 and rec.batch_size == self.batch and emitted:
+            self.decode_s += dt
+            self.decode_tokens += emitted
+            self.ctx.append(rec.kv_tokens / rec.batch_size)
+            self.ks += rec.k
+
+
+def pooled(runs: list[PolicyRun]) -> dict[str, Any]:
+    """Goodput and α totals over the runs of one (B, policy): sums of tokens over sums of seconds."""
     tot: dict[str, int] = {}
-    for r in results:
+    for r in (res for run in runs for res in run.results):
         for key in ("drafted", "accepted", "rejections", "target_passes", "emitted"):
             tot[key] = tot.get(key, 0) + int(r.spec["total"].get(key) or 0)
     tested = tot["accepted"] + tot["rejections"]
+    decode_s = sum(r.decode_s for r in runs)
+    ctx = [c for r in runs for c in r.ctx]
+    ks = [k for r in runs for k in r.ks]
     return {
-        "goodput": decode_tokens / decode_s if decode_s else 0.0,
-        "e2e_goodput": tokens / e2e_s,
+        "goodput": sum(r.decode_tokens for r in runs) / decode_s if decode_s else 0.0,
+        "e2e_goodput": sum(r.tokens for r in runs) / sum(r.all_s for r in runs),
         "alpha_tested": tot["accepted"] / tested if tested else None,
         "tok_per_pass": tot["emitted"] / tot["target_passes"],
         "mean_k": sum(ks) / len(ks) if ks else 0.0,
@@ -108,18 +124,27 @@ def run_batch(loaded, policy: Policy, prompts: list[list[int]], batch: int, max_
     }
 
 
+def interleaved(runs: list[PolicyRun]) -> None:
+    """One step of each policy in turn until all are done: a burst of load from other processes
+    (this machine's identical runs vary by +-15% over seconds) hits every policy alike."""
+    while any(r.has_work() for r in runs):
+        for r in runs:
+            if r.has_work():
+                r.step()
+
+
 def measure(loaded, prompts: list[list[int]], batches: list[int], policies: list[Policy], max_tokens: int,
             repeats: int, cost_model, log=lambda msg: None) -> dict[tuple[int, str], dict[str, Any]]:
-    run_batch(loaded, policies[-1], prompts[:2], 2, 4, cost_model)  # warm-up
-    best: dict[tuple[int, str], dict[str, Any]] = {}
+    interleaved([PolicyRun(loaded, p, prompts[:2], 2, 4, cost_model) for p in policies])  # warm-up
+    runs: dict[tuple[int, str], list[PolicyRun]] = {}
     for r in range(repeats):
         for b in batches:
             log(f"  repeat {r + 1}/{repeats}: B = {b}")
-            for p in policies:
-                got = run_batch(loaded, p, prompts[: requests_for(b)], b, max_tokens, cost_model)
-                if (b, p.label) not in best or got["goodput"] > best[b, p.label]["goodput"]:
-                    best[b, p.label] = got
-    return best
+            batch_runs = [PolicyRun(loaded, p, prompts[: requests_for(b)], b, max_tokens, cost_model) for p in policies]
+            interleaved(batch_runs[r % len(batch_runs):] + batch_runs[: r % len(batch_runs)])
+            for p, run in zip(policies, batch_runs):
+                runs.setdefault((b, p.label), []).append(run)
+    return {key: pooled(v) for key, v in runs.items()}
 
 
 def table(best: dict, batches: list[int], policies: list[Policy]) -> list[dict[str, Any]]:
@@ -199,7 +224,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     tok = loaded.tokenizer
     prompts = [tok.encode(tok.apply_chat_template(m, add_generation_prompt=True)) for m in mixed_prompts(requests_for(max(batches)))]
     console.print(f"[bold]bench batch-sweep[/]: {args.model} {args.dtype}, B in {batches}, suffix drafter, "
-                  f"{max_tokens} new tokens per request, best of {repeats}")
+                  f"{max_tokens} new tokens per request, {repeats} repeats pooled, policies stepped in turn")
     cost_model, cost_source = calibrated_cost_model(loaded, args.quick, log=console.print)
     load_before = os.getloadavg()[0]
     best = measure(loaded, prompts, batches, POLICIES, max_tokens, repeats, cost_model, log=console.print)
