@@ -14,10 +14,13 @@ fresh engine per policy (the model is loaded once):
 Per policy: makespan (first submit to last program end), mean and p90 program completion time,
 prefill tokens saved (engine prefix-cache hit tokens), engine busy fraction (sum of step times /
 makespan), and mean k over decoding rows in steps where most programs stall on tools (batch <=
-N/4) and in steps where the batch is full (batch >= N/2), from the engine's step log.
+N/4) and in steps where the batch is full (batch >= N/2), from the engine's step log; also the
+same for free drafts only (k_free_*: not grammar-forced), since forced drafts are certain and
+worth their verified position at any load, while free ones are the speculation load should cut.
 
 Summary: mean_latency_speedup_vs_fcfs, p90_latency_speedup_vs_fcfs (a over c), k_idle_mean and
-k_busy_mean (of c). Goals: mean_latency_speedup_vs_fcfs >= 1.5 and k_idle_mean > k_busy_mean.
+k_busy_mean (of c), k_free_idle_mean and k_free_busy_mean. Goals: mean_latency_speedup_vs_fcfs
+>= 1.5 and k_idle_mean > k_busy_mean.
 """
 from __future__ import annotations
 
@@ -160,25 +163,36 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def k_by_load(step_log: list[Any], n_programs: int) -> dict[str, Any]:
-    """Mean k over decoding rows (one new token fed: they may carry drafts), in steps with few
-    sequences (batch <= max(1, N // 4): most programs stall on tools or wait) and in steps with a
-    full batch (batch >= ceil(N / 2))."""
+    """k over decoding rows (one new token fed: they may carry drafts), in steps with few sequences
+    (batch <= max(1, N // 4): most programs stall on tools or wait) and in steps with a full batch
+    (batch >= ceil(N / 2)): all drafts, and the free ones (not grammar-forced). Forced drafts are
+    accepted by construction and cost one verified position each, so the controller takes them at
+    any load; the free ones are the speculation that load should cut."""
     idle_max, busy_min = max(1, n_programs // 4), math.ceil(n_programs / 2)
-    ks: dict[str, list[int]] = {"idle": [], "busy": []}
+    out: dict[str, Any] = {"idle_batch_max": idle_max, "busy_batch_min": busy_min}
+    for cls in ("idle", "busy"):
+        out.update({f"{cls}_k_sum": 0, f"{cls}_free_k_sum": 0, f"{cls}_rows": 0})
     for rec in step_log:
         cls = "idle" if rec.batch_size <= idle_max else "busy" if rec.batch_size >= busy_min else None
-        if cls is not None:
-            ks[cls] += [k for k, n in zip(rec.k, rec.num_new) if n == 1]
-    return {"idle_k_sum": sum(ks["idle"]), "idle_rows": len(ks["idle"]), "busy_k_sum": sum(ks["busy"]),
-            "busy_rows": len(ks["busy"]), "idle_batch_max": idle_max, "busy_batch_min": busy_min}
+        if cls is None:
+            continue
+        forced = getattr(rec, "forced", None) or [0] * len(rec.k)
+        for k, f, n in zip(rec.k, forced, rec.num_new):
+            if n == 1:
+                out[f"{cls}_k_sum"] += k
+                out[f"{cls}_free_k_sum"] += k - f
+                out[f"{cls}_rows"] += 1
+    return out
 
 
 def k_means(loads: list[dict[str, Any]]) -> dict[str, float | None]:
-    """k_idle_mean and k_busy_mean pooled over the rows of several runs."""
+    """k_idle_mean, k_busy_mean (all drafts) and k_free_idle_mean, k_free_busy_mean pooled over the
+    rows of several runs."""
     out = {}
     for cls in ("idle", "busy"):
         rows = sum(x[f"{cls}_rows"] for x in loads)
         out[f"k_{cls}_mean"] = sum(x[f"{cls}_k_sum"] for x in loads) / rows if rows else None
+        out[f"k_free_{cls}_mean"] = sum(x[f"{cls}_free_k_sum"] for x in loads) / rows if rows else None
     return out
 
 
@@ -314,6 +328,8 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
         "p90_latency_speedup_vs_fcfs": a["p90_s"] / c["p90_s"],
         "k_idle_mean": c["k_idle_mean"],
         "k_busy_mean": c["k_busy_mean"],
+        "k_free_idle_mean": c.get("k_free_idle_mean"),
+        "k_free_busy_mean": c.get("k_free_busy_mean"),
         "makespan_speedup_vs_fcfs": a["makespan_s"] / c["makespan_s"],
         "mean_latency_speedup_vs_fixed_k4": b["mean_s"] / c["mean_s"],
         "prefill_saved_tokens": c["prefill_saved"],

@@ -48,6 +48,7 @@ class StepRecord:
     request_ids: list[int] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)  # tokens of each request fed (excl. drafts)
     k: list[int] = field(default_factory=list)  # drafts per sequence (0 for prefill rows)
+    forced: list[int] = field(default_factory=list)  # of those, grammar-forced ones (accepted by construction)
     accepted: list[int] = field(default_factory=list)
     expected_accepted: list[float] = field(default_factory=list)
     predicted_s: float | None = None

@@ -50,28 +50,32 @@ async def test_delayed_tools_know_their_program_and_call_number():
     await registry.aclose()
 
 
-def step(batch: int, k: list[int], num_new: list[int]) -> SimpleNamespace:
-    return SimpleNamespace(batch_size=batch, k=k, num_new=num_new)
+def step(batch: int, k: list[int], num_new: list[int], forced: list[int] | None = None) -> SimpleNamespace:
+    return SimpleNamespace(batch_size=batch, k=k, num_new=num_new, forced=forced or [0] * len(k))
 
 
 def test_k_by_load_splits_decoding_rows_by_batch_size():
-    log = [step(1, [8], [1]), step(2, [6, 0], [1, 300]), step(4, [1, 2, 0, 0], [1, 1, 1, 50]),
+    log = [step(1, [8], [1], [5]), step(2, [6, 0], [1, 300]), step(4, [1, 2, 0, 0], [1, 1, 1, 50], [0, 2, 0, 0]),
            step(3, [5, 5, 5], [1, 1, 1])]
     split = workload.k_by_load(log, 8)  # idle: batch <= 2, busy: batch >= 4
     assert (split["idle_batch_max"], split["busy_batch_min"]) == (2, 4)
     assert (split["idle_rows"], split["idle_k_sum"]) == (2, 14)  # the prefill row does not count
     assert (split["busy_rows"], split["busy_k_sum"]) == (3, 3)
+    assert (split["idle_free_k_sum"], split["busy_free_k_sum"]) == (9, 1)  # forced drafts left out
     means = workload.k_means([split, workload.k_by_load([step(1, [2], [1])], 8)])
-    assert means == {"k_idle_mean": pytest.approx(16 / 3), "k_busy_mean": pytest.approx(1.0)}
-    assert workload.k_means([workload.k_by_load([], 8)]) == {"k_idle_mean": None, "k_busy_mean": None}
+    assert means == {"k_idle_mean": pytest.approx(16 / 3), "k_busy_mean": pytest.approx(1.0),
+                     "k_free_idle_mean": pytest.approx(11 / 3), "k_free_busy_mean": pytest.approx(1 / 3)}
+    assert workload.k_means([workload.k_by_load([], 8)]) == {"k_idle_mean": None, "k_busy_mean": None,
+                                                             "k_free_idle_mean": None, "k_free_busy_mean": None}
 
 
 def test_average_over_repeats_and_summary():
-    loads = [{"idle_k_sum": 8, "idle_rows": 2, "busy_k_sum": 1, "busy_rows": 1}]
+    loads = [{"idle_k_sum": 8, "idle_free_k_sum": 6, "idle_rows": 2, "busy_k_sum": 1, "busy_free_k_sum": 0, "busy_rows": 1}]
     rows = [{"policy": "x", "done": 6, "mean_s": 10.0, "alpha": None},
             {"policy": "x", "done": 5, "mean_s": 14.0, "alpha": None}]
     avg = workload.average(rows, [{"k_by_load": loads[0]}, {"k_by_load": loads[0]}])
-    assert avg == {"policy": "x", "done": 5, "mean_s": 12.0, "alpha": None, "k_idle_mean": 4.0, "k_busy_mean": 1.0}
+    assert avg == {"policy": "x", "done": 5, "mean_s": 12.0, "alpha": None, "k_idle_mean": 4.0, "k_busy_mean": 1.0,
+                   "k_free_idle_mean": 3.0, "k_free_busy_mean": 0.0}
     base = {"mean_s": 12.0, "p90_s": 20.0, "makespan_s": 30.0, "prefill_saved": 0, "done": 6,
             "k_idle_mean": 0.0, "k_busy_mean": 0.0}
     full = dict(base, mean_s=6.0, p90_s=10.0, makespan_s=20.0, prefill_saved=900, k_idle_mean=4.0, k_busy_mean=1.0)
