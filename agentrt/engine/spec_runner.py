@@ -31,7 +31,9 @@ PRIORS = {"suffix": AlphaPrior(0.5), "template": AlphaPrior(0.5), "layerskip": A
 class SpecConfig:
     drafter: str = "none"  # none | suffix | template | layerskip:N | draft:PATH
     k: int | None = None  # fixed k; None = adaptive (cost model + online α)
-    kmax: int = 16  # deepest draft the controller may ask for
+    # deepest draft the controller may ask for: 15 drafts + the next token fill one 16-row block
+    # of the AMX kernels exactly; a 17th row starts a second block (+3-4 ms a step here)
+    kmax: int = 15
 
     @property
     def enabled(self) -> bool:
@@ -295,7 +297,7 @@ def build_drafter(spec: str, engine) -> Drafter:
         from agentrt.spec.drafters.suffix import SuffixDrafter
         from agentrt.spec.drafters.template import TemplateDrafter
 
-        return TemplateDrafter(SuffixDrafter(), engine.tokenizer.encode)
+        return TemplateDrafter(SuffixDrafter(), engine.tokenizer.encode, engine.tokenizer.decode)
     if kind == "layerskip":
         from agentrt.engine.draft_runner import LayerSkipRunner
         from agentrt.spec.drafters.model import ModelDrafter

@@ -20,9 +20,11 @@ class TemplateDrafter:
     name = "template"
     deterministic = True
 
-    def __init__(self, suffix: SuffixDrafter, encode: Callable[[str], list[int]]):
+    def __init__(self, suffix: SuffixDrafter, encode: Callable[[str], list[int]],
+                 decode: Callable[[list[int]], str] | None = None):
         self.suffix = suffix
         self.encode = encode
+        self.decode = decode
         self._grammar: dict[int, GrammarState] = {}
 
     def attach(self, seq_id: int, state: GrammarState) -> None:
@@ -51,7 +53,7 @@ class TemplateDrafter:
                 room = req.max_k - len(tokens)
                 text = state.forced_string()
                 if text:
-                    ids = self.encode(text)[:room]
+                    ids = self._model_tokenization(req.seq_id, tokens, text, room) or self.encode(text)[:room]
                     n = state.try_advance(ids)
                     advanced += n
                     tokens += ids[:n]
@@ -77,6 +79,24 @@ class TemplateDrafter:
         finally:
             state.rollback(advanced)
         return Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced)
+
+    def _model_tokenization(self, seq_id: int, pending: list[int], text: str, room: int) -> list[int]:
+        """The tokens the model itself wrote for (a prefix of) the forced `text` after this context
+        before, per the suffix drafter's history and the request's own text, or []. The model
+        does not always take the canonical split under a mask (after its own "trans" it wrote
+        "lat" + "e", not "late"), and every forced token it rejects costs a pass."""
+        if self.decode is None:
+            return []
+        out: list[int] = []
+        spelled = ""
+        for t in self.suffix.propose_after(seq_id, pending, room).tokens:
+            spelled += self.decode([t])
+            if not text.startswith(spelled):
+                break
+            out.append(t)
+            if len(spelled) == len(text):
+                break
+        return out
 
     def on_verified(self, seq_id: int, num_accepted: int, emitted: list[int]) -> None:
         self.suffix.on_verified(seq_id, num_accepted, emitted)
