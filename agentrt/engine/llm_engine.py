@@ -183,7 +183,7 @@ class LLMEngine:
             request_ids=[s.seq_id for s in plan.seqs],
             num_new=list(plan.num_new),
             k=[len(d) for d in plan.drafts],
-            forced=[sum(f) for f in proposal.forced] if proposal.forced else [0] * len(plan.seqs),
+            forced=[sum(f) for f in proposal.forced],
             accepted=[max(0, len(e) - 1) if d else 0 for e, d in zip(emitted, plan.drafts)],
             expected_accepted=proposal.expected_accepted,
             predicted_s=proposal.predicted_s,
