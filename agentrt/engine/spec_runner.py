@@ -19,7 +19,7 @@ from agentrt.errors import SpecConfigError
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
 from agentrt.spec.controller import KController, SeqDraftState
 from agentrt.spec.cost_model import PredictionTracker, StepCostModel
-from agentrt.spec.grammar import apply_masks
+from agentrt.spec.grammar import apply_masks, masked_argmax
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
 
@@ -215,6 +215,12 @@ class SpecRunner:
     def mask_logits(self, proposal: Proposal, logits: torch.Tensor) -> None:
         if proposal.bitmask is not None:
             apply_masks(logits, proposal.bitmask, proposal.masked_rows)
+
+    def greedy_tokens(self, proposal: Proposal, logits: torch.Tensor) -> torch.Tensor:
+        """argmax of every row under its grammar mask, [rows] int64 (logits left as they are)."""
+        if proposal.bitmask is None:
+            return logits.argmax(dim=-1)
+        return masked_argmax(logits, proposal.bitmask, proposal.masked_rows)
 
     def _initial_draft_cost(self) -> float:
         """Before any draft was timed: model-free drafters cost ~nothing; a model drafter costs one

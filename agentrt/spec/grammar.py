@@ -115,3 +115,27 @@ def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) ->
     """Set disallowed logits to -inf in place, on the given rows only. logits [N, V] float32."""
     if rows:
         xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device), indices=rows)
+
+
+def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """Per row, the first maximal logit among the tokens its mask allows (rows not listed: among
+    all): what apply_masks followed by argmax returns, without masking every row. A row whose
+    overall argmax is allowed keeps it (an allowed token tied with it at a lower id would have
+    been the overall argmax); only the others are masked, usually none or a few. logits [N, V]
+    is not modified. Returns [N] int64."""
+    best = logits.argmax(dim=-1)  # [N]
+    if not rows:
+        return best
+    idx = torch.tensor(rows, dtype=torch.long)
+    top = best[idx]  # [R]
+    word = top // 32
+    inside = word < bitmask.shape[1]
+    bits = bitmask[idx, word.clamp(max=bitmask.shape[1] - 1)]  # [R] int32
+    allowed = inside & (((bits >> (top % 32).to(bits.dtype)) & 1) == 1)
+    redo = idx[~allowed].tolist()
+    if redo:
+        sub = logits[redo].clone()  # [r, V]
+        apply_masks(sub, bitmask[redo], list(range(len(redo))))
+        best[redo] = sub.argmax(dim=-1)
+    return best
+

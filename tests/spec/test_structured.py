@@ -69,3 +69,31 @@ def test_verification_is_exact_under_a_mask():
     expected = p[allowed].double() / p[allowed].double().sum() * N
     _, pvalue = chisquare(counts[allowed].double().numpy(), expected.double().numpy())
     assert pvalue > 1e-4
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_masked_argmax_equals_masking_then_argmax(seed):
+    """The engine's greedy path under grammars: every row (masked or not) matches apply_masks +
+    argmax, ties included (a few distinct logit values make ties common), and logits stay as
+    they were."""
+    import xgrammar as xgr
+
+    from agentrt.spec.grammar import apply_masks, masked_argmax
+
+    g = torch.Generator().manual_seed(seed)
+    n, vocab = 7, 100
+    logits = torch.randint(0, 4, (n, vocab), generator=g).float()
+    bitmask = xgr.allocate_token_bitmask(n, vocab)
+    bits = torch.rand(n, vocab, generator=g) < 0.3
+    bits[torch.arange(n), torch.randint(0, vocab, (n,), generator=g)] = True  # every row allows one
+    packed = torch.zeros(n, bitmask.shape[1], dtype=torch.int64)
+    for t in range(vocab):
+        packed[:, t // 32] |= bits[:, t].long() << (t % 32)
+    bitmask.copy_(((packed + 2**31) % 2**32 - 2**31).to(torch.int32))
+    rows = [i for i in range(n) if torch.rand((), generator=g) < 0.7]
+    before = logits.clone()
+    got = masked_argmax(logits, bitmask, rows)
+    assert torch.equal(logits, before)
+    ref = logits.clone()
+    apply_masks(ref, bitmask, rows)
+    assert torch.equal(got, ref.argmax(dim=-1))
