@@ -97,3 +97,13 @@ def test_masked_argmax_equals_masking_then_argmax(seed):
     ref = logits.clone()
     apply_masks(ref, bitmask, rows)
     assert torch.equal(got, ref.argmax(dim=-1))
+
+
+def test_quoted_spans_are_what_the_request_quotes():
+    """The template drafter's guess for a free string value: spans the request put in '...',
+    not apostrophes inside words."""
+    from agentrt.spec.drafters.template import QUOTED_SPAN
+
+    text = "Translate 'Where is the train station?' into German. It's fine, don't worry; file 'memo.txt'."
+    assert QUOTED_SPAN.findall(text) == ["Where is the train station?", "memo.txt"]
+    assert QUOTED_SPAN.findall("the user's data isn't 'x' or ''") == []

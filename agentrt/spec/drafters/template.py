@@ -9,11 +9,17 @@ Unconstrained requests get plain suffix drafts.
 """
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 
 from agentrt.spec.drafters.base import Draft, DraftRequest
 from agentrt.spec.drafters.suffix import SuffixDrafter
 from agentrt.spec.grammar import GrammarState
+
+
+QUOTED_SPAN = re.compile(r"(?<![A-Za-z0-9])'([^'\n]{2,80})'(?![A-Za-z0-9])")
+QUOTE_SCAN_TOKENS = 96  # the request sits at the prompt's end, after the tool descriptions
+QUOTED_CONFIDENCE = 0.5
 
 
 class TemplateDrafter:
@@ -26,6 +32,8 @@ class TemplateDrafter:
         self.encode = encode
         self.decode = decode
         self._grammar: dict[int, GrammarState] = {}
+        self._prompt_len: dict[int, int] = {}
+        self._quoted: dict[int, list[str]] = {}
 
     def attach(self, seq_id: int, state: GrammarState) -> None:
         """Constrain a request: drafts for it follow its grammar state (owned by the engine)."""
@@ -33,6 +41,7 @@ class TemplateDrafter:
 
     def start(self, seq_id: int, prompt_ids: Sequence[int]) -> None:
         self.suffix.start(seq_id, prompt_ids)
+        self._prompt_len[seq_id] = len(prompt_ids)
 
     def propose(self, reqs: list[DraftRequest]) -> list[Draft]:
         plain = [r for r in reqs if r.seq_id not in self._grammar]
@@ -62,9 +71,26 @@ class TemplateDrafter:
                     if n < len(ids) or n == 0:
                         break
                     continue
+                quoted = self._quoted_value(req, tokens, state, room)
+                if quoted:
+                    ids, skeleton = quoted
+                    advanced += len(ids)
+                    tokens += ids
+                    # the first token is the guess; given it, the rest of the span follows it
+                    confidence += [1.0 if f else (QUOTED_CONFIDENCE if j == 0 else 0.95) for j, f in enumerate(skeleton)]
+                    forced += skeleton
+                    continue
                 draft = self.suffix.propose_after(req.seq_id, tokens, room)
                 took = 0
                 for t, c in zip(draft.tokens, draft.confidence):
+                    closed, skeleton = self._close_quoted_value(state, t, room - took)
+                    if closed:  # a value copied from a '...' span: close the JSON string instead
+                        advanced += len(closed)
+                        took += len(closed)
+                        tokens += closed
+                        confidence += [1.0 if f else c for f in skeleton]
+                        forced += skeleton
+                        break
                     if state.try_advance([t]) == 0:
                         break
                     advanced += 1
@@ -79,6 +105,73 @@ class TemplateDrafter:
         finally:
             state.rollback(advanced)
         return Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced)
+
+    def _quoted_value(self, req: DraftRequest, pending: list[int], state: GrammarState,
+                      room: int) -> tuple[list[int], list[bool]] | None:
+        """At the start of a free string value, a span the request quoted ('Report') that the
+        output has not used yet, closed and followed by the skeleton; advanced in `state`."""
+        if self.decode is None:
+            return None
+        last = pending[-1] if pending else (req.token_ids[-1] if req.token_ids else None)
+        if last is None or not self.decode([last]).endswith('"'):
+            return None
+        output = self.decode(list(req.token_ids[self._prompt_len.get(req.seq_id, 0):]) + list(pending))
+        for span in self._spans(req):
+            if span in output:
+                continue
+            probe = self.encode(span + '"')
+            n = state.try_advance(probe)
+            if n < len(probe):
+                state.rollback(n)
+                continue
+            then = state.forced_string()
+            state.rollback(n)
+            ids = self.encode(span + '"' + then)[:room]
+            ids = ids[: state.try_advance(ids)]
+            skeleton, start = [], 0
+            for t in ids:
+                skeleton.append(start >= len(span) + 1)
+                start += len(self.decode([t]))
+            return (ids, skeleton) if ids else None
+        return None
+
+    def _spans(self, req: DraftRequest) -> list[str]:
+        """Spans quoted with '...' near the end of the prompt (the request, not the tool list)."""
+        spans = self._quoted.get(req.seq_id)
+        if spans is None:
+            n = self._prompt_len.get(req.seq_id, len(req.token_ids))
+            tail = self.decode(list(req.token_ids[max(0, n - QUOTE_SCAN_TOKENS):n]))
+            spans = self._quoted[req.seq_id] = QUOTED_SPAN.findall(tail)
+        return spans
+
+    def _close_quoted_value(self, state: GrammarState, token: int, room: int) -> tuple[list[int], list[bool]]:
+        """Requests quote the values they mean ('Report', 'Where is the station?'), and a draft
+        copying one from the prompt runs into the closing ' where the JSON string closes with ".
+        When `token` spells that quote and the grammar lets a " close the string there, the
+        tokens of (its text up to the quote) + '"' and the skeleton after it, advanced in `state`,
+        with which of them lie wholly in the skeleton (forced); else ([], []), state as it was."""
+        if self.decode is None:
+            return [], []
+        piece = self.decode([token])
+        if "'" not in piece:
+            return [], []
+        closing = piece[: piece.index("'")] + '"'
+        probe = self.encode(closing)
+        n = state.try_advance(probe)
+        if n < len(probe) or not probe:
+            state.rollback(n)
+            return [], []
+        # BPE merges the quote with what the skeleton forces next ('?",' is one token): spell
+        # them together, as the model would.
+        then = state.forced_string()
+        state.rollback(n)
+        alt = self.encode(closing + then)[:room]
+        alt = alt[: state.try_advance(alt)]
+        skeleton, start = [], 0
+        for t in alt:
+            skeleton.append(start >= len(closing))
+            start += len(self.decode([t]))
+        return alt, skeleton
 
     def _model_tokenization(self, seq_id: int, pending: list[int], text: str, room: int) -> list[int]:
         """The tokens the model itself wrote for (a prefix of) the forced `text` after this context
@@ -106,4 +199,6 @@ class TemplateDrafter:
 
     def release(self, seq_id: int) -> None:
         self._grammar.pop(seq_id, None)
+        self._prompt_len.pop(seq_id, None)
+        self._quoted.pop(seq_id, None)
         self.suffix.release(seq_id)
