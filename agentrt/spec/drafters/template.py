@@ -2,10 +2,14 @@
 the tool name) as deep as it goes, then free slots from the suffix drafter (argument values are
 often copied from the prompt or from tool results), then forced again, and so on.
 
-Forced strings are tokenized with the model's own tokenizer: xgrammar's jump-forward tokens
-split greedily rather than as the tokenizer would. A canonical tokenization that differs from
-the model's own costs α, never correctness (drafts are verified against the masked p).
-Unconstrained requests get plain suffix drafts.
+Forced strings are spelled the way the model wrote them before after the same context (the
+suffix history), else tokenized with the model's own tokenizer (xgrammar's jump-forward tokens
+split greedily rather than as the tokenizer would). In free string slots two guesses aimed at
+agent requests, which quote the values they mean ('Report'): at a value's start, a quoted span
+the output has not used yet; and a value copied from the prompt that reaches its closing '
+closes the JSON string there. Any split or guess the model does not take costs α, never
+correctness (drafts are verified against the masked p). Unconstrained requests get plain suffix
+drafts.
 """
 from __future__ import annotations
 
