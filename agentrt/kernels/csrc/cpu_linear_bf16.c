@@ -85,6 +85,22 @@ static void store_tile(const float *acc, int mt, int64_t u0, int nb, int64_t N, 
   }
 }
 
+/* Accumulator tiles 0..3 (the macros take tile numbers as immediates, hence no loop). */
+static inline void zero_acc_tiles(void) {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
+
+/* acc[t][16 rows][16] <- tile t, t = 0..3. */
+static inline void store_acc_tiles(float *acc) {
+  _tile_stored(0, acc, 64);
+  _tile_stored(1, acc + 256, 64);
+  _tile_stored(2, acc + 512, 64);
+  _tile_stored(3, acc + 768, 64);
+}
+
 typedef struct {
   const bf16 *w, *xp, *bias, *res;
   int64_t N, K32, M, units, ldr, ldy;
@@ -115,10 +131,7 @@ static void linear_part(void *arg, int tid, int nt) {
       for (int b0 = 0; b0 < nb; b0 += 2) {
         int two = nb - b0 > 1;
         const bf16 *wb = wu + b0 * unit_elems;
-        _tile_zero(0);
-        _tile_zero(1);
-        _tile_zero(2);
-        _tile_zero(3);
+        zero_acc_tiles();
         for (int64_t kc = 0; kc < kchunks; kc++) {
           _tile_loadd(4, xa + kc * 32, K32 * 2);
           _tile_loadd(5, xa + 16 * K32 + kc * 32, K32 * 2);
@@ -132,10 +145,7 @@ static void linear_part(void *arg, int tid, int nt) {
           }
         }
         /* acc[b][row][16]: rows 0..15 of block 0 in units b0, b0+1, then block 1. */
-        _tile_stored(0, acc, 64);
-        _tile_stored(1, acc + 256, 64);
-        _tile_stored(2, acc + 512, 64);
-        _tile_stored(3, acc + 768, 64);
+        store_acc_tiles(acc);
         int mt = (int)(M - m0 - 16 < 16 ? M - m0 - 16 : 16);
         for (int half = 0; half < 2; half++) {
           int64_t r0 = m0 + 16 * half;
@@ -148,10 +158,7 @@ static void linear_part(void *arg, int tid, int nt) {
     /* At most 16 rows left: one x tile against up to 4 units. */
     if (m0 < M) {
       const bf16 *xa = xp + m0 * K32;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
+      zero_acc_tiles();
       for (int64_t kc = 0; kc < kchunks; kc++) {
         _tile_loadd(4, xa + kc * 32, K32 * 2);
         const bf16 *wk = wu + kc * 512;
@@ -170,10 +177,7 @@ static void linear_part(void *arg, int tid, int nt) {
           _tile_dpbf16ps(3, 4, 5);
         }
       }
-      _tile_stored(0, acc, 64);
-      _tile_stored(1, acc + 256, 64);
-      _tile_stored(2, acc + 512, 64);
-      _tile_stored(3, acc + 768, 64);
+      store_acc_tiles(acc);
       int mt = (int)(M - m0 < 16 ? M - m0 : 16);
       char *yrow = (char *)y + m0 * ldy * (out_f32 ? 4 : 2);
       store_tile(acc, mt, u, nb, N, bias, epilogue, res ? res + m0 * ldr : NULL, ldr, yrow, ldy,
