@@ -25,7 +25,6 @@ beats fixed k = 4 wherever fixed k = 4 loses to no speculation.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import time
 from collections import deque

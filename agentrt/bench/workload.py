@@ -176,7 +176,7 @@ def k_by_load(step_log: list[Any], n_programs: int) -> dict[str, Any]:
         cls = "idle" if rec.batch_size <= idle_max else "busy" if rec.batch_size >= busy_min else None
         if cls is None:
             continue
-        forced = getattr(rec, "forced", None) or [0] * len(rec.k)
+        forced = rec.forced or [0] * len(rec.k)  # records from before forced counts existed
         for k, f, n in zip(rec.k, forced, rec.num_new):
             if n == 1:
                 out[f"{cls}_k_sum"] += k

@@ -20,7 +20,7 @@ from agentrt.engine.model_loader import LoadedModel, load_model
 from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.scheduler import Scheduler, SchedulerConfig
-from agentrt.engine.sequence import Sequence, SeqStatus
+from agentrt.engine.sequence import Sequence
 from agentrt.engine.spec_runner import SpecConfig, SpecRunner
 from agentrt.engine.step_inputs import StepPlan, build_forward_batch
 from agentrt.engine.stop_checker import StopChecker

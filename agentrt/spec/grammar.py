@@ -134,7 +134,7 @@ def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     allowed = inside & (((bits >> (top % 32).to(bits.dtype)) & 1) == 1)
     redo = idx[~allowed].tolist()
     if redo:
-        sub = logits[redo].clone()  # [r, V]
+        sub = logits[redo]  # [r, V], a copy (advanced indexing)
         apply_masks(sub, bitmask[redo], list(range(len(redo))))
         best[redo] = sub.argmax(dim=-1)
     return best

@@ -75,9 +75,8 @@ class TemplateDrafter:
                     if n < len(ids) or n == 0:
                         break
                     continue
-                quoted = self._quoted_value(req, tokens, state, room)
-                if quoted:
-                    ids, skeleton = quoted
+                ids, skeleton = self._quoted_value(req, tokens, state, room)
+                if ids:
                     advanced += len(ids)
                     tokens += ids
                     # the first token is the guess; given it, the rest of the span follows it
@@ -111,33 +110,21 @@ class TemplateDrafter:
         return Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced)
 
     def _quoted_value(self, req: DraftRequest, pending: list[int], state: GrammarState,
-                      room: int) -> tuple[list[int], list[bool]] | None:
+                      room: int) -> tuple[list[int], list[bool]]:
         """At the start of a free string value, a span the request quoted ('Report') that the
-        output has not used yet, closed and followed by the skeleton; advanced in `state`."""
+        output has not used yet, as _close_string spells it; else ([], [])."""
         if self.decode is None:
-            return None
+            return [], []
         last = pending[-1] if pending else (req.token_ids[-1] if req.token_ids else None)
         if last is None or not self.decode([last]).endswith('"'):
-            return None
+            return [], []
         output = self.decode(list(req.token_ids[self._prompt_len.get(req.seq_id, 0):]) + list(pending))
         for span in self._spans(req):
-            if span in output:
-                continue
-            probe = self.encode(span + '"')
-            n = state.try_advance(probe)
-            if n < len(probe):
-                state.rollback(n)
-                continue
-            then = state.forced_string()
-            state.rollback(n)
-            ids = self.encode(span + '"' + then)[:room]
-            ids = ids[: state.try_advance(ids)]
-            skeleton, start = [], 0
-            for t in ids:
-                skeleton.append(start >= len(span) + 1)
-                start += len(self.decode([t]))
-            return (ids, skeleton) if ids else None
-        return None
+            if span not in output:
+                ids, skeleton = self._close_string(state, span, room)
+                if ids:
+                    return ids, skeleton
+        return [], []
 
     def _spans(self, req: DraftRequest) -> list[str]:
         """Spans quoted with '...' near the end of the prompt (the request, not the tool list)."""
@@ -151,31 +138,35 @@ class TemplateDrafter:
     def _close_quoted_value(self, state: GrammarState, token: int, room: int) -> tuple[list[int], list[bool]]:
         """Requests quote the values they mean ('Report', 'Where is the station?'), and a draft
         copying one from the prompt runs into the closing ' where the JSON string closes with ".
-        When `token` spells that quote and the grammar lets a " close the string there, the
-        tokens of (its text up to the quote) + '"' and the skeleton after it, advanced in `state`,
-        with which of them lie wholly in the skeleton (forced); else ([], []), state as it was."""
+        When `token` spells that quote, its text up to the quote as _close_string spells it;
+        else ([], [])."""
         if self.decode is None:
             return [], []
         piece = self.decode([token])
         if "'" not in piece:
             return [], []
-        closing = piece[: piece.index("'")] + '"'
+        return self._close_string(state, piece[: piece.index("'")], room)
+
+    def _close_string(self, state: GrammarState, value: str, room: int) -> tuple[list[int], list[bool]]:
+        """`value`, a closing " and the skeleton the grammar forces after it, as tokens advanced
+        in `state`, with which of them lie wholly in the skeleton; ([], []) with `state` as it was
+        when the grammar does not let the string end with `value` there. They are tokenized
+        together because BPE merges the quote with what follows ('?",' is one token)."""
+        closing = value + '"'
         probe = self.encode(closing)
         n = state.try_advance(probe)
-        if n < len(probe) or not probe:
+        if n < len(probe):
             state.rollback(n)
             return [], []
-        # BPE merges the quote with what the skeleton forces next ('?",' is one token): spell
-        # them together, as the model would.
         then = state.forced_string()
         state.rollback(n)
-        alt = self.encode(closing + then)[:room]
-        alt = alt[: state.try_advance(alt)]
+        ids = self.encode(closing + then)[:room]
+        ids = ids[: state.try_advance(ids)]
         skeleton, start = [], 0
-        for t in alt:
+        for t in ids:
             skeleton.append(start >= len(closing))
             start += len(self.decode([t]))
-        return alt, skeleton
+        return ids, skeleton
 
     def _model_tokenization(self, seq_id: int, pending: list[int], text: str, room: int) -> list[int]:
         """The tokens the model itself wrote for (a prefix of) the forced `text` after this context
