@@ -88,6 +88,10 @@ class BlockManager:
         self.lengths[seq_id] = len(blocks) * self.block_size
         return self.lengths[seq_id]
 
+    def cached_prefix_len(self, token_ids: list[int]) -> int:
+        """Tokens adopt_prefix would cover for token_ids now (0 without a prefix cache)."""
+        return self.prefix.cached_tokens(token_ids, len(token_ids) - 1) if self.prefix is not None else 0
+
     def cache_prefix(self, seq_id: int, token_ids: list[int], num_computed: int) -> None:
         """Offer a sequence's computed full blocks to the prefix cache."""
         if self.prefix is not None and seq_id in self.tables:

@@ -43,6 +43,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's context, capped by the cache
     prefix_caching: bool = True  # reuse KV of earlier prompts and outputs (radix tree over blocks)
+    share_prefill_min_tokens: int = 32  # in-batch prefix sharing (see scheduler.py); 0: off
     spec: SpecConfig = SpecConfig()
     seed: int = 0
 
@@ -56,7 +57,8 @@ class LLMEngine:
         num_blocks = max(1, config.kv_cache_tokens // config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.kv = KVCache(self.model.cfg, num_blocks, config.block_size, self.model.dtype, self.device)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens), self.blocks)
+        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
+                                                         config.share_prefill_min_tokens), self.blocks)
         self.max_model_len = min(config.max_model_len or self.model.cfg.max_position_embeddings, num_blocks * config.block_size)
         self.eos_ids = tuple(self.tokenizer.eos_token_ids)
         self.spec = SpecRunner(config.spec, self)

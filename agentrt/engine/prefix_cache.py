@@ -85,6 +85,17 @@ class PrefixCache:
             s.pin_hits += int(pinned)
         return blocks
 
+    def cached_tokens(self, token_ids: list[int], max_tokens: int) -> int:
+        """How many tokens of token_ids' prefix (at most max_tokens) match() would cover now; no
+        side effects (no stats, nothing revived)."""
+        node, n = self.root, 0
+        for key in self._keys(token_ids, max_tokens // self.block_size):
+            node = node.children.get(key)
+            if node is None:
+                break
+            n += self.block_size
+        return n
+
     def insert(self, token_ids: list[int], blocks: list[int]) -> None:
         """blocks[i] holds the KV of token_ids' i-th full block (computed tokens only)."""
         node = self.root

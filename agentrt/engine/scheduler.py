@@ -3,6 +3,12 @@
 Waiting and running queues; admission by free KV blocks and a per-step token budget (long
 prompts are prefilled in chunks); order by (priority, arrival); when blocks run out, the
 lowest-ranked running sequence is preempted by recompute (its blocks freed, its tokens kept).
+
+With a prefix cache, a waiting prompt that shares a long uncached prefix with a prompt being
+prefilled in this very step waits one step, then adopts that KV from the cache instead of computing
+it a second time (SGLang's in-batch prefix caching): agents of one kind arrive together with the
+same system prompt, tools and context, and a step that prefills them side by side pays for the
+shared part once per copy.
 """
 from __future__ import annotations
 
@@ -16,6 +22,9 @@ from agentrt.engine.sequence import SeqStatus, Sequence
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
+    # shared uncached prompt tokens (with a prefill of this step) that make a waiting sequence
+    # wait one step for the prefix cache; 0 turns in-batch prefix sharing off
+    share_prefill_min_tokens: int = 32
 
 
 @dataclass
@@ -76,10 +85,14 @@ class Scheduler:
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         self.waiting.sort(key=self._rank)
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            seq = self.waiting[0]
+        i = 0
+        while i < len(self.waiting) and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[i]
             if batch.preempted and seq in batch.preempted:
                 break  # don't re-admit what this very step evicted
+            if self._waits_for_shared_prefill(seq, batch):
+                i += 1
+                continue
             adopted = 0
             if seq.num_computed == 0:
                 adopted = seq.num_computed = self.blocks.adopt_prefix(seq.seq_id, seq.all_ids)
@@ -90,13 +103,37 @@ class Scheduler:
                     seq.num_computed = 0
                 break
             seq.cached_tokens += adopted
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             self.blocks.grow(seq.seq_id, seq.num_computed + n)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new.append(n)
             budget -= n
+
+    def _waits_for_shared_prefill(self, seq: Sequence, batch: ScheduledBatch) -> bool:
+        """seq's prompt shares at least share_prefill_min_tokens tokens that are not cached yet
+        with what a sequence of this batch is prefilling: after this step they are (a computed
+        prompt is offered to the cache), so seq waits one step. A chunked prefill that stops
+        short of the shared part holds seq only while it advances: bounded, no starvation."""
+        need = self.cfg.share_prefill_min_tokens
+        if need <= 0 or self.blocks.prefix is None or seq.num_computed:
+            return False
+        ids, bs, cached = seq.all_ids, self.blocks.block_size, None
+        for other, n in zip(batch.seqs, batch.num_new):
+            if n <= 1:
+                continue  # decoding: its prompt is in the cache already
+            # full blocks of seq's prompt (never its last token: adopt_prefix leaves that) that
+            # other's KV covers once this step is done
+            end = min(other.num_computed + n, len(ids) - 1) // bs * bs
+            shared = _common_prefix(ids, other.all_ids, end, bs)
+            if shared < need:
+                continue
+            if cached is None:
+                cached = self.blocks.cached_prefix_len(ids)
+            if shared - cached >= need:
+                return True
+        return False
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -116,3 +153,11 @@ class Scheduler:
         self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
         self.blocks.free(seq.seq_id)
         seq.status = SeqStatus.FINISHED
+
+
+def _common_prefix(a: list[int], b: list[int], limit: int, block: int) -> int:
+    """Length of the common prefix of a and b in whole blocks, at most limit."""
+    n = 0
+    while n + block <= limit and a[n : n + block] == b[n : n + block]:
+        n += block
+    return n

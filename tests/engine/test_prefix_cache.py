@@ -85,3 +85,34 @@ def test_priority_orders_admission(tiny_loaded, make_engine):
     while len(order) < 2:
         order += [ev.request_id for ev in engine.step() if ev.finished]
     assert order == [late_but_urgent, first]
+
+
+def test_prompts_arriving_together_share_their_prefix(tiny_loaded, make_engine):
+    """Agents of one kind arrive together with one long system prompt: the first is prefilled, the
+    others wait one step and adopt its KV (in-batch prefix sharing), with the same tokens."""
+    loaded = tiny_loaded("smollm")
+    prompts = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}"}] for i in range(3)]
+    engine = make_engine(loaded, block_size=8)
+    rids = [engine.add_request(p, GREEDY) for p in prompts]
+    engine.step()
+    assert [s.seq_id for s in engine.scheduler.running] == rids[:1]  # the others wait one step
+    got = {}
+    while len(got) < 3:
+        got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
+    ids = [got[r].prompt_token_ids for r in rids]
+    common = next(i for i, col in enumerate(zip(*ids)) if len(set(col)) > 1)
+    shared = common // 8 * 8
+    assert shared >= 32
+    assert got[rids[0]].cached_tokens == 0
+    assert all(got[r].cached_tokens >= shared for r in rids[1:])
+    engine.blocks.check_invariants()
+    plain = _run(make_engine(loaded, block_size=8, share_prefill_min_tokens=0), prompts)
+    assert [got[r].token_ids for r in rids] == [r.token_ids for r in plain]
+    assert all(r.cached_tokens == 0 for r in plain)  # side by side in one step: nothing to reuse
+
+
+def test_unrelated_prompts_are_not_held_back(tiny_loaded, make_engine):
+    engine = make_engine(tiny_loaded("smollm"), block_size=8)
+    rids = [engine.add_request(f"{w} " * 30, GREEDY) for w in ("alpha", "beta", "gamma")]
+    engine.step()
+    assert sorted(s.seq_id for s in engine.scheduler.running) == rids
