@@ -26,7 +26,7 @@ from agentrt.engine.step_inputs import StepPlan, build_forward_batch
 from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
-from agentrt.spec.grammar import GrammarCache, GrammarState, tokenizer_info
+from agentrt.spec.grammar import GrammarCache, GrammarState, shared_grammar_cache
 from agentrt.spec.sampling import process_logits, sample_from_probs
 from agentrt.spec.structured import parse_output, parse_response_format, with_instructions
 from agentrt.spec.verify import verify_drafts, verify_greedy
@@ -73,9 +73,8 @@ class LLMEngine:
 
     @property
     def grammars(self) -> GrammarCache:
-        if self._grammars is None:  # built on first use: ~0.2 s for a 49k vocabulary
-            info = tokenizer_info(self.tokenizer.hf, self.model.cfg.vocab_size, list(self.eos_ids))
-            self._grammars = GrammarCache(info)
+        if self._grammars is None:  # on first use; shared by the engines of one loaded model
+            self._grammars = shared_grammar_cache(self.tokenizer, self.model.cfg.vocab_size, list(self.eos_ids))
         return self._grammars
 
     # ---- requests -------------------------------------------------------------------------

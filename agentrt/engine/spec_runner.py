@@ -19,6 +19,7 @@ from agentrt.errors import SpecConfigError
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
 from agentrt.spec.controller import KController, SeqDraftState
 from agentrt.spec.cost_model import PredictionTracker, StepCostModel
+from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.grammar import apply_masks, masked_argmax
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
@@ -219,7 +220,7 @@ class SpecRunner:
     def greedy_tokens(self, proposal: Proposal, logits: torch.Tensor) -> torch.Tensor:
         """argmax of every row under its grammar mask, [rows] int64 (logits left as they are)."""
         if proposal.bitmask is None:
-            return logits.argmax(dim=-1)
+            return argmax_rows(logits)
         return masked_argmax(logits, proposal.bitmask, proposal.masked_rows)
 
     def _initial_draft_cost(self) -> float:

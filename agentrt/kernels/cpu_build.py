@@ -25,7 +25,7 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("cpu_pool.c", "cpu_linear_bf16.c", "cpu_attention_bf16.c", "cpu_decoder_bf16.c")
+SOURCES = ("cpu_pool.c", "cpu_linear_bf16.c", "cpu_attention_bf16.c", "cpu_decoder_bf16.c", "cpu_argmax_f32.c")
 HEADERS = ("cpu_common.h", "cpu_pool.h")
 CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
 REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16")
@@ -38,6 +38,7 @@ SIGNATURES = {
     "agentrt_rotary_kv_write_bf16": (None, [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _I32]),
     "agentrt_decoder_layers_bf16": (None, [_P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F32, _F32,
                                            _P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I32]),
+    "agentrt_argmax_f32": (None, [_P, _I64, _I64, _I64, _P, _I32]),
     "agentrt_paged_attention_bf16": (
         None, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _I32, _F32, _P, _I64, _I32]),
 }

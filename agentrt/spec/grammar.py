@@ -8,12 +8,14 @@ masked distribution, for drafts and plain decoding alike.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import torch
 import xgrammar as xgr
 
 from agentrt.errors import RequestError
+from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.structured import SEPARATORS, OutputFormat
 
 
@@ -25,6 +27,23 @@ def tokenizer_info(hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int]
         encoded[i] = tok
     return xgr.TokenizerInfo(encoded, xgr.VocabType.BYTE_LEVEL, vocab_size=vocab_size,
                              stop_token_ids=list(stop_token_ids), add_prefix_space=False)
+
+
+_SHARED: "weakref.WeakKeyDictionary[Any, dict[tuple, GrammarCache]]" = weakref.WeakKeyDictionary()
+_SHARED_LOCK = threading.Lock()
+
+
+def shared_grammar_cache(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> "GrammarCache":
+    """One GrammarCache per tokenizer object (and vocabulary size and stop tokens), so engines
+    over one loaded model share the tokenizer info (~0.2 s to build for a 49k vocabulary, on the
+    thread that prepares the first constrained request) and the compiled grammars. `tokenizer`
+    is the engine's Tokenizer; its `hf` is what xgrammar reads."""
+    key = (vocab_size, tuple(stop_token_ids))
+    with _SHARED_LOCK:
+        per = _SHARED.setdefault(tokenizer, {})
+        if key not in per:
+            per[key] = GrammarCache(tokenizer_info(tokenizer.hf, vocab_size, list(stop_token_ids)))
+        return per[key]
 
 
 class GrammarCache:
@@ -123,7 +142,7 @@ def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     overall argmax is allowed keeps it (an allowed token tied with it at a lower id would have
     been the overall argmax); only the others are masked, usually none or a few. logits [N, V]
     is not modified. Returns [N] int64."""
-    best = logits.argmax(dim=-1)  # [N]
+    best = argmax_rows(logits)  # [N]
     if not rows:
         return best
     idx = torch.tensor(rows, dtype=torch.long)
@@ -136,6 +155,6 @@ def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     if redo:
         sub = logits[redo]  # [r, V], a copy (advanced indexing)
         apply_masks(sub, bitmask[redo], list(range(len(redo))))
-        best[redo] = sub.argmax(dim=-1)
+        best[redo] = argmax_rows(sub)
     return best
 

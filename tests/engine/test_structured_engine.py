@@ -111,3 +111,11 @@ def test_bad_schema_is_refused_before_queueing(tiny_loaded, make_engine):
     with pytest.raises(RequestError, match="properties/a"):
         engine.add_request([{"role": "user", "content": "hi"}], SamplingParams(response_format=bad))
     assert not engine.has_work()
+
+
+def test_engines_over_one_model_share_their_grammars(tiny_loaded, make_engine):
+    loaded = tiny_loaded("smollm")
+    first, second = make_engine(loaded), make_engine(loaded)
+    assert first.grammars is second.grammars  # tokenizer info and compiled grammars built once
+    other = make_engine(tiny_loaded("llama3"))
+    assert other.grammars is not first.grammars

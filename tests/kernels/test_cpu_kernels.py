@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentrt.kernels.argmax import argmax_reference, argmax_rows
 from agentrt.kernels.cpu_build import cpu_kernels, unsupported_reason
 from agentrt.kernels.linear import linear, linear_reference, pack_weight
 from agentrt.kernels.paged_attention import (
@@ -193,3 +194,25 @@ def test_packing_row_blocks_equals_packing_the_stacked_weight():
     assert torch.equal(pack_weight([gate, up], gated=True).data, pack_weight(torch.cat([gate, up]), gated=True).data)
     odd = [_bf16(20, 40, g=g), _bf16(8, 40, g=g)]  # a block not a multiple of 16 rows: stacked first
     assert torch.equal(pack_weight(odd).data, pack_weight(torch.cat(odd)).data)
+
+
+@pytest.mark.parametrize("rows,cols", [(1, 1), (1, 49152), (3, 17), (5, 1000), (40, 49152), (7, 33)])
+def test_argmax_matches_torch(rows, cols):
+    g = torch.Generator().manual_seed(rows * 7 + cols)
+    # bf16-rounded values, as the LM head writes them: ties are common and the first index wins
+    x = torch.randn(rows, cols, generator=g).bfloat16().float()
+    x[0, cols // 2] = x[0].max()  # a tie with the maximum at a later index
+    assert torch.equal(argmax_rows(x, num_threads=2), argmax_reference(x))
+
+
+def test_argmax_edge_values_and_strided_rows():
+    x = torch.full((6, 70), -float("inf"))
+    x[1, 69] = 0.0  # max in the scalar tail
+    x[2, 5], x[2, 40] = float("nan"), float("nan")  # first NaN wins, as in torch
+    x[3, 3], x[3, 50] = -0.0, 0.0  # equal zeros: the first
+    x[4] = 1.0  # all tied
+    x[5, 64], x[5, 10] = 2.0, float("nan")
+    assert torch.equal(argmax_rows(x), argmax_reference(x))
+    wide = torch.randn(9, 128)
+    assert torch.equal(argmax_rows(wide[:, 3:90]), argmax_reference(wide[:, 3:90]))  # rows with a stride
+    assert argmax_rows(torch.empty(0, 5)).shape == (0,)
