@@ -138,13 +138,13 @@ def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) ->
 
 def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> torch.Tensor:
     """Per row, the first maximal logit among the tokens its mask allows (rows not listed: among
-    all): what apply_masks followed by argmax returns, without masking every row. A row whose
-    overall argmax is allowed keeps it (an allowed token tied with it at a lower id would have
-    been the overall argmax); only the others are masked, usually none or a few. logits [N, V]
-    is not modified. Returns [N] int64."""
-    best = argmax_rows(logits)  # [N]
-    if not rows:
-        return best
+    all): what apply_masks followed by argmax returns, reading the mask bits instead of writing
+    -inf into every row (logits [N, V] is not modified). bitmask [N, words] is row-aligned with
+    logits. Returns [N] int64."""
+    mask_rows = torch.full((logits.shape[0],), -1, dtype=torch.long)
+    if rows:
+        mask_rows[torch.tensor(rows, dtype=torch.long)] = torch.tensor(rows, dtype=torch.long)
+    return argmax_rows(logits, bitmask, mask_rows)
     idx = torch.tensor(rows, dtype=torch.long)
     top = best[idx]  # [R]
     word = top // 32

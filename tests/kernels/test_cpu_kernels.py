@@ -216,3 +216,45 @@ def test_argmax_edge_values_and_strided_rows():
     wide = torch.randn(9, 128)
     assert torch.equal(argmax_rows(wide[:, 3:90]), argmax_reference(wide[:, 3:90]))  # rows with a stride
     assert argmax_rows(torch.empty(0, 5)).shape == (0,)
+
+
+def _bitmask(allowed: torch.Tensor) -> torch.Tensor:
+    """[R, V] bool -> [R, ceil(V / 32)] int32 bitmask."""
+    R, V = allowed.shape
+    packed = torch.zeros(R, (V + 31) // 32, dtype=torch.int64)
+    for t in range(V):
+        packed[:, t // 32] |= allowed[:, t].long() << (t % 32)
+    return ((packed + 2**31) % 2**32 - 2**31).to(torch.int32)
+
+
+@pytest.mark.parametrize("rows,cols,p", [(1, 17, 0.5), (6, 100, 0.3), (9, 1000, 0.01), (4, 49152, 0.001), (5, 70, 0.0)])
+def test_masked_argmax_matches_masking_then_argmax(rows, cols, p):
+    g = torch.Generator().manual_seed(rows + cols)
+    x = torch.randint(0, 5, (rows, cols), generator=g).float()  # few values: ties everywhere
+    x[0, :3] = -float("inf")
+    allowed = torch.rand(rows, cols, generator=g) < p
+    mask = _bitmask(allowed)
+    mask_rows = torch.tensor([r if r % 3 else -1 for r in range(rows)])  # some rows unmasked
+    got = argmax_rows(x, mask, mask_rows)
+    ref = x.clone()
+    for r in range(rows):
+        if mask_rows[r] >= 0:
+            ref[r][~allowed[r]] = -float("inf")
+    assert torch.equal(got, ref.argmax(dim=-1))
+    assert torch.equal(got, argmax_reference(x, mask, mask_rows))
+
+
+def test_masked_argmax_edge_rows():
+    x = torch.full((5, 40), -float("inf"))
+    allowed = torch.zeros(5, 40, dtype=torch.bool)
+    allowed[0, 35] = True  # only an allowed -inf, in the tail: the first entry (masked to -inf) wins
+    x[1, 2], x[1, 30] = float("nan"), float("nan")
+    allowed[1, 30] = True  # the masked NaN is -inf, the allowed one wins
+    x[2, 10], x[2, 33] = 5.0, 1.0
+    allowed[2, 33] = True  # the larger value is masked
+    x[3] = 1.0  # all tied, none allowed: 0
+    x[4, 39] = 3.0
+    allowed[4, 39] = True
+    mask = _bitmask(allowed)
+    assert argmax_rows(x, mask).tolist() == [0, 30, 33, 0, 39]
+    assert torch.equal(argmax_reference(x, mask), torch.tensor([0, 30, 33, 0, 39]))
