@@ -12,7 +12,8 @@ fresh engine per policy (the model is loaded once):
        priorities with critical-path awareness, template drafter with adaptive k.
 
 Per policy: makespan (first submit to last program end), mean and p90 program completion time,
-prefill tokens saved (engine prefix-cache hit tokens), engine busy fraction (sum of step times /
+prefill tokens saved (engine prefix-cache hits and prompt
+tokens shared with a prefill of the same step), engine busy fraction (sum of step times /
 makespan), and mean k over decoding rows in steps where most programs stall on tools (batch <=
 N/4) and in steps where the batch is full (batch >= N/2), from the engine's step log; also the
 same for free drafts only (k_free_*: not grammar-forced), since forced drafts are certain and
@@ -252,7 +253,7 @@ async def run_policy(policy: Policy, loaded, cost_model, examples: dict[str, Any
         "makespan_s": makespan,
         "mean_s": statistics.fmean(durations),
         "p90_s": percentile(durations, 0.9),
-        "prefill_saved": prefix.stats.hit_tokens if prefix else 0,
+        "prefill_saved": prefix.stats.hit_tokens + engine.scheduler.shared_prefill_tokens if prefix else 0,
         "prefill_fed": sum(r.num_prefill_tokens for r in steps),
         "busy_frac": sum(r.duration_s for r in steps) / makespan,
         "steps": len(steps),

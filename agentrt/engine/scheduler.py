@@ -4,11 +4,12 @@ Waiting and running queues; admission by free KV blocks and a per-step token bud
 prompts are prefilled in chunks); order by (priority, arrival); when blocks run out, the
 lowest-ranked running sequence is preempted by recompute (its blocks freed, its tokens kept).
 
-With a prefix cache, a waiting prompt that shares a long uncached prefix with a prompt being
-prefilled in this very step waits one step, then adopts that KV from the cache instead of computing
-it a second time (SGLang's in-batch prefix caching): agents of one kind arrive together with the
-same system prompt, tools and context, and a step that prefills them side by side pays for the
-shared part once per copy.
+With a prefix cache, a waiting prompt that shares uncached full blocks with a prompt being
+prefilled in this very step shares that prompt's blocks for them and feeds only the rest: each
+layer writes the K/V of every token of the step before any attention reads the cache, so the
+shared positions are in place when its own tokens attend to them. Agents of one kind arrive
+together with the same system prompt, tools and context; without this a step that prefills them
+side by side computes the shared part once per copy (SGLang defers such requests a step instead).
 """
 from __future__ import annotations
 
@@ -22,9 +23,9 @@ from agentrt.engine.sequence import SeqStatus, Sequence
 class SchedulerConfig:
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
-    # shared uncached prompt tokens (with a prefill of this step) that make a waiting sequence
-    # wait one step for the prefix cache; 0 turns in-batch prefix sharing off
-    share_prefill_min_tokens: int = 32
+    # fewest prompt tokens a waiting sequence must share (beyond what the prefix cache holds)
+    # with a prefill of the same step to take them from it; 0 turns in-batch sharing off
+    share_prefill_min_tokens: int = 16
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Scheduler:
         self.blocks = blocks
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.shared_prefill_tokens = 0  # prompt tokens taken from a prefill of the same step
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
@@ -85,17 +87,14 @@ class Scheduler:
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         self.waiting.sort(key=self._rank)
-        i = 0
-        while i < len(self.waiting) and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
-            seq = self.waiting[i]
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+            seq = self.waiting[0]
             if batch.preempted and seq in batch.preempted:
                 break  # don't re-admit what this very step evicted
-            if self._waits_for_shared_prefill(seq, batch):
-                i += 1
-                continue
-            adopted = 0
+            adopted = shared = 0
             if seq.num_computed == 0:
-                adopted = seq.num_computed = self.blocks.adopt_prefix(seq.seq_id, seq.all_ids)
+                shared = self._share_prefill(seq, batch)
+                adopted = seq.num_computed = shared or self.blocks.adopt_prefix(seq.seq_id, seq.all_ids)
             n = min(seq.num_tokens - seq.num_computed, budget)
             if self.blocks.blocks_needed(seq.seq_id, seq.num_computed + n) > self.blocks.num_free:
                 if adopted:  # a waiting sequence must not sit on blocks others could use
@@ -103,7 +102,8 @@ class Scheduler:
                     seq.num_computed = 0
                 break
             seq.cached_tokens += adopted
-            self.waiting.pop(i)
+            self.shared_prefill_tokens += shared
+            self.waiting.pop(0)
             self.blocks.grow(seq.seq_id, seq.num_computed + n)
             seq.status = SeqStatus.RUNNING
             self.running.append(seq)
@@ -111,29 +111,28 @@ class Scheduler:
             batch.num_new.append(n)
             budget -= n
 
-    def _waits_for_shared_prefill(self, seq: Sequence, batch: ScheduledBatch) -> bool:
-        """seq's prompt shares at least share_prefill_min_tokens tokens that are not cached yet
-        with what a sequence of this batch is prefilling: after this step they are (a computed
-        prompt is offered to the cache), so seq waits one step. A chunked prefill that stops
-        short of the shared part holds seq only while it advances: bounded, no starvation."""
+    def _share_prefill(self, seq: Sequence, batch: ScheduledBatch) -> int:
+        """Start seq on the blocks of the batch sequence whose KV after this step covers the
+        longest prefix of seq's prompt (full blocks, never seq's last token), when that beats
+        the prefix cache by share_prefill_min_tokens or more: the blocks are shared (forked)
+        now, written by their owner in this step's forward before seq's tokens attend to them.
+        Returns the positions taken (0: none)."""
         need = self.cfg.share_prefill_min_tokens
-        if need <= 0 or self.blocks.prefix is None or seq.num_computed:
-            return False
-        ids, bs, cached = seq.all_ids, self.blocks.block_size, None
+        if need <= 0 or self.blocks.prefix is None:
+            return 0
+        ids, bs = seq.all_ids, self.blocks.block_size
+        best, source = 0, None
         for other, n in zip(batch.seqs, batch.num_new):
             if n <= 1:
-                continue  # decoding: its prompt is in the cache already
-            # full blocks of seq's prompt (never its last token: adopt_prefix leaves that) that
-            # other's KV covers once this step is done
+                continue  # decoding: its prompt is in the prefix cache already
             end = min(other.num_computed + n, len(ids) - 1) // bs * bs
             shared = _common_prefix(ids, other.all_ids, end, bs)
-            if shared < need:
-                continue
-            if cached is None:
-                cached = self.blocks.cached_prefix_len(ids)
-            if shared - cached >= need:
-                return True
-        return False
+            if shared > best:
+                best, source = shared, other
+        if source is None or best - self.blocks.cached_prefix_len(ids) < need:
+            return 0
+        self.blocks.fork(source.seq_id, seq.seq_id, best)
+        return best
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)

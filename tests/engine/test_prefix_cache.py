@@ -2,7 +2,10 @@
 siblings, pins through tool stalls, no leaks with preemption and speculation, priority order."""
 from __future__ import annotations
 
+import pytest
+
 from agentrt.engine import SamplingParams, SpecConfig
+from agentrt.kernels.cpu_build import cpu_kernels
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 SYSTEM = "You are a planning agent. " * 6
@@ -88,14 +91,15 @@ def test_priority_orders_admission(tiny_loaded, make_engine):
 
 
 def test_prompts_arriving_together_share_their_prefix(tiny_loaded, make_engine):
-    """Agents of one kind arrive together with one long system prompt: the first is prefilled, the
-    others wait one step and adopt its KV (in-batch prefix sharing), with the same tokens."""
+    """Agents of one kind arrive together with one long system prompt: all are admitted in one
+    step, the first computes the shared blocks and the others take them from it (in-batch prefix
+    sharing), with the same tokens as computing everything."""
     loaded = tiny_loaded("smollm")
     prompts = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}"}] for i in range(3)]
     engine = make_engine(loaded, block_size=8)
     rids = [engine.add_request(p, GREEDY) for p in prompts]
     engine.step()
-    assert [s.seq_id for s in engine.scheduler.running] == rids[:1]  # the others wait one step
+    assert sorted(s.seq_id for s in engine.scheduler.running) == rids  # nobody waits
     got = {}
     while len(got) < 3:
         got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
@@ -104,11 +108,44 @@ def test_prompts_arriving_together_share_their_prefix(tiny_loaded, make_engine):
     shared = common // 8 * 8
     assert shared >= 32
     assert got[rids[0]].cached_tokens == 0
-    assert all(got[r].cached_tokens >= shared for r in rids[1:])
+    assert all(got[r].cached_tokens == shared for r in rids[1:])
+    assert engine.scheduler.shared_prefill_tokens == 2 * shared
     engine.blocks.check_invariants()
+    assert not engine.blocks.tables
     plain = _run(make_engine(loaded, block_size=8, share_prefill_min_tokens=0), prompts)
     assert [got[r].token_ids for r in rids] == [r.token_ids for r in plain]
     assert all(r.cached_tokens == 0 for r in plain)  # side by side in one step: nothing to reuse
+
+
+def test_sharing_with_a_chunked_prefill(tiny_loaded, make_engine):
+    """The leader's prompt is prefilled in chunks; the follower, admitted with the leader's last
+    chunk, takes the shared blocks, from the prefix cache (earlier chunks) or from this step."""
+    loaded = tiny_loaded("smollm")
+    prompts = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}"}] for i in range(2)]
+    engine = make_engine(loaded, block_size=8, max_num_batched_tokens=32)
+    rids = [engine.add_request(p, GREEDY) for p in prompts]
+    engine.step()
+    assert [s.seq_id for s in engine.scheduler.running] == rids[:1]  # the budget went to the first chunk
+    got = {}
+    while len(got) < 2:
+        got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
+    ids = [got[r].prompt_token_ids for r in rids]
+    common = next(i for i, col in enumerate(zip(*ids)) if len(set(col)) > 1) // 8 * 8
+    assert got[rids[1]].cached_tokens == common
+    assert engine.scheduler.shared_prefill_tokens + engine.blocks.prefix.stats.hit_tokens == common
+    engine.blocks.check_invariants()
+    plain = _run(make_engine(loaded, block_size=8, prefix_caching=False), prompts)
+    assert [got[r].token_ids for r in rids] == [r.token_ids for r in plain]
+
+
+@pytest.mark.skipif(cpu_kernels() is None, reason="the bf16 kernel path needs the CPU kernels")
+def test_in_batch_sharing_on_the_kernel_path_gives_the_same_tokens(tiny_loaded, make_engine):
+    loaded = tiny_loaded("smollm", "bfloat16")
+    prompts = [[{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"question {i}"}] for i in range(3)]
+    shared = _run(make_engine(loaded, block_size=16), prompts)
+    plain = _run(make_engine(loaded, block_size=16, prefix_caching=False), prompts)
+    assert sum(r.cached_tokens for r in shared) > 0
+    assert [r.token_ids for r in shared] == [r.token_ids for r in plain]
 
 
 def test_unrelated_prompts_are_not_held_back(tiny_loaded, make_engine):
@@ -116,3 +153,4 @@ def test_unrelated_prompts_are_not_held_back(tiny_loaded, make_engine):
     rids = [engine.add_request(f"{w} " * 30, GREEDY) for w in ("alpha", "beta", "gamma")]
     engine.step()
     assert sorted(s.seq_id for s in engine.scheduler.running) == rids
+    assert engine.scheduler.shared_prefill_tokens == 0
