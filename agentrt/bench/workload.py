@@ -42,6 +42,15 @@ from typing import Any
 from rich.console import Console
 
 from agentrt.bench.common import BenchResult
+from agentrt.bench.workload_stats import (
+    average,
+    k_by_load,
+    k_means,
+    percentile,
+    same_outputs,
+    speedup_done_everywhere,
+    summarize,
+)
 
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_NAMES = ("trip_planner", "research", "sql_agent")
@@ -155,48 +164,6 @@ def workload(n: int) -> list[tuple[str, dict[str, Any]]]:
             for i in range(n)]
 
 
-def percentile(values: list[float], q: float) -> float:
-    """Linear interpolation between closest ranks (numpy's default)."""
-    xs = sorted(values)
-    pos = (len(xs) - 1) * q
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
-
-
-def k_by_load(step_log: list[Any], n_programs: int) -> dict[str, Any]:
-    """k over decoding rows (one new token fed: they may carry drafts), in steps with few sequences
-    (batch <= max(1, N // 4): most programs stall on tools or wait) and in steps with a full batch
-    (batch >= ceil(N / 2)): all drafts, and the free ones (not grammar-forced). Forced drafts are
-    accepted by construction and cost one verified position each, so the controller takes them at
-    any load; the free ones are the speculation that load should cut."""
-    idle_max, busy_min = max(1, n_programs // 4), math.ceil(n_programs / 2)
-    out: dict[str, Any] = {"idle_batch_max": idle_max, "busy_batch_min": busy_min}
-    for cls in ("idle", "busy"):
-        out.update({f"{cls}_k_sum": 0, f"{cls}_free_k_sum": 0, f"{cls}_rows": 0})
-    for rec in step_log:
-        cls = "idle" if rec.batch_size <= idle_max else "busy" if rec.batch_size >= busy_min else None
-        if cls is None:
-            continue
-        forced = rec.forced or [0] * len(rec.k)  # records from before forced counts existed
-        for k, f, n in zip(rec.k, forced, rec.num_new):
-            if n == 1:
-                out[f"{cls}_k_sum"] += k
-                out[f"{cls}_free_k_sum"] += k - f
-                out[f"{cls}_rows"] += 1
-    return out
-
-
-def k_means(loads: list[dict[str, Any]]) -> dict[str, float | None]:
-    """k_idle_mean, k_busy_mean (all drafts) and k_free_idle_mean, k_free_busy_mean pooled over the
-    rows of several runs."""
-    out = {}
-    for cls in ("idle", "busy"):
-        rows = sum(x[f"{cls}_rows"] for x in loads)
-        out[f"k_{cls}_mean"] = sum(x[f"{cls}_k_sum"] for x in loads) / rows if rows else None
-        out[f"k_free_{cls}_mean"] = sum(x[f"{cls}_free_k_sum"] for x in loads) / rows if rows else None
-    return out
-
-
 def new_engine(loaded, policy: Policy, kv_tokens: int, cost_model):
     from agentrt.engine import EngineConfig, LLMEngine, SpecConfig
 
@@ -305,60 +272,6 @@ def warm_up(loaded) -> None:
         "a": {"type": "integer"}}, "required": ["a"]}}}
     engine.generate([chat, chat], SamplingParams(max_tokens=8, temperature=0))
     engine.generate([chat], SamplingParams(max_tokens=12, temperature=0, response_format=fmt))
-
-
-def average(rows: list[dict[str, Any]], details: list[dict[str, Any]]) -> dict[str, Any]:
-    """One policy's row over its repeats: numbers averaged, k pooled over rows, done the worst."""
-    out: dict[str, Any] = {}
-    for key, value in rows[0].items():
-        values = [r[key] for r in rows]
-        if key == "done":
-            out[key] = min(values)
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and None not in values:
-            out[key] = statistics.fmean(values)
-        else:
-            out[key] = value
-    out.update(k_means([d["k_by_load"] for d in details]))
-    return out
-
-
-def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    a, b, c = rows
-    return {
-        "mean_latency_speedup_vs_fcfs": a["mean_s"] / c["mean_s"],
-        "p90_latency_speedup_vs_fcfs": a["p90_s"] / c["p90_s"],
-        "k_idle_mean": c["k_idle_mean"],
-        "k_busy_mean": c["k_busy_mean"],
-        "k_free_idle_mean": c.get("k_free_idle_mean"),
-        "k_free_busy_mean": c.get("k_free_busy_mean"),
-        "makespan_speedup_vs_fcfs": a["makespan_s"] / c["makespan_s"],
-        "mean_latency_speedup_vs_fixed_k4": b["mean_s"] / c["mean_s"],
-        "prefill_saved_tokens": c["prefill_saved"],
-        "done": f"{a['done']}/{b['done']}/{c['done']}",
-    }
-
-
-def speedup_done_everywhere(base: list[dict[str, Any]], full: list[dict[str, Any]]) -> float | None:
-    """Mean completion speedup over the programs that finished (status done) in every run of both
-    policies: a program that fails early (e.g. a structured output cut at max_tokens) shortens
-    its policy's mean."""
-    runs = base + full
-    ids = [p["run_id"] for p in runs[0]["programs"]
-           if all(q["status"] == "done" for d in runs for q in d["programs"] if q["run_id"] == p["run_id"])]
-    if not ids:
-        return None
-
-    def mean(ds: list[dict[str, Any]]) -> float:
-        return statistics.fmean(q["duration_s"] for d in ds for q in d["programs"] if q["run_id"] in ids)
-
-    return mean(base) / mean(full)
-
-
-def same_outputs(details: list[dict[str, Any]]) -> int:
-    """Programs whose output is the same in every run (greedy decoding; bf16 forwards of
-    different batch shapes are not bit-identical, so a few may differ)."""
-    outs = [[p["output"] for p in d["programs"]] for d in details]
-    return sum(len({repr(o) for o in col}) == 1 for col in zip(*outs))
 
 
 def run(args: argparse.Namespace) -> BenchResult:

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentrt.bench import workload
+from agentrt.bench import workload, workload_stats
 
 
 def test_tool_latency_matches_its_median_and_p90():
@@ -18,8 +18,8 @@ def test_tool_latency_matches_its_median_and_p90():
     xs = [lat.draw(i, "search", 0) for i in range(4000)]
     # n = 4000: the standard error of the log-median is ~0.036 and of the log-p90 ~0.049, so
     # +-10% and +-15% are ~3 standard errors (and the draws are seeded: the test is deterministic).
-    assert workload.percentile(xs, 0.5) == pytest.approx(0.3, rel=0.10)
-    assert workload.percentile(xs, 0.9) == pytest.approx(3.0, rel=0.15)
+    assert workload_stats.percentile(xs, 0.5) == pytest.approx(0.3, rel=0.10)
+    assert workload_stats.percentile(xs, 0.9) == pytest.approx(3.0, rel=0.15)
     assert max(xs) == 15.0  # the cap bounds the tail
     # Same key, same latency; another seed, another one.
     assert lat.draw(3, "search", 2) == lat.draw(3, "search", 2) != lat.draw(3, "search", 3)
@@ -57,15 +57,15 @@ def step(batch: int, k: list[int], num_new: list[int], forced: list[int] | None 
 def test_k_by_load_splits_decoding_rows_by_batch_size():
     log = [step(1, [8], [1], [5]), step(2, [6, 0], [1, 300]), step(4, [1, 2, 0, 0], [1, 1, 1, 50], [0, 2, 0, 0]),
            step(3, [5, 5, 5], [1, 1, 1])]
-    split = workload.k_by_load(log, 8)  # idle: batch <= 2, busy: batch >= 4
+    split = workload_stats.k_by_load(log, 8)  # idle: batch <= 2, busy: batch >= 4
     assert (split["idle_batch_max"], split["busy_batch_min"]) == (2, 4)
     assert (split["idle_rows"], split["idle_k_sum"]) == (2, 14)  # the prefill row does not count
     assert (split["busy_rows"], split["busy_k_sum"]) == (3, 3)
     assert (split["idle_free_k_sum"], split["busy_free_k_sum"]) == (9, 1)  # forced drafts left out
-    means = workload.k_means([split, workload.k_by_load([step(1, [2], [1])], 8)])
+    means = workload_stats.k_means([split, workload_stats.k_by_load([step(1, [2], [1])], 8)])
     assert means == {"k_idle_mean": pytest.approx(16 / 3), "k_busy_mean": pytest.approx(1.0),
                      "k_free_idle_mean": pytest.approx(11 / 3), "k_free_busy_mean": pytest.approx(1 / 3)}
-    assert workload.k_means([workload.k_by_load([], 8)]) == {"k_idle_mean": None, "k_busy_mean": None,
+    assert workload_stats.k_means([workload_stats.k_by_load([], 8)]) == {"k_idle_mean": None, "k_busy_mean": None,
                                                              "k_free_idle_mean": None, "k_free_busy_mean": None}
 
 
@@ -73,13 +73,13 @@ def test_average_over_repeats_and_summary():
     loads = [{"idle_k_sum": 8, "idle_free_k_sum": 6, "idle_rows": 2, "busy_k_sum": 1, "busy_free_k_sum": 0, "busy_rows": 1}]
     rows = [{"policy": "x", "done": 6, "mean_s": 10.0, "alpha": None},
             {"policy": "x", "done": 5, "mean_s": 14.0, "alpha": None}]
-    avg = workload.average(rows, [{"k_by_load": loads[0]}, {"k_by_load": loads[0]}])
+    avg = workload_stats.average(rows, [{"k_by_load": loads[0]}, {"k_by_load": loads[0]}])
     assert avg == {"policy": "x", "done": 5, "mean_s": 12.0, "alpha": None, "k_idle_mean": 4.0, "k_busy_mean": 1.0,
                    "k_free_idle_mean": 3.0, "k_free_busy_mean": 0.0}
     base = {"mean_s": 12.0, "p90_s": 20.0, "makespan_s": 30.0, "prefill_saved": 0, "done": 6,
             "k_idle_mean": 0.0, "k_busy_mean": 0.0}
     full = dict(base, mean_s=6.0, p90_s=10.0, makespan_s=20.0, prefill_saved=900, k_idle_mean=4.0, k_busy_mean=1.0)
-    s = workload.summarize([base, dict(base, mean_s=9.0), full])
+    s = workload_stats.summarize([base, dict(base, mean_s=9.0), full])
     assert s["mean_latency_speedup_vs_fcfs"] == 2.0 and s["p90_latency_speedup_vs_fcfs"] == 2.0
     assert s["mean_latency_speedup_vs_fixed_k4"] == 1.5 and (s["k_idle_mean"], s["k_busy_mean"]) == (4.0, 1.0)
 
