@@ -157,7 +157,7 @@ class BlockManager:
     def fork(self, src_id: int, dst_id: int, length: int | None = None) -> None:
         """dst shares src's first `length` positions by reference (no copy until written)."""
         n = self.lengths[src_id] if length is None else min(length, self.lengths[src_id])
-        if dst_id in self.tables:
+        if self.tables.get(dst_id):  # an empty table (a prefix lookup that found nothing) is fine
             raise ValueError(f"sequence {dst_id} already has blocks")
         shared = self.tables[src_id][: self._blocks_for(n)]
         for b in shared:

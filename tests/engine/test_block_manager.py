@@ -141,3 +141,17 @@ def test_grow_refuses_when_full():
         assert "needs 1 blocks, 0 free" in str(e)
     else:
         raise AssertionError("grow past capacity must raise")
+
+
+def test_fork_onto_a_sequence_whose_prefix_lookup_found_nothing():
+    """A waiting sequence refused for lack of room keeps the empty table its prefix lookup left;
+    in-batch sharing may fork onto it a step later."""
+    bm = BlockManager(num_blocks=8, block_size=4, prefix_caching=True)
+    assert bm.adopt_prefix(1, list(range(10))) == 0 and bm.tables[1] == []
+    bm.grow(0, 8)
+    bm.fork(0, 1, 8)
+    assert bm.tables[1] == bm.tables[0][:2]
+    bm.free(0)
+    bm.free(1)
+    bm.check_invariants()
+    assert bm.num_free == 8
