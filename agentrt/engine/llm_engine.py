@@ -43,7 +43,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's context, capped by the cache
     prefix_caching: bool = True  # reuse KV of earlier prompts and outputs (radix tree over blocks)
-    share_prefill_min_tokens: int = 32  # in-batch prefix sharing (see scheduler.py); 0: off
+    share_prefill_min_tokens: int = 16  # in-batch prefix sharing (see scheduler.py); 0: off
     spec: SpecConfig = SpecConfig()
     seed: int = 0
 

@@ -16,10 +16,10 @@ import torch
 from agentrt.engine.outputs import StepRecord
 from agentrt.engine.sequence import Sequence
 from agentrt.errors import SpecConfigError
+from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
 from agentrt.spec.controller import KController, SeqDraftState
 from agentrt.spec.cost_model import PredictionTracker, StepCostModel
-from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.grammar import apply_masks, masked_argmax
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
