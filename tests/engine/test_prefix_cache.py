@@ -72,6 +72,7 @@ def test_no_block_leaks_with_preemption_and_speculation(tiny_loaded, make_engine
     results = _run(engine, prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     assert sum(r.num_preemptions for r in results) > 0
     assert sum(r.spec["total"]["drafted"] for r in results) > 0
+    assert engine.scheduler.shared_prefill_tokens > 0  # the prompts extend each other: shared in-step too
     engine.blocks.check_invariants()
     assert not engine.blocks.tables and engine.blocks.num_free == engine.blocks.allocator.num_blocks
     # Identical to a run without the cache, preemption or speculation.
