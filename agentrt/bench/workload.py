@@ -20,7 +20,9 @@ same for free drafts only (k_free_*: not grammar-forced), since forced drafts ar
 worth their verified position at any load, while free ones are the speculation load should cut.
 
 Summary: mean_latency_speedup_vs_fcfs, p90_latency_speedup_vs_fcfs (a over c), k_idle_mean and
-k_busy_mean (of c), k_free_idle_mean and k_free_busy_mean. Goals: mean_latency_speedup_vs_fcfs
+k_busy_mean (of c), k_free_idle_mean and k_free_busy_mean; also the split of completion time along
+each program's critical path: tool_critical_path_s (the same under every policy) and
+llm_critical_path_speedup_vs_fcfs (a over c: what the engine policy controls). Goals: mean_latency_speedup_vs_fcfs
 >= 1.5 and k_idle_mean > k_busy_mean.
 """
 from __future__ import annotations
@@ -44,6 +46,7 @@ from rich.console import Console
 from agentrt.bench.common import BenchResult
 from agentrt.bench.workload_stats import (
     average,
+    critical_path_split,
     k_by_load,
     k_means,
     percentile,
@@ -229,6 +232,7 @@ async def run_policy(policy: Policy, loaded, cost_model, examples: dict[str, Any
         **k_means([k_by_load(steps, n_programs)]),
         "preempted": sum(len(r.preempted) for r in steps),
         "kv_holds": sum(s.kv_holds for s in stats),
+        **dict(zip(("tool_critical_path_s", "llm_critical_path_s"), critical_path_split(trace.records()))),
         "hold_hits": sum(s.kv_hold_hits for s in stats),
         "hold_misses": sum(s.kv_hold_misses for s in stats),
     }

@@ -108,3 +108,25 @@ async def test_one_policy_runs_the_examples_on_a_tiny_model(tiny_model_dir):
     assert row["steps"] > 0 and 0 < row["busy_frac"] <= 1.0 + 1e-9 and row["mean_s"] <= row["makespan_s"] + 1e-6
     assert detail["prefix_stats"] is not None and row["prefill_saved"] == detail["prefix_stats"]["hit_tokens"]
     assert {p["run_id"] for p in detail["programs"]} == {"00-trip_planner", "01-research", "02-sql_agent"}
+
+
+def test_critical_path_split_follows_the_inputs_waited_on_last():
+    def node(run, name, kind, start, end, waited_on=None, wait_end=None):
+        sid = f"{run}/{name}"
+        attrs = {"agentrt.node": name, "agentrt.node.kind": kind}
+        if waited_on:
+            attrs["agentrt.waited_on"] = waited_on
+        recs = [{"type": "span", "run_id": run, "span_id": sid, "parent_id": None, "start": start, "end": end,
+                 "attributes": attrs}]
+        if wait_end is not None:
+            recs.append({"type": "span", "run_id": run, "span_id": sid + "/w", "parent_id": sid, "start": start,
+                         "end": wait_end, "attributes": {"agentrt.phase": "waiting"}})
+        return recs
+
+    records = (node("r", "plan", "llm", 0.0, 1.0) + node("r", "slow", "tool", 0.0, 3.0, "plan", 1.0)
+               + node("r", "fast", "tool", 0.0, 1.5, "plan", 1.0)
+               + node("r", "answer", "llm", 0.0, 4.0, "slow", 3.0)
+               + node("s", "only", "llm", 0.0, 2.0))
+    tool, llm = workload_stats.critical_path_split(records)
+    assert tool == pytest.approx((2.0 + 0.0) / 2)  # run r: slow (1 -> 3); run s: none
+    assert llm == pytest.approx((1.0 + 1.0 + 2.0) / 2)  # r: plan and answer; s: only
