@@ -67,8 +67,9 @@ def average(rows: list[dict[str, Any]], details: list[dict[str, Any]]) -> dict[s
 def critical_path_split(records: list[dict[str, Any]]) -> tuple[float, float]:
     """Mean over the program runs of a trace of the tool time and the LLM time on each run's
     critical path: from the node that ended last, back through the input each node waited on
-    last (agentrt.waited_on), a node counting its span less its waiting phase. Tool time on it is
-    the same under every policy; the LLM time is what an engine policy can shorten."""
+    last (agentrt.waited_on), a node counting its span less its waiting phase. The tool latencies
+    are the same under every policy (the path through them may differ where branches end close
+    together); the LLM time is what an engine policy can shorten."""
     spans = [r for r in records if r.get("type") == "span"]
     waiting: dict[str, float] = {}
     for s in spans:
