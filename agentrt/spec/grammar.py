@@ -143,18 +143,6 @@ def masked_argmax(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) 
     logits. Returns [N] int64."""
     mask_rows = torch.full((logits.shape[0],), -1, dtype=torch.long)
     if rows:
-        mask_rows[torch.tensor(rows, dtype=torch.long)] = torch.tensor(rows, dtype=torch.long)
+        idx = torch.tensor(rows, dtype=torch.long)
+        mask_rows[idx] = idx  # a masked row obeys its own mask row
     return argmax_rows(logits, bitmask, mask_rows)
-    idx = torch.tensor(rows, dtype=torch.long)
-    top = best[idx]  # [R]
-    word = top // 32
-    inside = word < bitmask.shape[1]
-    bits = bitmask[idx, word.clamp(max=bitmask.shape[1] - 1)]  # [R] int32
-    allowed = inside & (((bits >> (top % 32).to(bits.dtype)) & 1) == 1)
-    redo = idx[~allowed].tolist()
-    if redo:
-        sub = logits[redo]  # [r, V], a copy (advanced indexing)
-        apply_masks(sub, bitmask[redo], list(range(len(redo))))
-        best[redo] = argmax_rows(sub)
-    return best
-
