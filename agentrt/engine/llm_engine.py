@@ -44,6 +44,8 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context, capped by the cache
     prefix_caching: bool = True  # reuse KV of earlier prompts and outputs (radix tree over blocks)
     share_prefill_min_tokens: int = 16  # in-batch prefix sharing (see scheduler.py); 0: off
+    prefill_order: str = "shortest"  # waiting requests of equal priority: "shortest" or "arrival" (FCFS)
+    group_prefills: bool = True  # split a burst of prompts over steps for least mean time to first token
     spec: SpecConfig = SpecConfig()
     seed: int = 0
 
@@ -57,8 +59,10 @@ class LLMEngine:
         num_blocks = max(1, config.kv_cache_tokens // config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
         self.kv = KVCache(self.model.cfg, num_blocks, config.block_size, self.model.dtype, self.device)
-        self.scheduler = Scheduler(SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens,
-                                                         config.share_prefill_min_tokens), self.blocks)
+        self.scheduler = Scheduler(
+            SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.share_prefill_min_tokens,
+                            config.prefill_order, config.group_prefills),
+            self.blocks, step_cost=self._prefill_step_cost)
         self.max_model_len = min(config.max_model_len or self.model.cfg.max_position_embeddings, num_blocks * config.block_size)
         self.eos_ids = tuple(self.tokenizer.eos_token_ids)
         self.spec = SpecRunner(config.spec, self)
@@ -70,6 +74,12 @@ class LLMEngine:
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self._step_no = 0
         self._grammars: GrammarCache | None = None
+
+    def _prefill_step_cost(self, num_tokens: int) -> float | None:
+        """A step's predicted seconds for the scheduler's prefill grouping; None unless the cost
+        model was fitted on this machine (the analytic estimate has no per-step fixed cost)."""
+        model = self.spec.cost_model
+        return model.predict(num_tokens, 0) if model.source == "fit" else None
 
     @property
     def grammars(self) -> GrammarCache:

@@ -13,6 +13,8 @@ side by side computes the shared part once per copy (SGLang defers such requests
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentrt.engine.block_manager import BlockManager
@@ -26,6 +28,22 @@ class SchedulerConfig:
     # fewest prompt tokens a waiting sequence must share (beyond what the prefix cache holds)
     # with a prefill of the same step to take them from it; 0 turns in-batch sharing off
     share_prefill_min_tokens: int = 16
+    # among waiting requests of equal priority: "arrival" (first come, first served) or
+    # "shortest" (fewest prompt tokens left to compute first: least mean time to first token)
+    prefill_order: str = "shortest"
+    # admit only the first group of waiting prefills this step when the rest would reach their
+    # first token sooner, on the whole, in later steps (needs a step cost; see _first_group)
+    group_prefills: bool = True
+    # under "shortest", a request waiting this long goes before shorter ones (no starvation)
+    shortest_first_max_wait_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"SchedulerConfig.prefill_order must be one of {PREFILL_ORDERS}, got {self.prefill_order!r}")
+
+
+PREFILL_ORDERS = ("arrival", "shortest")
+ORDER_WINDOW = 256  # waiting requests ordered by size per step (the rest keep rank order)
 
 
 @dataclass
@@ -39,9 +57,14 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager):
+    def __init__(self, cfg: SchedulerConfig, blocks: BlockManager,
+                 step_cost: Callable[[int], float | None] | None = None):
+        """step_cost(num_tokens): predicted seconds of a step feeding that many tokens, or None
+        while no measured cost is known (grouping weighs a step's fixed cost, which only a
+        fitted cost model has measured)."""
         self.cfg = cfg
         self.blocks = blocks
+        self.step_cost = step_cost
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
         self.shared_prefill_tokens = 0  # prompt tokens taken from a prefill of the same step
@@ -86,8 +109,26 @@ class Scheduler:
         return batch
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
+        if not self.waiting:
+            return
         self.waiting.sort(key=self._rank)
-        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs:
+        limit = len(self.waiting)
+        order, group = self.cfg.prefill_order, self.cfg.group_prefills and self.step_cost is not None
+        if order == "shortest" or group:
+            m = min(len(self.waiting), ORDER_WINDOW)  # bounded work per step with a long queue
+            head, sizes = self.waiting[:m], self._prefill_sizes(self.waiting[:m])
+            if order == "shortest":
+                head, sizes = self._shortest_first(head, sizes)
+                self.waiting[:m] = head
+            # the prompts that could start this step (the others barely change the split)
+            head, sizes = head[: self.cfg.max_num_seqs], sizes[: self.cfg.max_num_seqs]
+            if self.blocks.prefix is not None:  # without a prefix cache nothing is shared
+                sizes = _shared_sizes(head, sizes, self.blocks.block_size)
+            base = self.cfg.max_num_batched_tokens - budget
+            if group and len(head) > 1 and self.step_cost(base) is not None:
+                limit = self._first_group(sizes, base, budget)
+        while self.waiting and budget > 0 and len(self.running) < self.cfg.max_num_seqs and limit > 0:
+            limit -= 1
             seq = self.waiting[0]
             if batch.preempted and seq in batch.preempted:
                 break  # don't re-admit what this very step evicted
@@ -110,6 +151,52 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new.append(n)
             budget -= n
+
+    def _shortest_first(self, seqs: list[Sequence], sizes: list[int]) -> tuple[list[Sequence], list[int]]:
+        """seqs (in rank order) with each priority's fewest prompt tokens first; one that has
+        waited shortest_first_max_wait_s or more goes before them, in arrival order, so a long
+        prompt is not starved by a stream of short ones."""
+        now = time.monotonic()
+        max_wait = self.cfg.shortest_first_max_wait_s
+
+        def key(i: int) -> tuple[float, int, int, int]:
+            aged = now - seqs[i].arrival >= max_wait
+            return (seqs[i].priority, 0, 0, i) if aged else (seqs[i].priority, 1, sizes[i], i)
+
+        order = sorted(range(len(seqs)), key=key)
+        return [seqs[i] for i in order], [sizes[i] for i in order]
+
+    def _prefill_sizes(self, seqs: list[Sequence]) -> list[int]:
+        """Per waiting sequence, the prompt tokens it would feed: those the prefix cache lacks."""
+        out = []
+        for seq in seqs:
+            cached = self.blocks.cached_prefix_len(seq.all_ids) if seq.num_computed == 0 else 0
+            out.append(seq.num_tokens - max(seq.num_computed, cached))
+        return out
+
+    def _first_group(self, sizes: list[int], base: int, budget: int) -> int:
+        """How many of the waiting prefills (in order) to admit this step: the split of the
+        queue into consecutive steps that minimises the sum of their times to first token,
+        where each step costs step_cost(base + its prompt tokens) and delays every prompt not
+        yet fed (batching with a setup cost: one step's fixed overhead against the waits of
+        the prompts behind a long one). base: the tokens already in the step (decodes, chunks),
+        assumed in every later step too. Sequences decoding meanwhile lose nothing: each step
+        still gives them a token. O(m^2) in the m waiting prompts."""
+        m, cost, cap = len(sizes), self.step_cost, self.cfg.max_num_batched_tokens
+        best_total = [0.0] * (m + 1)  # best_total[i]: least summed wait of prompts i.. from now
+        cut = [m] * (m + 1)
+        for i in range(m - 1, -1, -1):
+            best, tokens = float("inf"), 0
+            limit = budget if i == 0 else cap - base
+            for j in range(i, m):
+                tokens += sizes[j]
+                if j > i and tokens > limit:
+                    break
+                total = (m - i) * cost(base + min(tokens, limit)) + best_total[j + 1]
+                if total < best:
+                    best, cut[i] = total, j + 1
+            best_total[i] = best
+        return cut[0]
 
     def _share_prefill(self, seq: Sequence, batch: ScheduledBatch) -> int:
         """Start seq on the blocks of the batch sequence whose KV after this step covers the
@@ -152,6 +239,19 @@ class Scheduler:
         self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
         self.blocks.free(seq.seq_id)
         seq.status = SeqStatus.FINISHED
+
+
+def _shared_sizes(seqs: list[Sequence], sizes: list[int], block: int) -> list[int]:
+    """sizes less the full blocks each prompt shares with one earlier in the list (fed once,
+    by the earlier one, and shared in the step or taken from the prefix cache later)."""
+    out = list(sizes)
+    for i, seq in enumerate(seqs):
+        if seq.num_computed or i == 0:
+            continue
+        ids = seq.all_ids
+        shared = max(_common_prefix(ids, other.all_ids, len(ids) - 1, block) for other in seqs[:i])
+        out[i] = min(sizes[i], seq.num_tokens - shared)
+    return out
 
 
 def _common_prefix(a: list[int], b: list[int], limit: int, block: int) -> int:
