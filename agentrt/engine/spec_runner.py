@@ -296,15 +296,13 @@ def _expected_accepted(accept_probs: list[float]) -> float:
 
 def build_drafter(spec: str, engine) -> Drafter:
     kind, _, arg = spec.partition(":")
-    if kind == "suffix":
-        from agentrt.spec.drafters.suffix import SuffixDrafter
-
-        return SuffixDrafter()
-    if kind == "template":
+    if kind in ("suffix", "template"):
+        from agentrt.spec.drafters.progression import digit_tokens
         from agentrt.spec.drafters.suffix import SuffixDrafter
         from agentrt.spec.drafters.template import TemplateDrafter
 
-        return TemplateDrafter(SuffixDrafter(), engine.tokenizer.encode, engine.tokenizer.decode)
+        suffix = SuffixDrafter(digits=digit_tokens(engine.tokenizer.encode))
+        return suffix if kind == "suffix" else TemplateDrafter(suffix, engine.tokenizer.encode, engine.tokenizer.decode)
     if kind == "layerskip":
         from agentrt.engine.draft_runner import LayerSkipRunner
         from agentrt.spec.drafters.model import ModelDrafter

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 
 from agentrt.errors import SpecError
 from agentrt.spec.drafters.base import Draft, DraftRequest
+from agentrt.spec.drafters.progression import ProgressionConfig, progression_draft
 
 DOC_SEPARATOR = -1  # separates documents in a trie's text; never a token, so matches stop there
 
@@ -241,13 +242,17 @@ def _score(draft: Draft) -> float:
 
 
 class SuffixDrafter:
-    """Deterministic drafter over the request's own text and a shared history of earlier outputs."""
+    """Deterministic drafter over the request's own text and a shared history of earlier outputs.
+    With `digits` (token id -> digit, see progression.digit_tokens), a repeating structure whose
+    numbers count is continued with the next numbers rather than copies of the last ones."""
 
     name = "suffix"
     deterministic = True
 
-    def __init__(self, config: SuffixConfig | None = None, **overrides: int | float) -> None:
+    def __init__(self, config: SuffixConfig | None = None, digits: dict[int, int] | None = None,
+                 progression: ProgressionConfig = ProgressionConfig(), **overrides: int | float) -> None:
         self.config = SuffixConfig(**overrides) if config is None else config
+        self.digits, self.progression = digits, progression
         self._requests: dict[int, SuffixTrie] = {}
         self._history: list[SuffixTrie] = [SuffixTrie(self.config.max_depth)]  # oldest first
 
@@ -299,6 +304,11 @@ class SuffixDrafter:
         # text's end, with no future: look down to the longest suffix that occurred earlier (a
         # repeated value like "fab-fab-" is found at its period), and walk on through the
         # pending tokens as if they were text.
+        if self.digits:
+            counted = progression_draft([*own.text[-self.progression.window:], *pending], self.digits, max_k,
+                                        self.progression)
+            if counted.tokens:
+                return counted
         best = self._propose_from_history(own, tail, max_k, shortest=1, pending=pending)
         for trie in reversed(self._history):
             draft = self._propose_from_history(trie, tail, max_k)
@@ -337,6 +347,10 @@ class SuffixDrafter:
         trie = self._sync(req.seq_id, req.token_ids)
         if req.max_k == 0:
             return Draft.empty()
+        if self.digits:  # a counting structure: the copies below would repeat its last numbers
+            counted = progression_draft(req.token_ids, self.digits, req.max_k, self.progression)
+            if counted.tokens:
+                return counted
         best = Draft.empty()
         match = trie.longest_repeated_suffix()
         if match is not None:
