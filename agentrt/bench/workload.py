@@ -9,7 +9,8 @@ fresh engine per policy (the model is loaded once):
     a  call-level FCFS: no program awareness, no prefix cache, no speculation.
     b  (a) with the suffix drafter at fixed k = 4.
     c  the full runtime: prefix cache, KV held through tool stalls, least-attained-service
-       priorities with critical-path awareness, template drafter with adaptive k.
+       priorities with critical-path awareness, shortest prompt first with bursts split over
+       steps, template drafter (counting lists continued) with adaptive k.
 
 Per policy: makespan (first submit to last program end), mean and p90 program completion time,
 prefill tokens saved (engine prefix-cache hits and prompt
@@ -95,17 +96,21 @@ class Policy:
     prefix_caching: bool
     scheduling: str  # runtime policy name
     kv_hold: bool
+    shortest_prefill_first: bool = False  # engine: shortest prompt first, bursts split over steps
+    counting_drafts: bool = True  # drafter: counting lists and dates continued (spec/drafters/progression.py)
 
 
 POLICIES = [
     Policy("a fcfs", "none", 0, False, "fcfs", False),
     Policy("b fcfs+suffix k=4", "suffix", 4, False, "fcfs", False),
-    Policy("c full runtime", "template", None, True, "las", True),
+    Policy("c full runtime", "template", None, True, "las", True, True),
 ]
 # --ablate: (c) less one part each, to see what it contributes
 ABLATIONS = [
-    Policy("c with fcfs", "template", None, True, "fcfs", True),
-    Policy("c without kv holds", "template", None, True, "las", False),
+    Policy("c with fcfs", "template", None, True, "fcfs", True, True),
+    Policy("c without kv holds", "template", None, True, "las", False, True),
+    Policy("c with arrival-order prefill", "template", None, True, "las", True, False),
+    Policy("c without counting drafts", "template", None, True, "las", True, True, False),
 ]
 
 
@@ -172,8 +177,12 @@ def new_engine(loaded, policy: Policy, kv_tokens: int, cost_model):
 
     dtype = str(loaded.model.dtype).removeprefix("torch.")
     cfg = EngineConfig(model=str(loaded.source.path), dtype=dtype, kv_cache_tokens=kv_tokens,
-                       prefix_caching=policy.prefix_caching, spec=SpecConfig(drafter=policy.drafter, k=policy.k))
+                       prefix_caching=policy.prefix_caching,
+                       prefill_order="shortest" if policy.shortest_prefill_first else "arrival",
+                       group_prefills=policy.shortest_prefill_first, spec=SpecConfig(drafter=policy.drafter, k=policy.k))
     engine = LLMEngine(cfg, loaded=loaded)
+    if not policy.counting_drafts and engine.spec.drafter is not None:
+        getattr(engine.spec.drafter, "suffix", engine.spec.drafter).digits = None
     if cost_model is not None:
         engine.spec._cost_model = cost_model  # one cost model for every engine (see bench spec)
     return engine
@@ -260,7 +269,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                   "--quick 96)")
     p.add_argument("--seed", type=int, default=0, help="seed of the tool latencies")
     p.add_argument("--repeats", type=int, help="interleaved repeats of the three policies, averaged (default 2)")
-    p.add_argument("--ablate", action="store_true", help="also run (c) with FCFS and (c) without KV holds")
+    p.add_argument("--ablate", action="store_true", help="also run (c) less one part each: FCFS priorities, KV "
+                                                          "holds, shortest-prompt-first prefill, counting drafts")
     p.add_argument("--kv-tokens", type=int, default=32768, help="KV cache size of every engine, in tokens")
     p.add_argument("--trace-dir", metavar="DIR", help="save each policy's run trace here (agentrt inspect)")
 
@@ -314,6 +324,9 @@ def run(args: argparse.Namespace) -> BenchResult:
                           f"{row['mean_s']:.2f} s, load {runs[policy.label][-1]['detail']['load_average']:.1f}")
     rows = [average([x["row"] for x in runs[p.label]], [x["detail"] for x in runs[p.label]]) for p in policies]
     summary = summarize(rows[:3])
+    for row in rows[3:]:  # --ablate: how much longer c's mean completion is without each part
+        key = "c_mean_s_ratio_" + row["policy"].removeprefix("c ").replace(" ", "_").replace("-", "_")
+        summary[key] = row["mean_s"] / rows[2]["mean_s"]
     details = {p.label: [x["detail"] for x in runs[p.label]] for p in policies}
     summary["mean_speedup_done_everywhere"] = speedup_done_everywhere(details[POLICIES[0].label],
                                                                       details[POLICIES[2].label])
