@@ -158,13 +158,30 @@ class Scheduler:
         prompt is not starved by a stream of short ones."""
         now = time.monotonic()
         max_wait = self.cfg.shortest_first_max_wait_s
+        own = self._cluster_sizes(seqs, sizes) if self.blocks.prefix is not None else sizes
 
         def key(i: int) -> tuple[float, int, int, int]:
             aged = now - seqs[i].arrival >= max_wait
-            return (seqs[i].priority, 0, 0, i) if aged else (seqs[i].priority, 1, sizes[i], i)
+            return (seqs[i].priority, 0, 0, i) if aged else (seqs[i].priority, 1, own[i], i)
 
         order = sorted(range(len(seqs)), key=key)
         return [seqs[i] for i in order], [sizes[i] for i in order]
+
+    def _cluster_sizes(self, seqs: list[Sequence], sizes: list[int]) -> list[int]:
+        """sizes less the full blocks each prompt shares with the first waiting prompt that
+        starts with the same block: a family of agents with one system prompt and tool list
+        costs its own tail each (and goes together), not its whole prompt. O(prompt blocks)."""
+        bs, first_of = self.blocks.block_size, {}
+        out = list(sizes)
+        for i, seq in enumerate(seqs):
+            ids = seq.all_ids
+            if seq.num_computed or len(ids) <= bs:
+                continue
+            j = first_of.setdefault(tuple(ids[:bs]), i)
+            if j != i:
+                shared = _common_prefix(ids, seqs[j].all_ids, len(ids) - 1, bs)
+                out[i] = out[j] = min(out[i], out[j], seq.num_tokens - shared)
+        return out
 
     def _prefill_sizes(self, seqs: list[Sequence]) -> list[int]:
         """Per waiting sequence, the prompt tokens it would feed: those the prefix cache lacks."""

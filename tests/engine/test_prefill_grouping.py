@@ -261,3 +261,19 @@ def test_invalid_prefill_order_is_rejected():
     with pytest.raises(ValueError, match="prefill_order"):
         SchedulerConfig(prefill_order="bogus")
     assert SchedulerConfig().prefill_order == "shortest" and SchedulerConfig().group_prefills
+
+
+def test_a_family_sharing_a_long_prefix_counts_its_tails():
+    """Agents of one kind (one system prompt and tool list, a short question each) go before an
+    unrelated medium prompt: each costs only its tail once one of them has fed the prefix."""
+    common = list(range(7000, 7064))  # 64 shared tokens, 16 blocks
+    s = _sched(prefix_caching=True)
+    s.add(_seq(0, 40, arrival=0.0))  # medium, unrelated, first to arrive
+    s.add(Sequence(1, common + [1, 2, 3, 4], PARAMS, arrival=time.monotonic() + 1e-3))
+    s.add(Sequence(2, common + [5, 6, 7, 8], PARAMS, arrival=time.monotonic() + 2e-3))
+    assert _ids(s.schedule()) == [1, 2, 0]
+    s = _sched(prefix_caching=False)  # without a prefix cache nothing is shared: sizes decide
+    s.add(_seq(0, 40, arrival=0.0))
+    s.add(Sequence(1, common + [1, 2, 3, 4], PARAMS, arrival=time.monotonic() + 1e-3))
+    s.add(Sequence(2, common + [5, 6, 7, 8], PARAMS, arrival=time.monotonic() + 2e-3))
+    assert _ids(s.schedule()) == [0, 1, 2]
