@@ -6,6 +6,7 @@ graph shows each expansion as it happens.
 from __future__ import annotations
 
 from dataclasses import replace
+from collections import ChainMap
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
@@ -66,6 +67,7 @@ class ProgramRun:
         for node in self.graph:
             self.graph.nodes[node]["state"] = "pending"
         self._values: dict[str, Any] = {}
+        self._partial: dict[str, dict[str, Any] | list[Any]] = {}  # see stream()
         self.status = "running"
         self.error: ProgramRunError | None = None
         self._result: Any = None
@@ -88,6 +90,12 @@ class ProgramRun:
     def values(self) -> Mapping[str, Any]:
         """Outputs of the finished nodes, by node id (read-only)."""
         return MappingProxyType(self._values)
+
+    @property
+    def known(self) -> Mapping[str, Any]:
+        """values, and for LLM nodes still generating the members of their output that are
+        final already (see stream()): what a node started early reads its arguments from."""
+        return MappingProxyType(ChainMap(self._values, self._partial))
 
     @property
     def result(self) -> Any:
@@ -151,6 +159,36 @@ class ProgramRun:
             return self._accept(node, {"error": message} if spec.errors_to_output else spec.fallback)
         self._die(node, f"{spec.kind} call failed: {message}")
 
+    def stream(self, node: str, members: list[tuple[str | int, Any]]) -> None:
+        """Record top-level members of a running LLM node's JSON output that are final already
+        (the output text only grows): object members (key, value) or list items (index, value),
+        in order. A tool node that reads only such members of it becomes ready before the node
+        ends, and a fan-out over the node's list (or over a list member of it) grows a branch
+        per final item. complete() checks that the whole output agrees with what was streamed.
+        (LLMCompiler-style streaming: a tool's latency overlaps the rest of the generation.)"""
+        self._check_callable(node)
+        if self.graph.nodes[node]["state"] != "running" or self.spec(node).kind != "llm":
+            raise ProgramRunError(node, "only a running LLM node streams its output")
+        if not members:
+            return
+        part = self._partial.setdefault(node, [] if isinstance(members[0][0], int) else {})
+        for key, value in members:
+            if isinstance(part, list) and key == len(part):
+                part.append(value)
+            elif isinstance(part, dict) and isinstance(key, str):
+                part[key] = value
+            else:
+                self._die(node, f"streamed member {key!r} does not continue its output")
+        for fan in self._ordered():
+            attrs = self.graph.nodes.get(fan)
+            if attrs is None or attrs["kind"] != "fan_out" or "width" in attrs or attrs["template"] or attrs["gates"]:
+                continue
+            over = attrs["spec"].over
+            if over.node == node and len(over.path) <= 1:
+                items = part if not over.path else part.get(over.path[0]) if isinstance(part, dict) else None
+                if isinstance(items, list):
+                    self._expand_items(fan, items)
+
     # -- plumbing --
 
     def _accept(self, node: str, value: Any) -> list[str]:
@@ -212,10 +250,20 @@ class ProgramRun:
         items = self._resolve_for(node, spec.over)
         if not isinstance(items, list):
             self._die(node, f"over {spec.over!s} is {type_name(items)}, not a list")
+        self._expand_items(node, items)
+        self.graph.remove_nodes_from([n for n in self.graph if n.startswith(spec.body)])
+        self.graph.nodes[node]["width"] = len(items)
+
+    def _expand_items(self, node: str, items: list[Any]) -> None:
+        """The branches of the items not expanded yet (items streamed earlier got theirs then)."""
+        spec, attrs = self.spec(node), self.graph.nodes[node]
+        done = attrs.setdefault("expanded", [])
+        if items[: len(done)] != done:
+            self._die(node, f"over {spec.over!s} differs from the items it streamed")
         templates = [n for n in self.graph if n.startswith(spec.body)]
         inside = set(templates)
         edges = [(u, v, d) for u, v, d in self.graph.edges(data=True) if u in inside or v in inside]
-        for i, item in enumerate(items):
+        for i, item in enumerate(items[len(done):], len(done)):
             rename = self._branch_rename(spec, i)
             for t in templates:
                 attrs = self.graph.nodes[t]
@@ -229,8 +277,7 @@ class ProgramRun:
                 if new_spec.kind == "item" and new_spec.fan_out == node:
                     self._finish(new_id, item)
             self.graph.add_edges_from((rename(u), rename(v), d) for u, v, d in edges)
-        self.graph.remove_nodes_from(templates)
-        self.graph.nodes[node]["width"] = len(items)
+        done.extend(items[len(done):])
 
     @staticmethod
     def _branch_rename(spec: Any, index: int) -> Callable[[str], str]:
@@ -301,6 +348,9 @@ class ProgramRun:
             self._die(node, f"cannot read {ref!s}: {e.reason}")
 
     def _finish(self, node: str, value: Any) -> None:
+        streamed = self._partial.pop(node, None)
+        if streamed is not None and not _extends(value, streamed):
+            self._die(node, "the output differs from the members it streamed")
         self._values[node] = value
         self.graph.nodes[node]["state"] = "done"
 
@@ -332,8 +382,31 @@ class ProgramRun:
 
     def _is_ready(self, node: str) -> bool:
         attrs = self.graph.nodes[node]
-        return (attrs["kind"] in ("llm", "tool") and attrs["state"] == "pending" and not attrs["template"]
-                and not attrs["gates"] and all(self._is_done(p) for p in self.graph.predecessors(node)))
+        if not (attrs["kind"] in ("llm", "tool") and attrs["state"] == "pending" and not attrs["template"]
+                and not attrs["gates"]):
+            return False
+        waiting = [p for p in self.graph.predecessors(node) if not self._is_done(p)]
+        return not waiting or (attrs["kind"] == "tool" and self._reads_streamed_only(node, waiting))
+
+    def is_early(self, node: str) -> bool:
+        """Ready (or running) before all its inputs finished: it reads members streamed so far."""
+        return any(not self._is_done(p) for p in self.graph.predecessors(node))
+
+    def _reads_streamed_only(self, node: str, waiting: list[str]) -> bool:
+        """Every unfinished input of node is a streaming LLM node, and node reads only final
+        top-level members of it (never the whole output)."""
+        if any(p not in self._partial for p in waiting):
+            return False
+        read: set[str] = set()
+        for use in self.spec(node).refs():
+            ref = use.ref
+            if ref.node in self._partial:
+                part = self._partial[ref.node]
+                if not ref.path or not (ref.path[0] in part if isinstance(part, dict) else
+                                        isinstance(ref.path[0], int) and 0 <= ref.path[0] < len(part)):
+                    return False
+                read.add(ref.node)
+        return read >= set(waiting)
 
     def _why_not_ready(self, node: str) -> str:
         attrs = self.graph.nodes[node]
@@ -348,3 +421,10 @@ class ProgramRun:
 
     def _ordered(self) -> list[str]:
         return sorted(self.graph, key=lambda n: self.graph.nodes[n]["order"])
+
+
+def _extends(value: Any, streamed: dict[str, Any] | list[Any]) -> bool:
+    """value has every streamed member, equal (a list: the streamed items are its first ones)."""
+    if isinstance(streamed, list):
+        return isinstance(value, list) and value[: len(streamed)] == streamed
+    return isinstance(value, dict) and all(k in value and value[k] == v for k, v in streamed.items())

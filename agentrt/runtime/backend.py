@@ -108,10 +108,12 @@ class LLMBackend(Protocol):
     model_name: str
 
     async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
-                       on_start: Callable[[Any], None] | None = None) -> LLMResponse:
+                       on_start: Callable[[Any], None] | None = None,
+                       on_text: Callable[[str], None] | None = None) -> LLMResponse:
         """Run one request to its end. on_start(handle) is called once the request is queued
-        (the handle is what set_priority takes); on_step for each engine step it joins.
-        Cancelling the awaiting task aborts the request. Invalid requests raise AgentRTError."""
+        (the handle is what set_priority takes); on_step for each engine step it joins; on_text
+        with each piece of output text as it is generated (the pieces add up to the response's
+        text). Cancelling the awaiting task aborts the request. Invalid requests raise AgentRTError."""
         ...
 
     def set_priority(self, handle: Any, priority: float) -> None:

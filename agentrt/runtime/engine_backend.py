@@ -136,7 +136,8 @@ class EngineBackend:
                         del self._loops[loop]
 
     async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
-                       on_start: Callable[[Any], None] | None = None) -> LLMResponse:
+                       on_start: Callable[[Any], None] | None = None,
+                       on_text: Callable[[str], None] | None = None) -> LLMResponse:
         from agentrt.engine.sampling_params import SamplingParams
 
         rf = dict(request.response_format)
@@ -159,6 +160,8 @@ class EngineBackend:
         try:
             async for ev in self.engine.stream(chat_messages(request.messages), params, priority=request.priority,
                                                meta=meta, on_start=started):
+                if on_text is not None and ev.text:
+                    on_text(ev.text)
                 if ev.finished:
                     result = ev.result
         finally:

@@ -18,6 +18,7 @@ from agentrt.runtime.backend import LLMRequest, LLMStepEvent, NodeIdentity
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.policy import NodeContext
 from agentrt.runtime.trace import new_id
+from agentrt.dag.partial_json import JsonMembers
 from agentrt.runtime.values import OutputParseError, node_value
 
 if TYPE_CHECKING:
@@ -183,11 +184,20 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
         ns.handle = handle
         ns.attributes["agentrt.engine.request_id"] = handle
 
+    members = JsonMembers() if response_format["type"] == "json_schema" and rt.stream_outputs else None
+
+    def on_text(delta: str) -> None:
+        final = members.feed(delta)
+        if final and ps.run.status == "running":
+            ps.run.stream(ns.node, final)
+            rt.start_streamed(ps, ns.node)
+
     ns.log.enter("queued", trace.now())
     ps.stats.llm_calls += 1
     ps.stats.llm_in_flight += 1
     try:
-        response = await rt.backend.complete(request, on_step=on_step, on_start=on_start)
+        response = await rt.backend.complete(request, on_step=on_step, on_start=on_start,
+                                             on_text=on_text if members is not None else None)
     except AgentRTError as e:
         return Outcome.failed(f"the engine rejected the request: {e}", "invalid_request")
     except Exception as e:  # noqa: BLE001 - a broken backend fails this node, not the process
@@ -230,7 +240,7 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     ns.log.enter("queued", dispatched)
     queued_at = len(ns.log.transitions) - 1
     try:
-        args = tool_arguments(spec, ps.run.values)
+        args = tool_arguments(spec, ps.run.known)  # known: a tool started early reads streamed members
     except ProgramRunError as e:
         return Outcome.failed(str(e), "invalid_arguments")
     ns.attributes["gen_ai.tool.call.arguments"] = preview(args)

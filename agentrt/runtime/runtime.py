@@ -114,11 +114,13 @@ class Runtime:
     kv_hold: when an LLM call ends in a tool call, pin its KV in the engine for the tools'
     expected latency (a KVHoldPolicy; True: the default one; False/None: never). Backends
     without `pin` ignore it. trace: where spans go (a new Trace by default). max_tokens: a cap
-    on every LLM node's max_tokens."""
+    on every LLM node's max_tokens. stream_outputs: while an LLM node still generates JSON, start
+    the idempotent tools that read only members of it that are final already, and the fan-out
+    branches over its items (see ProgramRun.stream)."""
 
     def __init__(self, backend: LLMBackend, tools: ToolRegistry | Iterable[Tool | Any] = (), *,
                  policy: SchedulingPolicy | str | None = None, kv_hold: KVHoldPolicy | bool | None = True,
-                 trace: Trace | None = None, max_tokens: int | None = None) -> None:
+                 trace: Trace | None = None, max_tokens: int | None = None, stream_outputs: bool = True) -> None:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise RunConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         self.backend = backend
@@ -127,6 +129,7 @@ class Runtime:
         self.kv_hold: KVHoldPolicy | None = KVHoldPolicy() if kv_hold is True else kv_hold or None
         self.trace = trace or Trace(meta={"model": backend.model_name, "policy": getattr(self.policy, "name", None)})
         self.max_tokens = max_tokens
+        self.stream_outputs = stream_outputs
         self.programs: dict[str, ProgramState] = {}
         self._unsubscribe = None
 
@@ -229,9 +232,29 @@ class Runtime:
         ns.finish("ok" if outcome.ok else "error", now, outcome.error)
         self._sync_nodes(ps)
 
+    def start_streamed(self, ps: ProgramState, llm_node: str) -> None:
+        """Start what llm_node's streamed output made ready (tools reading its final members,
+        fan-out branches over its items) while it is still generating."""
+        self._sync_nodes(ps)
+        self._start_ready(ps, ps.run.ready(), cause=llm_node)
+
+    def _may_start(self, ps: ProgramState, node: str) -> bool:
+        """A node ready on streamed members only (its LLM input is still generating) starts
+        only if its tool is idempotent: if that LLM call then fails, the call was harmless."""
+        if not ps.run.is_early(node):
+            return True
+        try:
+            return self.tools.get(ps.run.spec(node).tool).idempotent
+        except Exception:  # noqa: BLE001 - an unknown tool fails when it really runs
+            return False
+
     def _start_ready(self, ps: ProgramState, nodes: list[str], cause: str | None) -> None:
         for node in nodes:
+            if not self._may_start(ps, node):
+                continue
             ns = ps.nodes[node]
+            if ps.run.is_early(node):
+                ns.attributes["agentrt.started_early"] = True
             ps.run.begin(node)
             ns.status, ns.waited_on = "running", cause
             runner = run_llm if ns.kind == "llm" else run_tool

@@ -8,7 +8,8 @@ is, e.g. with an error), or an exception (raised from complete()).
 
 Requests go through a simulated engine: every `step_s` one step runs the `max_batch` requests of
 smallest (priority, arrival); a request first prefills its prompt (chars/4 tokens, in chunks of
-`prefill_chunk`), then decodes one word of its reply per step, plus `accepted` of `k` drafts.
+`prefill_chunk`), then decodes one word of its reply per step, plus `accepted` of `k` drafts
+(streamed to on_text as they are decoded).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import asyncio
 import fnmatch
 import itertools
 import json
+import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -38,6 +40,7 @@ class _Active:
     priority: float
     prefilled: int = 0
     emitted: int = 0
+    on_text: Callable[[str], None] | None = None  # gets each emitted word with the space before it
     stats: dict[str, int] = field(default_factory=lambda: dict(drafted=0, accepted=0, forced=0, target_passes=0, emitted=0))
 
 
@@ -77,7 +80,8 @@ class ScriptedBackend:
 
     # -- LLMBackend --
     async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
-                       on_start: Callable[[Any], None] | None = None) -> LLMResponse:
+                       on_start: Callable[[Any], None] | None = None,
+                       on_text: Callable[[str], None] | None = None) -> LLMResponse:
         self.requests.append(request)
         reply = self._reply(request)
         if isinstance(reply, BaseException):
@@ -88,7 +92,7 @@ class ScriptedBackend:
         prompt_chars = sum(len(str(m.get("content") or "")) for m in request.messages)
         out_tokens = min(request.max_tokens, max(1, len(text.split())))
         seq = _Active(next(self._ids), request, text, parsed, max(2, prompt_chars // 4), out_tokens,
-                      asyncio.get_running_loop().create_future(), on_step, request.priority)
+                      asyncio.get_running_loop().create_future(), on_step, request.priority, on_text=on_text)
         self._active[seq.seq_id] = seq
         self._ensure_loop()
         if on_start is not None:
@@ -159,6 +163,8 @@ class ScriptedBackend:
                 acc = min(self.accepted, k)
                 emit = acc + 1
             emit = min(emit, seq.output_tokens - seq.emitted)
+            if emit and seq.on_text is not None:
+                seq.on_text("".join(re.findall(r"\s*\S+", seq.text)[seq.emitted : seq.emitted + emit]))
             seq.emitted += emit
             if emit:
                 st = seq.stats

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from agentrt.dag import JsonSchema, Program
 from agentrt.runtime import ScriptedBackend
 
 
@@ -31,3 +32,23 @@ def engine():
     eng = AsyncEngine(LLMEngine(EngineConfig(spec=SpecConfig(drafter="template"))))
     yield eng
     eng.close()
+
+
+@pytest.fixture
+def research_program():
+    """research_program(search_tool): a split into a JSON list, a fan-out of search + summary
+    over it, and a synthesis."""
+
+    def research_program(search_tool):
+        p = Program("research", inputs={"question": str}, tools=[search_tool])
+        subs = p.llm("split", prompt="Split {question}", output=JsonSchema({"type": "array", "items": {"type": "string"}}))
+
+        def body(b):
+            b.tool("search", "search", args={"query": b.item})
+            return b.llm("summary", prompt="Summarise {search} for {item}")
+
+        p.fan_out("answers", over=subs, body=body)
+        p.output(p.llm("synthesis", prompt="Answer from {answers}", max_tokens=64))
+        return p
+
+    return research_program

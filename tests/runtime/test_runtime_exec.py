@@ -126,19 +126,6 @@ async def test_many_programs_run_concurrently_on_one_engine(scripted):
     assert {r["run_id"] for r in rt.trace.records() if r["type"] == "program"} == {r.run_id for r in results}
 
 
-def research_program(search_tool):
-    p = Program("research", inputs={"question": str}, tools=[search_tool])
-    subs = p.llm("split", prompt="Split {question}", output=JsonSchema({"type": "array", "items": {"type": "string"}}))
-
-    def body(b):
-        b.tool("search", "search", args={"query": b.item})
-        return b.llm("summary", prompt="Summarise {search} for {item}")
-
-    p.fan_out("answers", over=subs, body=body)
-    p.output(p.llm("synthesis", prompt="Answer from {answers}", max_tokens=64))
-    return p
-
-
 @tool
 def search(query: str) -> list[str]:
     """Find documents."""
@@ -151,7 +138,7 @@ async def search_async(query: str) -> list[str]:
     return [f"doc about {query}"]
 
 
-async def test_fan_out_and_fan_in(scripted):
+async def test_fan_out_and_fan_in(scripted, research_program):
     backend = scripted({"split": ["q1", "q2", "q3"], "answers*summary": lambda r: r.messages[-1]["content"],
                         "synthesis": "final"})
     rt = Runtime(backend, tools=[search_async])
@@ -391,7 +378,7 @@ async def test_reprioritize_reaches_requests_in_flight(scripted):
     assert (low_request, 0.5) in backend.priority_changes
 
 
-async def test_progress_names_what_is_stalled_on_what(scripted):
+async def test_progress_names_what_is_stalled_on_what(scripted, research_program):
     gate = asyncio.Event()
 
     @tool

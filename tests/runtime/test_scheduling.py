@@ -179,7 +179,8 @@ async def test_fan_out_branches_are_charged_for_their_path_not_their_siblings(sc
     replies = {"split": ["a", "b", "c"], "synthesis": "done",
                "answers*summary": lambda r: "w " * (5 if "a" in r.messages[-1]["content"] else 20)}
     policy = Recording()
-    rt = Runtime(scripted(replies), policy=policy)
+    # without streamed dispatch: branches start after the split, so their path is the whole split
+    rt = Runtime(scripted(replies), policy=policy, stream_outputs=False)
     result = await rt.run(p, {})
     assert result.ok
     stats = policy.stats["synthesis"]
