@@ -10,7 +10,8 @@ fresh engine per policy (the model is loaded once):
     b  (a) with the suffix drafter at fixed k = 4.
     c  the full runtime: prefix cache, KV held through tool stalls, least-attained-service
        priorities with critical-path awareness, shortest prompt first with bursts split over
-       steps, template drafter (counting lists continued) with adaptive k.
+       steps, template drafter (counting lists continued) with adaptive k, tools and fan-out
+       branches started on the final members of a JSON output still generating.
 
 Per policy: makespan (first submit to last program end), mean and p90 program completion time,
 prefill tokens saved (engine prefix-cache hits and prompt
@@ -98,19 +99,21 @@ class Policy:
     kv_hold: bool
     shortest_prefill_first: bool = False  # engine: shortest prompt first, bursts split over steps
     counting_drafts: bool = True  # drafter: counting lists and dates continued (spec/drafters/progression.py)
+    stream_outputs: bool = False  # runtime: tools and fan-out branches start on final members of a JSON output
 
 
 POLICIES = [
     Policy("a fcfs", "none", 0, False, "fcfs", False),
     Policy("b fcfs+suffix k=4", "suffix", 4, False, "fcfs", False),
-    Policy("c full runtime", "template", None, True, "las", True, True),
+    Policy("c full runtime", "template", None, True, "las", True, True, stream_outputs=True),
 ]
 # --ablate: (c) less one part each, to see what it contributes
 ABLATIONS = [
-    Policy("c with fcfs", "template", None, True, "fcfs", True, True),
-    Policy("c without kv holds", "template", None, True, "las", False, True),
-    Policy("c with arrival-order prefill", "template", None, True, "las", True, False),
-    Policy("c without counting drafts", "template", None, True, "las", True, True, False),
+    Policy("c with fcfs", "template", None, True, "fcfs", True, True, stream_outputs=True),
+    Policy("c without kv holds", "template", None, True, "las", False, True, stream_outputs=True),
+    Policy("c with arrival-order prefill", "template", None, True, "las", True, False, stream_outputs=True),
+    Policy("c without counting drafts", "template", None, True, "las", True, True, False, stream_outputs=True),
+    Policy("c without streamed dispatch", "template", None, True, "las", True, True),
 ]
 
 
@@ -202,7 +205,7 @@ async def run_policy(policy: Policy, loaded, cost_model, examples: dict[str, Any
                                                          "drafter": policy.drafter, "k": policy.k,
                                                          "prefix_caching": policy.prefix_caching})
     rt = Runtime(backend, tools=tools, policy=policy.scheduling, kv_hold=policy.kv_hold, trace=trace,
-                 max_tokens=max_tokens)
+                 max_tokens=max_tokens, stream_outputs=policy.stream_outputs)
     try:
         handles = []
         t0 = time.monotonic()

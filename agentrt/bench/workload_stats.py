@@ -67,7 +67,8 @@ def average(rows: list[dict[str, Any]], details: list[dict[str, Any]]) -> dict[s
 def critical_path_split(records: list[dict[str, Any]]) -> tuple[float, float]:
     """Mean over the program runs of a trace of the tool time and the LLM time on each run's
     critical path: from the node that ended last, back through the input each node waited on
-    last (agentrt.waited_on), a node counting its span less its waiting phase. The tool latencies
+    last (agentrt.waited_on), a node counting its span less its waiting phase, up to where the
+    next node on the path began (streamed dispatch starts a tool before its LLM input ends). The tool latencies
     are the same under every policy (the path through them may differ where branches end close
     together); the LLM time is what an engine policy can shorten."""
     spans = [r for r in records if r.get("type") == "span"]
@@ -81,10 +82,12 @@ def critical_path_split(records: list[dict[str, Any]]) -> tuple[float, float]:
             nodes.setdefault(s["run_id"], {})[s["attributes"]["agentrt.node"]] = s
     tool = llm = 0.0
     for by_name in nodes.values():
-        node, seen = max(by_name.values(), key=lambda s: s["end"]), set()
+        node, seen, limit = max(by_name.values(), key=lambda s: s["end"]), set(), float("inf")
         while node is not None and node["span_id"] not in seen:
             seen.add(node["span_id"])
-            busy = node["end"] - node["start"] - waiting.get(node["span_id"], 0.0)
+            began = node["start"] + waiting.get(node["span_id"], 0.0)
+            busy = max(0.0, min(node["end"], limit) - began)  # a node started early overlaps its input
+            limit = began
             if node["attributes"].get("agentrt.node.kind") == "llm":
                 llm += busy
             else:
