@@ -44,8 +44,8 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's context, capped by the cache
     prefix_caching: bool = True  # reuse KV of earlier prompts and outputs (radix tree over blocks)
     share_prefill_min_tokens: int = 16  # in-batch prefix sharing (see scheduler.py); 0: off
-    prefill_order: str = "shortest"  # waiting requests of equal priority: "shortest" or "arrival" (FCFS)
-    group_prefills: bool = True  # split a burst of prompts over steps for least mean time to first token
+    prefill_order: str = "arrival"  # waiting requests of equal priority: "arrival" (FCFS) or "shortest"
+    group_prefills: bool = False  # split a burst of prompts over steps for least mean time to first token
     spec: SpecConfig = SpecConfig()
     seed: int = 0
 

@@ -29,11 +29,14 @@ class SchedulerConfig:
     # with a prefill of the same step to take them from it; 0 turns in-batch sharing off
     share_prefill_min_tokens: int = 16
     # among waiting requests of equal priority: "arrival" (first come, first served) or
-    # "shortest" (fewest prompt tokens left to compute first: least mean time to first token)
-    prefill_order: str = "shortest"
+    # "shortest" (fewest prompt tokens left to compute first: least mean time to first token).
+    # Opt-in, as is group_prefills: on the agent workload (bench workload) neither shortened
+    # mean program completion (docs/benchmarks.md), since a burst's first calls all decode
+    # side by side anyway and ordering only moves the wait between them.
+    prefill_order: str = "arrival"
     # admit only the first group of waiting prefills this step when the rest would reach their
     # first token sooner, on the whole, in later steps (needs a step cost; see _first_group)
-    group_prefills: bool = True
+    group_prefills: bool = False
     # under "shortest", a request waiting this long goes before shorter ones (no starvation)
     shortest_first_max_wait_s: float = 1.0
 

@@ -19,6 +19,8 @@ PARAMS = SamplingParams(max_tokens=8, temperature=0)
 
 
 def _sched(step_cost=None, prefix_caching=False, num_blocks=512, **cfg) -> Scheduler:
+    cfg.setdefault("prefill_order", "shortest")  # both are opt-in; these tests are about them
+    cfg.setdefault("group_prefills", True)
     return Scheduler(SchedulerConfig(**cfg), BlockManager(num_blocks, BS, prefix_caching=prefix_caching), step_cost=step_cost)
 
 
@@ -260,7 +262,7 @@ def test_first_group_matches_brute_force():
 def test_invalid_prefill_order_is_rejected():
     with pytest.raises(ValueError, match="prefill_order"):
         SchedulerConfig(prefill_order="bogus")
-    assert SchedulerConfig().prefill_order == "shortest" and SchedulerConfig().group_prefills
+    assert SchedulerConfig().prefill_order == "arrival" and not SchedulerConfig().group_prefills
 
 
 def test_a_family_sharing_a_long_prefix_counts_its_tails():
