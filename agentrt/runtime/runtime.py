@@ -25,6 +25,7 @@ from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.policy import KVHoldPolicy, LASPolicy, ProgramStats, SchedulingPolicy, policy_from_name
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.tools import Tool, ToolRegistry
+from agentrt.tools.errors import UnknownToolError
 
 
 @dataclass(frozen=True)
@@ -245,7 +246,7 @@ class Runtime:
             return True
         try:
             return self.tools.get(ps.run.spec(node).tool).idempotent
-        except Exception:  # noqa: BLE001 - an unknown tool fails when it really runs
+        except UnknownToolError:  # it fails, naming the tool, when it runs after its input ends
             return False
 
     def _start_ready(self, ps: ProgramState, nodes: list[str], cause: str | None) -> None:

@@ -3,7 +3,6 @@ final members start, and a fan-out over its list grows branches per final item; 
 tools wait for the node's end; the final output must agree with what was streamed."""
 from __future__ import annotations
 
-import asyncio
 import time
 
 import pytest
@@ -151,4 +150,3 @@ async def test_a_failed_llm_after_an_early_start_fails_the_run(scripted):
     result = await rt.run(p, {"request": "a trip"})
     assert result.status == "failed" and result.failed_node == "plan"
     assert ("weather" in [c for c, _ in CALLS]) and "book" not in [c for c, _ in CALLS]
-    await asyncio.sleep(0)

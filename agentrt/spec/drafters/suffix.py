@@ -304,17 +304,22 @@ class SuffixDrafter:
         # text's end, with no future: look down to the longest suffix that occurred earlier (a
         # repeated value like "fab-fab-" is found at its period), and walk on through the
         # pending tokens as if they were text.
-        if self.digits:
-            counted = progression_draft([*own.text[-self.progression.window:], *pending], self.digits, max_k,
-                                        self.progression)
-            if counted.tokens:
-                return counted
         best = self._propose_from_history(own, tail, max_k, shortest=1, pending=pending)
         for trie in reversed(self._history):
             draft = self._propose_from_history(trie, tail, max_k)
             if _score(draft) > _score(best):
                 best = draft
-        return best
+        return self._counted(best, [*own.text[-self.progression.window:], *pending], max_k)
+
+    def _counted(self, copy: Draft, context: Sequence[int], max_k: int) -> Draft:
+        """The progression draft instead of a copy that would repeat numbers (the copy has a
+        digit, or the context ends inside a number); the copy otherwise. The check keeps the
+        progression scan off the drafting path of text without copied numbers."""
+        digits = self.digits
+        if not digits or not context or not (context[-1] in digits or any(t in digits for t in copy.tokens)):
+            return copy
+        counted = progression_draft(context, digits, max_k, self.progression)
+        return counted if counted.tokens else copy
 
     # -- introspection ----------------------------------------------------------------------
     @property
@@ -347,10 +352,6 @@ class SuffixDrafter:
         trie = self._sync(req.seq_id, req.token_ids)
         if req.max_k == 0:
             return Draft.empty()
-        if self.digits:  # a counting structure: the copies below would repeat its last numbers
-            counted = progression_draft(req.token_ids, self.digits, req.max_k, self.progression)
-            if counted.tokens:
-                return counted
         best = Draft.empty()
         match = trie.longest_repeated_suffix()
         if match is not None:
@@ -360,7 +361,7 @@ class SuffixDrafter:
             draft = self._propose_from_history(history, tail, req.max_k)
             if _score(draft) > _score(best):
                 best = draft
-        return best
+        return self._counted(best, req.token_ids, req.max_k)  # a counting structure: next numbers
 
     def _propose_from_history(self, trie: SuffixTrie, tail: list[int], max_k: int, shortest: int | None = None,
                               pending: Sequence[int] | None = None) -> Draft:
