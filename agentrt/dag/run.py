@@ -5,8 +5,8 @@ graph shows each expansion as it happens.
 """
 from __future__ import annotations
 
-from dataclasses import replace
 from collections import ChainMap
+from dataclasses import replace
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 

@@ -11,6 +11,7 @@ import networkx as nx
 
 from agentrt.dag import render_prompt, tool_arguments
 from agentrt.dag.outputs import ToolCall
+from agentrt.dag.partial_json import JsonMembers
 from agentrt.dag.refs import as_text
 from agentrt.dag.specs import LLMSpec, ToolSpec
 from agentrt.errors import AgentRTError, ProgramRunError
@@ -18,7 +19,6 @@ from agentrt.runtime.backend import LLMRequest, LLMStepEvent, NodeIdentity
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.policy import NodeContext
 from agentrt.runtime.trace import new_id
-from agentrt.dag.partial_json import JsonMembers
 from agentrt.runtime.values import OutputParseError, node_value
 
 if TYPE_CHECKING:

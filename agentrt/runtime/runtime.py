@@ -239,11 +239,7 @@ class Runtime:
         self._sync_nodes(ps)
         self._start_ready(ps, ps.run.ready(), cause=llm_node)
 
-    def _may_start(self, ps: ProgramState, node: str) -> bool:
-        """A node ready on streamed members only (its LLM input is still generating) starts
-        only if its tool is idempotent: if that LLM call then fails, the call was harmless."""
-        if not ps.run.is_early(node):
-            return True
+    def _idempotent(self, ps: ProgramState, node: str) -> bool:
         try:
             return self.tools.get(ps.run.spec(node).tool).idempotent
         except UnknownToolError:  # it fails, naming the tool, when it runs after its input ends
@@ -251,10 +247,12 @@ class Runtime:
 
     def _start_ready(self, ps: ProgramState, nodes: list[str], cause: str | None) -> None:
         for node in nodes:
-            if not self._may_start(ps, node):
-                continue
             ns = ps.nodes[node]
             if ps.run.is_early(node):
+                # ready on streamed members only (its LLM input still generates): only an
+                # idempotent tool starts, since that LLM call may still fail
+                if not self._idempotent(ps, node):
+                    continue
                 ns.attributes["agentrt.started_early"] = True
             ps.run.begin(node)
             ns.status, ns.waited_on = "running", cause

@@ -41,6 +41,7 @@ class _Active:
     prefilled: int = 0
     emitted: int = 0
     on_text: Callable[[str], None] | None = None  # gets each emitted word with the space before it
+    words: list[str] = field(default_factory=list)  # text as emitted words, each with its leading space
     stats: dict[str, int] = field(default_factory=lambda: dict(drafted=0, accepted=0, forced=0, target_passes=0, emitted=0))
 
 
@@ -92,7 +93,8 @@ class ScriptedBackend:
         prompt_chars = sum(len(str(m.get("content") or "")) for m in request.messages)
         out_tokens = min(request.max_tokens, max(1, len(text.split())))
         seq = _Active(next(self._ids), request, text, parsed, max(2, prompt_chars // 4), out_tokens,
-                      asyncio.get_running_loop().create_future(), on_step, request.priority, on_text=on_text)
+                      asyncio.get_running_loop().create_future(), on_step, request.priority, on_text=on_text,
+                      words=re.findall(r"\s*\S+", text) if on_text is not None else [])
         self._active[seq.seq_id] = seq
         self._ensure_loop()
         if on_start is not None:
@@ -164,7 +166,7 @@ class ScriptedBackend:
                 emit = acc + 1
             emit = min(emit, seq.output_tokens - seq.emitted)
             if emit and seq.on_text is not None:
-                seq.on_text("".join(re.findall(r"\s*\S+", seq.text)[seq.emitted : seq.emitted + emit]))
+                seq.on_text("".join(seq.words[seq.emitted : seq.emitted + emit]))
             seq.emitted += emit
             if emit:
                 st = seq.stats
