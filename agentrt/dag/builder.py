@@ -91,14 +91,27 @@ class Scope:
         return self._item
 
     def llm(self, id: str, prompt: str, *, system: str | None = None, output: OutputSpec | None = None,
-            max_tokens: int = 512, temperature: float = 0.0) -> Ref:
+            max_tokens: int = 512, temperature: float = 0.0, continues: Ref | None = None) -> Ref:
         """An LLM call. output: Text() (default), JsonSchema(schema) or ToolCall(tool_names).
 
+        continues: an earlier LLM call (Text or JsonSchema output) whose conversation this call
+        carries on: its messages and its reply come first and `prompt` is the next user turn, so
+        the model sees what it was asked and answered, and the engine reuses that KV instead of
+        computing it again. The conversation keeps the earlier call's system prompt.
+
         >>> p = Program("demo", inputs={"topic": str})
-        >>> p.llm("poem", prompt="Write a haiku about {topic}", max_tokens=64)
-        Ref('poem')
+        >>> poem = p.llm("poem", prompt="Write a haiku about {topic}", max_tokens=64)
+        >>> p.llm("title", prompt="Now give it a title.", continues=poem, max_tokens=16)
+        Ref('title')
         """
         node = self._new_id(id)
+        if continues is not None:
+            if not isinstance(continues, Ref) or continues.path:
+                raise _fail(node, f"continues must be the Ref of an earlier LLM call (as p.llm returned it), "
+                                  f"got {continues!r}")
+            if system is not None:
+                raise _fail(node, f"a call that continues {continues.node} keeps that conversation's system "
+                                  "prompt; drop system=")
         output = Text() if output is None else output
         if not isinstance(output, (Text, JsonSchema, ToolCall)):
             raise _fail(node, f"output must be Text(), JsonSchema(schema) or ToolCall(tools), got {output!r}")
@@ -109,7 +122,8 @@ class Scope:
         self._check_sampling(node, max_tokens, temperature)
         spec = LLMSpec(node, _check_template(node, "prompt", prompt),
                        None if system is None else _check_template(node, "system", system),
-                       output, max_tokens, float(temperature))
+                       output, max_tokens, float(temperature),
+                       continues=None if continues is None else continues.node)
         return self._add(spec)
 
     def tool(self, id: str, tool: str, args: Mapping[str, Any] | Ref | None = None, *,

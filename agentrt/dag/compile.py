@@ -64,6 +64,7 @@ def compile_program(name: str, decls: Mapping[str, Decl], tools: Mapping[str, To
             else:
                 known_refs = False
     _add_control_edges(graph, specs)
+    _check_continues(specs, problems)
     _check_cycles(graph, decls, problems)
 
     before = len(problems)
@@ -155,6 +156,20 @@ def _check_ref(node: str, where: str, ref: Ref, scope: str, specs: Mapping[str, 
                                f"outside the body, reference {body} (its result)"))
         return False
     return True
+
+
+def _check_continues(specs: Mapping[str, NodeSpec], problems: Problems) -> None:
+    """A call can carry on only the conversation of an LLM call that answered in text or JSON: a
+    tool call's conversation goes on with the tool's result, which is what agent_loop is for."""
+    for node, spec in specs.items():
+        earlier = specs.get(spec.continues) if isinstance(spec, LLMSpec) and spec.continues else None
+        if earlier is None:
+            continue  # no continues=, or an unknown node (_check_ref reported it)
+        if not isinstance(earlier, LLMSpec):
+            problems.append((node, f"continues {spec.continues}, which is not an LLM call ({earlier.kind})"))
+        elif isinstance(earlier.output, ToolCall):
+            problems.append((node, f"continues {spec.continues}, which answers with a tool call; to carry on "
+                                   "after a tool's result use agent_loop"))
 
 
 def _add_control_edges(graph: nx.DiGraph, specs: Mapping[str, NodeSpec]) -> None:

@@ -3,16 +3,19 @@ node, the argument dict for a tool node. Errors name the node being prepared."""
 from __future__ import annotations
 
 import json
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from agentrt.dag.refs import Ref, Template, as_text, resolve, type_name
 from agentrt.dag.specs import LLMSpec, ToolSpec, map_args
 from agentrt.errors import ProgramRunError
 
 
-def render_prompt(spec: LLMSpec, values: Mapping[str, Any]) -> list[dict[str, Any]]:
+def render_prompt(spec: LLMSpec, values: Mapping[str, Any], spec_of: Callable[[str], LLMSpec] | None = None,
+                  sent: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> list[dict[str, Any]]:
     """OpenAI-style chat messages for an LLM node: system (if any), the user prompt, and for an
-    agent-loop step the earlier tool calls and their results.
+    agent-loop step the earlier tool calls and their results. A call that continues another
+    starts with that call's messages, as `sent` recorded them (what the backend sent, format
+    instructions included) or else rendered from spec_of(id), and its reply.
 
     >>> p = Program("demo", inputs={"city": str})
     >>> p.output(p.llm("tip", prompt="One tip for {city}", system="Be brief."))
@@ -20,7 +23,10 @@ def render_prompt(spec: LLMSpec, values: Mapping[str, Any]) -> list[dict[str, An
     [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'One tip for Oslo'}]
     """
     try:
-        messages = [{"role": "system", "content": spec.system.render(values)}] if spec.system else []
+        if spec.continues:
+            messages = _conversation(spec, values, spec_of, sent)
+        else:
+            messages = [{"role": "system", "content": spec.system.render(values)}] if spec.system else []
         messages.append({"role": "user", "content": spec.prompt.render(values)})
         for step, (llm_id, tool_id) in enumerate(spec.history, 1):
             call, result = resolve(Ref(llm_id), values), resolve(Ref(tool_id), values)
@@ -32,6 +38,20 @@ def render_prompt(spec: LLMSpec, values: Mapping[str, Any]) -> list[dict[str, An
                              "content": as_text(result)})
     except ProgramRunError as e:
         raise ProgramRunError(spec.id, f"cannot render the prompt: {e}") from e
+    return messages
+
+
+def _conversation(spec: LLMSpec, values: Mapping[str, Any], spec_of: Callable[[str], LLMSpec] | None,
+                  sent: Mapping[str, Sequence[Mapping[str, Any]]] | None) -> list[dict[str, Any]]:
+    """The continued call's messages and its reply, as the model wrote it (JSON with the
+    separators a JSON output is generated with, so the tokens match the cached ones)."""
+    if sent is not None and spec.continues in sent:
+        messages = [dict(m) for m in sent[spec.continues]]
+    elif spec_of is not None:
+        messages = render_prompt(spec_of(spec.continues), values, spec_of, sent)
+    else:
+        raise ProgramRunError(spec.id, f"continues {spec.continues}: rendering needs the program's node specs")
+    messages.append({"role": "assistant", "content": as_text(resolve(Ref(spec.continues), values))})
     return messages
 
 

@@ -69,7 +69,9 @@ class InputSpec:
 @dataclass(frozen=True)
 class LLMSpec:
     """One LLM call: user `prompt` (+ `system`), producing `output`. Loop steps also carry `loop`
-    (the agent_loop id) and `history`: the (llm step, tool step) ids before this step."""
+    (the agent_loop id) and `history`: the (llm step, tool step) ids before this step.
+    `continues`: the id of an earlier LLM call whose conversation (its messages and its reply)
+    comes before this call's prompt, as the next user turn (the call then has no system of its own)."""
 
     id: str
     prompt: Template
@@ -79,18 +81,21 @@ class LLMSpec:
     temperature: float
     loop: str | None = None
     history: tuple[tuple[str, str], ...] = ()
+    continues: str | None = None
     kind: ClassVar[str] = "llm"
 
     def refs(self) -> list[RefUse]:
         if self.history:  # a later loop step reads the chain before it (and, through it, the prompt)
             return [RefUse("previous step", Ref(self.history[-1][1]))]
-        return [*template_refs("system", self.system), *template_refs("prompt", self.prompt)]
+        earlier = [RefUse("continues", Ref(self.continues))] if self.continues else []
+        return [*earlier, *template_refs("system", self.system), *template_refs("prompt", self.prompt)]
 
     def renamed(self, rename: Rename) -> LLMSpec:
         return replace(self, id=rename(self.id), prompt=self.prompt.renamed(rename),
                        system=self.system.renamed(rename) if self.system else None,
                        loop=rename(self.loop) if self.loop else None,
-                       history=tuple((rename(a), rename(b)) for a, b in self.history))
+                       history=tuple((rename(a), rename(b)) for a, b in self.history),
+                       continues=rename(self.continues) if self.continues else None)
 
 
 @dataclass(frozen=True)

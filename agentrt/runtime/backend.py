@@ -65,7 +65,10 @@ class LLMResponse:
     """text: what the model wrote; parsed: the structured value the engine decoded (JSON for
     json_schema, {"name", "arguments"} for tool_call, None otherwise or when the model answered
     in text). spec: the engine's α accounting ({"total": {drafted, accepted, forced, target_passes,
-    emitted, ...}, "by_drafter": {...}}). error is set when finish_reason is "error"."""
+    emitted, ...}, "by_drafter": {...}}). error is set when finish_reason is "error".
+    sent_messages: the messages as the model got them when the backend added to them (format
+    instructions, say); a call that continues this one replays these, so its prompt starts with
+    exactly the tokens already cached. None: sent as given."""
 
     text: str
     parsed: Any
@@ -74,6 +77,7 @@ class LLMResponse:
     spec: Mapping[str, Any] = field(default_factory=dict)
     request_id: Any = None
     error: str | None = None
+    sent_messages: tuple[Mapping[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -157,8 +157,9 @@ class EngineBackend:
                 on_start(seq_id)
 
         result = None
+        messages = chat_messages(request.messages)
         try:
-            async for ev in self.engine.stream(chat_messages(request.messages), params, priority=request.priority,
+            async for ev in self.engine.stream(messages, params, priority=request.priority,
                                                meta=meta, on_start=started):
                 if on_text is not None and ev.text:
                     on_text(ev.text)
@@ -177,7 +178,19 @@ class EngineBackend:
             spec=result.spec or {},
             request_id=result.request_id, error=result.error,
             prompt_token_ids=tuple(result.prompt_token_ids), token_ids=tuple(result.token_ids),
+            sent_messages=self._sent_messages(messages, params.response_format),
         )
+
+    def _sent_messages(self, messages: list[dict[str, Any]], response_format: Any) -> tuple[dict[str, Any], ...] | None:
+        """The messages with the format instructions the engine added (as LLMEngine.prepare does);
+        None when it added none or passed tools to the chat template (not replayable as messages)."""
+        from agentrt.spec.structured import parse_response_format, with_instructions
+
+        fmt = parse_response_format(response_format)
+        if not fmt.constrained:
+            return None
+        sent, tools = with_instructions(messages, fmt, self.engine.tokenizer.has_tools_template)
+        return None if tools is not None or sent == messages else tuple(sent)
 
     # -- KV holds --
     @property

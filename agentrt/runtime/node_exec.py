@@ -143,7 +143,7 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     spec: LLMSpec = ps.run.spec(ns.node)
     trace = rt.trace
     try:
-        messages = render_prompt(spec, ps.run.values)
+        messages = render_prompt(spec, ps.run.values, ps.run.spec, ps.sent)
         response_format = spec.output.to_response_format()
     except (ProgramRunError, ValueError) as e:
         return Outcome.failed(str(e), "invalid_prompt")
@@ -212,6 +212,7 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
         **spec_attributes(dict(response.spec)),
     })
     ps.stats.cached_tokens += response.usage.cached_input_tokens
+    ps.sent[ns.node] = response.sent_messages or messages
     settle_holds(rt, ps, ns, response)
     if response.error is not None or response.finish_reason == "error":
         return Outcome.failed(f"the engine failed: {response.error or 'unknown error'}", "engine_error")

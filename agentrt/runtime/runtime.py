@@ -68,6 +68,7 @@ class ProgramState:
     result: RunResult | None = None
     task: asyncio.Task | None = None
     holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
+    sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
 
 
 class ProgramHandle:

@@ -134,12 +134,17 @@ def instructions(fmt: OutputFormat) -> str | None:
 def with_instructions(messages: list[dict], fmt: OutputFormat, template_has_tools: bool) -> tuple[list[dict], list[dict] | None]:
     """Messages (and the `tools` argument for the chat template) that describe the format.
     A chat template with a tools section gets the tools through it; otherwise the tools go
-    into the system message as JSON."""
+    into the system message as JSON. Once the conversation has a reply in it, the instructions
+    join the last user turn instead: the earlier turns stay as they were sent, so their KV is
+    reused (see LLMSpec.continues)."""
     if fmt.kind == "tool_call" and template_has_tools:
         return messages, list(fmt.tools)
     text = instructions(fmt)
     if text is None:
         return messages, None
+    if messages[-1:] and messages[-1].get("role") == "user" and any(m.get("role") == "assistant" for m in messages):
+        last = dict(messages[-1], content=f"{messages[-1].get('content', '')}\n\n{text}".lstrip())
+        return list(messages[:-1]) + [last], None
     if messages and messages[0].get("role") == "system":
         first = dict(messages[0], content=f"{messages[0].get('content', '')}\n\n{text}".lstrip())
         return [first] + list(messages[1:]), None

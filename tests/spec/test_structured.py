@@ -47,6 +47,21 @@ def test_tool_call_format_and_parse():
     assert tools == [WEATHER] and msgs == [{"role": "user", "content": "hi"}]
 
 
+def test_instructions_of_a_later_turn_leave_the_earlier_turns_as_sent():
+    """A first turn's format goes into the system message (shared by every prompt of one kind);
+    once the conversation has a reply, the new turn's format joins that turn, so the earlier
+    turns keep the tokens whose KV the engine cached (LLMSpec.continues)."""
+    fmt = parse_response_format({"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}})
+    first = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Plan."}]
+    sent, _ = with_instructions(first, fmt, template_has_tools=False)
+    assert sent[0]["content"].startswith("Be brief.\n\nReply with only a JSON object") and sent[1] == first[1]
+    later = [*sent, {"role": "assistant", "content": "{}"}, {"role": "user", "content": "Again."}]
+    again, _ = with_instructions(later, fmt, template_has_tools=False)
+    assert again[:3] == later[:3]
+    assert again[3]["content"].startswith("Again.\n\nReply with only a JSON object")
+    assert later[3]["content"] == "Again."  # the caller's messages are not changed
+
+
 def test_verification_is_exact_under_a_mask():
     """Target logits masked by a grammar (tokens 1 and 4 forbidden); drafts come from an
     UNMASKED q that often proposes forbidden tokens. The first emitted token must follow the

@@ -1,0 +1,53 @@
+"""A call that continues an earlier call's conversation (LLMSpec.continues) on the embedded
+engine: its prompt replays what the earlier call sent (the engine's JSON instructions included),
+so the engine reuses the KV of that prompt and of the reply, held while the tool ran."""
+from __future__ import annotations
+
+import asyncio
+
+from agentrt.dag import JsonSchema, Program
+from agentrt.runtime import EngineBackend, Runtime
+from agentrt.tools import tool
+
+PLAN = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}, "days": {"type": "integer"}},
+        "required": ["city", "days"], "additionalProperties": False}
+
+
+@tool(idempotent=True)
+async def lookup(city: str) -> dict:
+    """Facts about a city."""
+    await asyncio.sleep(0.05)
+    return {"city": city, "museums": 12}
+
+
+async def test_a_continued_call_reuses_the_conversation_kv(engine):
+    p = Program("continued", inputs={"request": str}, tools=[lookup])
+    plan = p.llm("plan", system="You are a concise travel assistant.",
+                 prompt="Trip request: {request}\nGive the JSON object for this trip.", output=JsonSchema(PLAN),
+                 max_tokens=40)
+    look = p.tool("look", "lookup", args={"city": plan["city"]})
+    p.output(p.llm("note", continues=plan, prompt="Facts: {look}\nNow one sentence about the trip.", max_tokens=8))
+    backend = EngineBackend(engine)
+    rt = Runtime(backend, tools=[lookup])
+    try:
+        result = await asyncio.wait_for(rt.run(p, {"request": "Two days in Oslo."}), 120)
+    finally:
+        await rt.aclose()
+        backend.close()
+    assert result.ok, result.error
+    ps = rt.programs[result.run_id]
+    sent_plan, sent_note = ps.sent["plan"], ps.sent["note"]
+    assert "JSON schema" in sent_plan[0]["content"]  # the engine's format instructions were recorded
+    assert list(sent_note[:2]) == list(sent_plan)
+    assert sent_note[2]["role"] == "assistant" and sent_note[2]["content"].startswith('{"city": ')
+
+    spans = {s["attributes"]["agentrt.node"]: s["attributes"] for s in rt.trace.records()
+             if s["type"] == "span" and s["parent_id"] is None and "agentrt.node" in s["attributes"]}
+    first, note = spans["plan"], spans["note"]
+    conversation = first["gen_ai.usage.input_tokens"] + first["gen_ai.usage.output_tokens"]
+    block = engine.engine.blocks.block_size
+    # every full block of the earlier prompt and reply, less the last one or two (the reply's
+    # end-of-turn token and the chat template's markup around it are written differently)
+    assert note["gen_ai.usage.cache_read.input_tokens"] >= (conversation // block - 2) * block
+    assert note["agentrt.kv.hold_outcome"] == "hit" and note["agentrt.kv.hold_from"] == "plan"
+    engine.engine.blocks.check_invariants()
