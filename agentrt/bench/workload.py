@@ -21,7 +21,8 @@ N/4) and in steps where the batch is full (batch >= N/2), from the engine's step
 same for free drafts only (k_free_*: not grammar-forced), since forced drafts are certain and
 worth their verified position at any load, while free ones are the speculation load should cut.
 
-Summary: mean_latency_speedup_vs_fcfs, p90_latency_speedup_vs_fcfs (a over c), k_idle_mean and
+Summary: mean_latency_speedup_vs_fcfs, p90_latency_speedup_vs_fcfs (a over c; with two or more
+repeats also a 95% interval of the first from the per-repeat ratios), k_idle_mean and
 k_busy_mean (of c), k_free_idle_mean and k_free_busy_mean; also the split of completion time along
 each program's critical path: tool_critical_path_s (the same under every policy) and
 llm_critical_path_speedup_vs_fcfs (a over c: what the engine policy controls). Goals: mean_latency_speedup_vs_fcfs
@@ -54,6 +55,7 @@ from agentrt.bench.workload_stats import (
     percentile,
     same_outputs,
     speedup_done_everywhere,
+    speedup_interval,
     summarize,
 )
 
@@ -332,6 +334,10 @@ def run(args: argparse.Namespace) -> BenchResult:
     for row in rows[3:]:  # --ablate: how much longer c's mean completion is without each part
         key = "c_mean_s_ratio_" + row["policy"].removeprefix("c ").replace(" ", "_").replace("-", "_")
         summary[key] = row["mean_s"] / rows[2]["mean_s"]
+    interval = speedup_interval([x["row"]["mean_s"] for x in runs[POLICIES[0].label]],
+                                [x["row"]["mean_s"] for x in runs[POLICIES[2].label]])
+    if interval is not None:  # how far the machine's drift leaves the headline figure uncertain
+        summary["mean_latency_speedup_ci95_low"], summary["mean_latency_speedup_ci95_high"] = interval
     details = {p.label: [x["detail"] for x in runs[p.label]] for p in policies}
     summary["mean_speedup_done_everywhere"] = speedup_done_everywhere(details[POLICIES[0].label],
                                                                       details[POLICIES[2].label])

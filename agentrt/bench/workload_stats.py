@@ -117,6 +117,30 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+# two-sided 95% quantiles of Student's t for 1..10 degrees of freedom
+T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def t975(df: int) -> float:
+    """Student's t 0.975 quantile: the table, then the Cornish-Fisher series (error < 0.003 past 10)."""
+    if df <= len(T975):
+        return T975[df - 1]
+    z = 1.959964
+    return z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+
+
+def speedup_interval(base: list[float], full: list[float]) -> tuple[float, float] | None:
+    """95% interval of the speedup base / full from paired repeats (run back to back): a t
+    interval on the mean log of the per-repeat ratios, since the machine's drift scales a
+    repeat's times. None with fewer than two repeats."""
+    logs = [math.log(b / f) for b, f in zip(base, full)]
+    if len(logs) < 2:
+        return None
+    half = t975(len(logs) - 1) * statistics.stdev(logs) / math.sqrt(len(logs))
+    mid = statistics.fmean(logs)
+    return math.exp(mid - half), math.exp(mid + half)
+
+
 def speedup_done_everywhere(base: list[dict[str, Any]], full: list[dict[str, Any]]) -> float | None:
     """Mean completion speedup over the programs that finished (status done) in every run of both
     policies: a program that fails early (e.g. a structured output cut at max_tokens) shortens

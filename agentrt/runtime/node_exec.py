@@ -41,6 +41,13 @@ def next_is_tool(ps: ProgramState, node: str, spec: LLMSpec) -> bool:
     return isinstance(spec.output, ToolCall) or any(graph.nodes[s]["kind"] == "tool" for s in graph.successors(node))
 
 
+def is_continued(ps: ProgramState, node: str) -> bool:
+    """Whether a later LLM call continues this call's conversation (LLMSpec.continues), so the
+    messages it sent must be kept for that call to replay."""
+    graph = ps.run.graph
+    return any(getattr(graph.nodes[s]["spec"], "continues", None) == node for s in graph.successors(node))
+
+
 def path_service(ps: ProgramState, node: str) -> tuple[float, int]:
     """LLM service (engine seconds, tokens) along the heaviest path of nodes leading into `node`
     (itself excluded); each maximised on its own."""
@@ -212,7 +219,8 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
         **spec_attributes(dict(response.spec)),
     })
     ps.stats.cached_tokens += response.usage.cached_input_tokens
-    ps.sent[ns.node] = response.sent_messages or messages
+    if is_continued(ps, ns.node):
+        ps.sent[ns.node] = response.sent_messages or messages
     settle_holds(rt, ps, ns, response)
     if response.error is not None or response.finish_reason == "error":
         return Outcome.failed(f"the engine failed: {response.error or 'unknown error'}", "engine_error")

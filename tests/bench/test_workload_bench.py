@@ -84,6 +84,19 @@ def test_average_over_repeats_and_summary():
     assert s["mean_latency_speedup_vs_fixed_k4"] == 1.5 and (s["k_idle_mean"], s["k_busy_mean"]) == (4.0, 1.0)
 
 
+def test_speedup_interval_from_paired_repeats():
+    """A t interval on the log ratios: per-repeat ratios 1.2, 1.5, 1.8 (logs 0.182, 0.405,
+    0.588; mean 0.392, sd 0.203, t(2) = 4.303) give exp(0.392 -+ 0.505) = 0.89 .. 2.45; equal
+    ratios give a point; one repeat gives none."""
+    lo, hi = workload_stats.speedup_interval([1.2, 3.0, 5.4], [1.0, 2.0, 3.0])
+    assert abs(lo - 0.893) < 0.005 and abs(hi - 2.45) < 0.01
+    lo, hi = workload_stats.speedup_interval([3.0, 6.0], [2.0, 4.0])
+    assert abs(lo - 1.5) < 1e-9 and abs(hi - 1.5) < 1e-9
+    assert workload_stats.speedup_interval([3.0], [2.0]) is None
+    assert workload_stats.t975(1) == 12.706 and abs(workload_stats.t975(20) - 2.086) < 0.002
+    assert abs(workload_stats.t975(11) - 2.201) < 0.003 and abs(workload_stats.t975(200) - 1.972) < 0.002
+
+
 def test_inputs_name_known_cities_and_every_example_has_six():
     import json
 

@@ -28,6 +28,14 @@ async def test_a_continued_call_reuses_the_conversation_kv(engine):
     look = p.tool("look", "lookup", args={"city": plan["city"]})
     p.output(p.llm("note", continues=plan, prompt="Facts: {look}\nNow one sentence about the trip.", max_tokens=8))
     backend = EngineBackend(engine)
+    requests = {}
+    complete = backend.complete
+
+    async def recording(request, **kw):
+        requests[request.node.node] = request
+        return await complete(request, **kw)
+
+    backend.complete = recording
     rt = Runtime(backend, tools=[lookup])
     try:
         result = await asyncio.wait_for(rt.run(p, {"request": "Two days in Oslo."}), 120)
@@ -35,11 +43,13 @@ async def test_a_continued_call_reuses_the_conversation_kv(engine):
         await rt.aclose()
         backend.close()
     assert result.ok, result.error
-    ps = rt.programs[result.run_id]
-    sent_plan, sent_note = ps.sent["plan"], ps.sent["note"]
+    sent_plan = rt.programs[result.run_id].sent["plan"]
     assert "JSON schema" in sent_plan[0]["content"]  # the engine's format instructions were recorded
-    assert list(sent_note[:2]) == list(sent_plan)
-    assert sent_note[2]["role"] == "assistant" and sent_note[2]["content"].startswith('{"city": ')
+    assert list(sent_plan[1:]) == list(requests["plan"].messages[1:])
+    note_messages = requests["note"].messages
+    assert list(note_messages[:2]) == list(sent_plan)
+    assert note_messages[2]["role"] == "assistant" and note_messages[2]["content"].startswith('{"city": ')
+    assert "note" not in rt.programs[result.run_id].sent  # nothing continues it
 
     spans = {s["attributes"]["agentrt.node"]: s["attributes"] for s in rt.trace.records()
              if s["type"] == "span" and s["parent_id"] is None and "agentrt.node" in s["attributes"]}
@@ -51,3 +61,23 @@ async def test_a_continued_call_reuses_the_conversation_kv(engine):
     assert note["gen_ai.usage.cache_read.input_tokens"] >= (conversation // block - 2) * block
     assert note["agentrt.kv.hold_outcome"] == "hit" and note["agentrt.kv.hold_from"] == "plan"
     engine.engine.blocks.check_invariants()
+
+
+async def test_fan_out_branches_continue_an_outer_conversation(scripted):
+    """Each branch of a fan-out continues the same outer call: every branch's request starts with
+    that conversation, and only the messages of calls that are continued are kept."""
+    p = Program("branches", inputs={"topic": str})
+    poem = p.llm("poem", system="Be brief.", prompt="A haiku about {topic}")
+    title = p.llm("title", continues=poem, prompt="Its title?")
+    words = p.llm("words", prompt="Two words on {topic}", output=JsonSchema({"type": "array", "items": {
+        "type": "string"}}))
+    p.output(p.fan_out("notes", over=words, body=lambda b: b.llm("note", continues=title, prompt="Now {item}.")))
+    backend = scripted({"poem": "Rain falls", "title": "Rain", "words": ["wet", "grey"], "notes*": "ok"})
+    rt = Runtime(backend)
+    result = await asyncio.wait_for(rt.run(p, {"topic": "rain"}), 10)
+    await rt.aclose()
+    assert result.ok, result.error
+    notes = sorted((r for r in backend.requests if r.node.node.startswith("notes[")), key=lambda r: r.node.node)
+    assert [[m["content"] for m in r.messages] for r in notes] == [
+        ["Be brief.", "A haiku about rain", "Rain falls", "Its title?", "Rain", f"Now {w}."] for w in ("wet", "grey")]
+    assert sorted(rt.programs[result.run_id].sent) == ["poem", "title"]
