@@ -79,19 +79,27 @@ class ToolCall:
     tools: tuple[str, ...]
     allow_text: bool = False
     definitions: tuple[ToolDef, ...] = field(default=(), compare=False)
+    # "none": the tools are described to the model but not callable, so it answers in text
+    # (OpenAI's tool_choice); an agent loop's last step, whose prompt so matches its earlier steps'
+    choice: str = "auto"
 
     def __post_init__(self) -> None:
         tools = (self.tools,) if isinstance(self.tools, str) else tuple(self.tools)
         if not tools or not all(isinstance(t, str) for t in tools):
             raise ValueError(f"ToolCall needs one or more tool names (str), got {self.tools!r}")
+        if self.choice not in ("auto", "none"):
+            raise ValueError(f"ToolCall choice must be 'auto' or 'none', got {self.choice!r}")
         object.__setattr__(self, "tools", tools)
+        if self.choice == "none":
+            object.__setattr__(self, "allow_text", True)
 
     def to_response_format(self) -> dict[str, Any]:
         if len(self.definitions) != len(self.tools):
             raise ValueError(f"ToolCall{list(self.tools)} has no tool definitions attached: use the spec of "
                              f"a compiled program (Program.compile() attaches them)")
-        return {"type": "tool_call", "tools": [d.openai_schema() for d in self.definitions],
-                "allow_text": self.allow_text}
+        rf = {"type": "tool_call", "tools": [d.openai_schema() for d in self.definitions],
+              "allow_text": self.allow_text}
+        return rf if self.choice == "auto" else {**rf, "tool_choice": self.choice}
 
     def value_schema(self) -> dict[str, Any]:
         # With one tool, its parameters describe "arguments"; with several, they are unknown here.
@@ -100,7 +108,12 @@ class ToolCall:
                 "additionalProperties": False}
 
     def check(self, value: Any) -> dict[str, Any]:
+        if isinstance(value, str):  # a text answer given as the text itself
+            value = {"text": value}
         if isinstance(value, Mapping) and value.get("name") is not None:
+            if self.choice == "none":
+                raise ValueError(f"called tool '{value['name']}', but this call answers in text (the tools are "
+                                 "described, not callable)")
             if value["name"] not in self.tools:
                 raise ValueError(f"called tool '{value['name']}', which is not one of {list(self.tools)}")
             if not isinstance(value.get("arguments"), Mapping):
@@ -114,6 +127,8 @@ class ToolCall:
                          f"got {value!r}")
 
     def describe(self) -> str:
+        if self.choice == "none":
+            return "text (tools described: " + "|".join(self.tools) + ")"
         return "tool call: " + "|".join(self.tools) + (" or text" if self.allow_text else "")
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
-from agentrt.dag.outputs import OutputSpec, Text, ToolCall
+from agentrt.dag.outputs import OutputSpec, ToolCall
 from agentrt.dag.refs import Ref, Template
 from agentrt.dag.tooldefs import ToolDef
 
@@ -239,7 +239,8 @@ class AgentLoopSpec:
 
     def step_output(self, step: int) -> OutputSpec:
         if step == self.max_steps and self.on_max_steps == "answer":
-            return Text()
+            # the tools stay described, not callable: the prompt starts as the earlier steps' did
+            return ToolCall(self.tools, definitions=self.definitions, choice="none")
         return ToolCall(self.tools, allow_text=True, definitions=self.definitions)
 
     def step_spec(self, step: int, history: tuple[tuple[str, str], ...]) -> LLMSpec:

@@ -111,7 +111,7 @@ class LLMEngine:
         fmt = parse_response_format(params.response_format)
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
-        elif fmt.constrained and isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        elif fmt.described and isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
             messages, tools = with_instructions(prompt, fmt, self.tokenizer.has_tools_template)
             ids = self.encode_prompt(messages, tools=tools)
         else:

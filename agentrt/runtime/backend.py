@@ -23,7 +23,8 @@ class NodeIdentity:
 class LLMRequest:
     """One LLM node's call. response_format is the DSL's OpenAI-style dict: {"type": "text"},
     {"type": "json_schema", "json_schema": {...}} or {"type": "tool_call", "tools": [...],
-    "allow_text": bool}. priority: smaller runs sooner. hints: what a scheduler may use, e.g.
+    "allow_text": bool} (with "tool_choice": "none" the tools are described but the answer is
+    text: an agent loop's last step). priority: smaller runs sooner. hints: what a scheduler may use, e.g.
     {"next_is_tool": True} when a tool call follows this call (its KV could be held)."""
 
     messages: tuple[Mapping[str, Any], ...]

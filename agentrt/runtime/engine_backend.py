@@ -187,7 +187,7 @@ class EngineBackend:
         from agentrt.spec.structured import parse_response_format, with_instructions
 
         fmt = parse_response_format(response_format)
-        if not fmt.constrained:
+        if not fmt.described:
             return None
         sent, tools = with_instructions(messages, fmt, self.engine.tokenizer.has_tools_template)
         return None if tools is not None or sent == messages else tuple(sent)

@@ -67,6 +67,8 @@ def node_value(response_format: dict[str, Any], response: LLMResponse) -> Any:
             return response.parsed
         return parse_json_text(response.text)
     if kind == "tool_call":
+        if response_format.get("tool_choice") == "none":  # described, not callable: the text answers
+            return {"text": response.text}
         call = response.parsed
         if isinstance(call, dict) and call.get("name") is not None:
             return {"name": call["name"], "arguments": call.get("arguments")}

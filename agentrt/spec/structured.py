@@ -6,6 +6,7 @@ Response formats (plain dicts, as agentrt.dag emits them):
     {"type": "json_object"}                                         any JSON object
     {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}
     {"type": "tool_call", "tools": [openai tool dicts], "allow_text": bool}
+    {"type": "tool_call", "tools": [...], "tool_choice": "none"}     tools described, text answer
 A tool call is emitted as {"name": "<tool>", "arguments": {...}}. JSON is written with
 json.dumps' default separators (", " and ": "): the grammar emits exactly that format and the
 prompt shows schemas and tools in it too, so values copied from the prompt tokenize alike.
@@ -30,10 +31,20 @@ class OutputFormat:
     schema: dict | None = None  # the JSON schema the grammar enforces (None: any JSON / text)
     tools: tuple = ()  # openai tool dicts (tool_call)
     allow_text: bool = False
+    # "none" (OpenAI's tool_choice): the prompt describes the tools as a tool_call turn does, but
+    # the answer is free text. The last step of an agent loop answers so: its prompt then starts
+    # with exactly the tokens of the steps before it, whose KV is cached.
+    tool_choice: str = "auto"
+
+    @property
+    def described(self) -> bool:
+        """The prompt gets instructions (and, with a tools chat template, the tools)."""
+        return self.kind != "text"
 
     @property
     def constrained(self) -> bool:
-        return self.kind != "text"
+        """A grammar enforces the output."""
+        return self.kind != "text" and self.tool_choice != "none"
 
     def cache_key(self) -> str:
         return json.dumps([self.kind, self.schema, self.allow_text], sort_keys=True)
@@ -109,7 +120,11 @@ def parse_response_format(rf: dict | None) -> OutputFormat:
         names = [t["function"]["name"] for t in tools]
         if len(set(names)) != len(names):
             raise RequestError(f"response_format tool_call: duplicate tool names {names}")
-        return OutputFormat("tool_call", tool_call_schema(tools), tools, bool(rf.get("allow_text", False)))
+        choice = rf.get("tool_choice", "auto")
+        if choice not in ("auto", "none"):
+            raise RequestError(f"response_format tool_call: tool_choice must be 'auto' or 'none', got {choice!r}")
+        return OutputFormat("tool_call", tool_call_schema(tools), tools, choice == "none" or bool(rf.get("allow_text", False)),
+                            choice)
     raise RequestError(f"response_format: unknown type {kind!r} (text, json_object, json_schema, tool_call)")
 
 
@@ -154,7 +169,7 @@ def with_instructions(messages: list[dict], fmt: OutputFormat, template_has_tool
 def parse_output(fmt: OutputFormat, text: str) -> Any:
     """The parsed value: JSON for json, {"name", "arguments"} for a tool call (None when the
     model chose to answer in text). Raises ValueError with the reason when invalid."""
-    if fmt.kind == "text":
+    if not fmt.constrained:
         return None
     stripped = text.strip()
     if fmt.kind == "tool_call" and fmt.allow_text and not stripped.startswith("{"):

@@ -165,8 +165,12 @@ def test_loop_expansion_stops_at_max_steps_with_a_forced_answer():
     run.complete("agent#2.llm", call("lookup", key="b"))
     run.complete("agent#2.tool", "r2")
     last = run.spec("agent#3.llm")
-    assert last.output == Text() and last.output.to_response_format() == {"type": "text"}
-    with pytest.raises(ProgramRunError, match=r"^agent#3.llm: output rejected: a Text output must be a str"):
+    # the tools stay described (the prompt starts as the earlier steps' did), not callable
+    assert last.output == ToolCall(("search", "lookup"), choice="none")
+    assert last.output.to_response_format()["tool_choice"] == "none"
+    assert last.output.to_response_format()["tools"] == run.spec("agent#2.llm").output.to_response_format()["tools"]
+    with pytest.raises(ProgramRunError, match=r"^agent#3.llm: output rejected: called tool 'search', but this call "
+                                              r"answers in text"):
         run.complete("agent#3.llm", call("search", query="again"))
     assert "agent#3.tool" not in run.graph
 

@@ -81,3 +81,31 @@ async def test_fan_out_branches_continue_an_outer_conversation(scripted):
     assert [[m["content"] for m in r.messages] for r in notes] == [
         ["Be brief.", "A haiku about rain", "Rain falls", "Its title?", "Rain", f"Now {w}."] for w in ("wet", "grey")]
     assert sorted(rt.programs[result.run_id].sent) == ["poem", "title"]
+
+
+async def test_an_agent_loops_answering_step_reuses_the_kv_of_the_steps_before(engine):
+    """The last step of an agent loop (on_max_steps="answer") keeps the tools described and only
+    forbids calling them (tool_choice "none"), so its prompt starts with the tokens of the step
+    before: the engine reuses their KV. With a plain text format the system message would lose
+    the tool instructions and nothing after its first line would be reused."""
+    from agentrt.engine import SamplingParams
+    from agentrt.runtime.engine_backend import chat_messages
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
+                                               "parameters": {"type": "object", "properties": {
+                                                   "city": {"type": "string"}}, "required": ["city"]}}}]
+    step = {"type": "tool_call", "tools": tools, "allow_text": True}
+    messages = [{"role": "system", "content": "You are a weather assistant."},
+                {"role": "user", "content": "What is the weather in Oslo? Use the tool."}]
+    first = await engine.generate(messages, SamplingParams(max_tokens=32, temperature=0, response_format=step))
+    history = chat_messages((*messages,
+                             {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function",
+                              "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                             {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "4 C, rain"}))
+    block = engine.engine.blocks.block_size
+    answer = await engine.generate(history, SamplingParams(max_tokens=4, temperature=0,
+                                                           response_format={**step, "tool_choice": "none"}))
+    assert answer.parsed is None and answer.error is None  # free text, no grammar
+    assert answer.cached_tokens >= (first.prompt_tokens // block - 1) * block
+    plain = await engine.generate(history, SamplingParams(max_tokens=4, temperature=0))
+    assert plain.cached_tokens < 2 * block

@@ -164,7 +164,7 @@ def loop_program(max_steps, on_max_steps):
 
 
 def always_call_tool(request):
-    if request.response_format["type"] == "tool_call":
+    if request.response_format["type"] == "tool_call" and request.response_format.get("tool_choice") != "none":
         return {"name": "upper", "arguments": {"text": "again"}}
     return "giving up"
 
@@ -174,7 +174,9 @@ async def test_agent_loop_stops_at_max_steps_with_an_answer(scripted):
     rt = Runtime(backend, tools=[upper])
     result = await rt.run(loop_program(3, "answer"), {"q": "x"})
     assert result.status == "done" and result.output == "giving up"
-    assert [r.response_format["type"] for r in backend.requests] == ["tool_call", "tool_call", "text"]
+    # the last step still describes the tool (its prompt starts as the earlier steps' did) but must answer
+    assert [(r.response_format["type"], r.response_format.get("tool_choice")) for r in backend.requests] == [
+        ("tool_call", None), ("tool_call", None), ("tool_call", "none")]
     assert set(node_spans(rt)) == {"agent#1.llm", "agent#1.tool", "agent#2.llm", "agent#2.tool", "agent#3.llm"}
     # the model saw the tool results of the steps before
     assert [m["role"] for m in backend.requests[-1].messages] == ["user", "assistant", "tool", "assistant", "tool"]
