@@ -222,8 +222,10 @@ class Scope:
         """A bounded agent loop: at each step the model picks one of `tools` (its result, or its
         error, goes back to the model) or gives a final text answer, which is the output.
 
-        At most max_steps LLM steps. on_max_steps="answer": the last step must answer in text;
-        "error": a tool pick at the last step ends the run with an error naming this node.
+        At most max_steps LLM steps. on_max_steps="answer": the last step must answer in text
+        (its tools stay described, as OpenAI's tool_choice "none", so its prompt extends the step
+        before and reuses that KV); "error": a tool pick at the last step ends the run with an
+        error naming this node.
 
         >>> p = Program("demo", inputs={"question": str}, tools=[{"name": "run_query", "parameters": {
         ...     "type": "object", "properties": {"sql": {"type": "string"}}}}])
