@@ -28,7 +28,7 @@ from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
 from agentrt.spec.grammar import GrammarCache, GrammarState, shared_grammar_cache
 from agentrt.spec.sampling import process_logits, sample_from_probs
-from agentrt.spec.structured import parse_output, parse_response_format, with_instructions
+from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions
 from agentrt.spec.verify import verify_drafts, verify_greedy
 
 
@@ -98,6 +98,13 @@ class LLMEngine:
             return self.tokenizer.encode(text)
         raise RequestError("prompt must be a non-empty string or a non-empty list of chat messages")
 
+    def format_messages(self, messages: list[dict], fmt: OutputFormat) -> tuple[list[dict], list[dict] | None]:
+        """The chat messages, and the tools for the chat template, that a request with this output
+        format is encoded from: the format's instructions added (spec.structured.with_instructions)."""
+        if not fmt.described:
+            return messages, None
+        return with_instructions(messages, fmt, self.tokenizer.has_tools_template)
+
     def prepare(
         self,
         prompt: str | list[dict] | list[int],
@@ -112,8 +119,7 @@ class LLMEngine:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
         elif fmt.described and isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            messages, tools = with_instructions(prompt, fmt, self.tokenizer.has_tools_template)
-            ids = self.encode_prompt(messages, tools=tools)
+            ids = self.encode_prompt(*self.format_messages(prompt, fmt))
         else:
             ids = self.encode_prompt(prompt)
         if not ids:

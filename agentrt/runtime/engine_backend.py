@@ -182,14 +182,11 @@ class EngineBackend:
         )
 
     def _sent_messages(self, messages: list[dict[str, Any]], response_format: Any) -> tuple[dict[str, Any], ...] | None:
-        """The messages with the format instructions the engine added (as LLMEngine.prepare does);
-        None when it added none or passed tools to the chat template (not replayable as messages)."""
-        from agentrt.spec.structured import parse_response_format, with_instructions
+        """The messages as the engine encoded them (LLMEngine.format_messages); None when it added
+        nothing or passed tools to the chat template (not replayable as messages)."""
+        from agentrt.spec.structured import parse_response_format
 
-        fmt = parse_response_format(response_format)
-        if not fmt.described:
-            return None
-        sent, tools = with_instructions(messages, fmt, self.engine.tokenizer.has_tools_template)
+        sent, tools = self.engine.engine.format_messages(messages, parse_response_format(response_format))
         return None if tools is not None or sent == messages else tuple(sent)
 
     # -- KV holds --
