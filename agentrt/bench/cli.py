@@ -13,6 +13,7 @@ BENCHES = {
     "toolcall": "agentrt.bench.toolcall",
     "workload": "agentrt.bench.workload",
     "tools": "agentrt.bench.tools",
+    "attention": "agentrt.bench.attention",
 }
 
 

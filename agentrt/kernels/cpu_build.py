@@ -40,7 +40,7 @@ SIGNATURES = {
                                            _P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I32]),
     "agentrt_argmax_f32": (None, [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I32]),
     "agentrt_paged_attention_bf16": (
-        None, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _I32, _F32, _P, _I64, _I32]),
+        None, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _I32, _F32, _P, _I64, _I32, _I32, _I32]),
 }
 
 _lock = threading.Lock()

@@ -11,6 +11,11 @@ import torch
 
 from agentrt.kernels.cpu_build import cpu_kernels
 
+# The kernel's defaults (csrc/cpu_common.h, which says why): up to this many queries per
+# (sequence, kv head) take P.V straight from the cache; prefetch distance in context rows.
+DIRECT_MAX_QUERIES = 8
+PREFETCH_ROWS = 32
+
 
 def _lib():
     lib = cpu_kernels()
@@ -94,17 +99,22 @@ def paged_attention(
     nq: int,
     out: torch.Tensor | None = None,  # [T, nq * d] bf16
     num_threads: int | None = None,
+    direct_max_queries: int = DIRECT_MAX_QUERIES,  # 0: always pack V into AMX tiles
+    prefetch_rows: int = PREFETCH_ROWS,  # 0: no software prefetch
 ) -> torch.Tensor:  # [T, nq * d]
-    """The kernel of paged_attention_reference; needs head_dim % 16 == 0 and <= 256."""
+    """The kernel of paged_attention_reference; needs head_dim % 16 == 0 and <= 256. The two
+    tuning knobs exist for tests (both P.V paths on one shape) and the attention bench."""
     T = q.shape[0]
     nkv, d = k_cache.shape[1], k_cache.shape[2]
     if d % 16 or d > 256 or nq % nkv:
         raise ValueError(f"paged_attention kernel: head_dim {d} must be a multiple of 16 up to 256, heads {nq} a multiple of {nkv}")
+    if direct_max_queries < 0 or prefetch_rows < 0:
+        raise ValueError(f"paged_attention kernel: direct_max_queries and prefetch_rows must be >= 0, got {direct_max_queries}, {prefetch_rows}")
     if out is None:
         out = torch.empty(T, nq * d, dtype=q.dtype, device=q.device)
     _lib().agentrt_paged_attention_bf16(
         q.data_ptr(), q.stride(0), cu_q.numel() - 1, cu_q.data_ptr(), positions.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), block_size, k_cache.data_ptr(), v_cache.data_ptr(), nq, nkv, d, scale,
-        out.data_ptr(), out.stride(0), num_threads or torch.get_num_threads(),
+        out.data_ptr(), out.stride(0), num_threads or torch.get_num_threads(), direct_max_queries, prefetch_rows,
     )
     return out

@@ -87,3 +87,20 @@ def test_batch_sweep_rows_and_breakeven(tiny):
                             "adaptive_beats_k4_where_k4_loses"}
     # every request emitted exactly max_tokens (ignore_eos), in every policy
     assert all(v["totals"]["emitted"] == 6 * 4 for v in best.values())
+
+
+def test_attention_bench_rows_and_summary():
+    from agentrt.bench import attention
+    from agentrt.kernels.cpu_build import unsupported_reason
+
+    if unsupported_reason() is not None:
+        pytest.skip(f"CPU kernels cannot run here: {unsupported_reason()}")
+    shapes = [(1, 40, 1), (3, 70, 2)]
+    rows = attention.measure(shapes, (4, 2, 16), layers=2, passes=2)
+    assert [(r["B"], r["ctx"], r["new tokens"], r["queries per kv head"]) for r in rows] == [(1, 40, 1, 2), (3, 70, 2, 4)]
+    for r in rows:
+        assert all(r[f"{name} ms"] > 0 for name in attention.VARIANTS)
+        assert r["default / packed"] == pytest.approx(r["packed ms"] / r["default ms"])
+    summary = attention.summarize(rows)
+    speedups = [r["default / packed"] for r in rows]
+    assert summary == {"b16_decode_speedup": speedups[0], "worst_speedup": min(speedups), "best_speedup": max(speedups)}

@@ -126,6 +126,41 @@ def test_paged_attention_matches_reference(d, nq, nkv, shape):
     assert torch.allclose(out.float(), ref.reshape(-1, nq * d).float(), rtol=2**-6, atol=2**-7)
 
 
+# Decode over long contexts (past the 32-row prefetch distance, 16-slot blocks as the engine
+# uses), 1-3 tokens per sequence: 3-9 queries per kv head with g = 3, 4-12 with g = 4 (128-wide
+# heads: two 64-wide chunks), 2-6 with g = 2 (48-wide heads: a 3-column chunk).
+LONG_DECODE = ([300, 77, 129, 33], [1, 2, 3, 1])
+
+
+@pytest.mark.parametrize("d,nq,nkv", [(64, 9, 3), (128, 8, 2), (48, 4, 2)])
+@pytest.mark.parametrize("direct_max_queries", [0, 8, 64])
+@pytest.mark.parametrize("prefetch_rows", [0, 32])
+def test_paged_attention_direct_and_packed_pv_match_reference(d, nq, nkv, direct_max_queries, prefetch_rows):
+    """Both P.V paths (V read from the cache for few queries, packed into AMX tiles for more),
+    with and without prefetching, against the reference and within a bf16 ulp of each other."""
+    g = torch.Generator().manual_seed(d * nq)
+    ctx, new = LONG_DECODE
+    kc, vc, tables = _paged_setup(g, ctx, nq, nkv, d, block_size=16, num_blocks=64)
+    positions = torch.cat([torch.arange(c - n, c) for c, n in zip(ctx, new)])
+    cu_q = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.long)
+    q = _bf16(positions.numel(), nq * d, g=g)
+    args = (q, kc, vc, cu_q, positions, tables, 16, d**-0.5, nq)
+    out = paged_attention(*args, direct_max_queries=direct_max_queries, prefetch_rows=prefetch_rows)
+    ref = paged_attention_reference(q.reshape(-1, nq, d), kc, vc, cu_q, positions, tables, 16, d**-0.5)
+    assert torch.allclose(out.float(), ref.reshape(-1, nq * d).float(), rtol=2**-6, atol=2**-7)
+    packed = paged_attention(*args, direct_max_queries=0, prefetch_rows=0)
+    assert torch.allclose(out.float(), packed.float(), rtol=2**-7, atol=2**-9)
+
+
+def test_paged_attention_rejects_negative_tuning():
+    g = torch.Generator().manual_seed(0)
+    kc, vc, tables = _paged_setup(g, [5], 4, 2, 16)
+    q = _bf16(1, 4 * 16, g=g)
+    cu_q, positions = torch.tensor([0, 1]), torch.tensor([4])
+    with pytest.raises(ValueError, match="prefetch_rows"):
+        paged_attention(q, kc, vc, cu_q, positions, tables, 4, 0.25, 4, prefetch_rows=-1)
+
+
 def test_rotary_kv_write_is_bit_identical_to_reference():
     g = torch.Generator().manual_seed(5)
     nq, nkv, d, T = 4, 2, 32, 6

@@ -74,6 +74,10 @@ void agentrt_rotary_kv_write_bf16(bf16 *qkv, int64_t T, int64_t ld, int nq, int 
 #define MAX_D 256
 #define QB 16 /* queries per block: the rows of an AMX tile */
 
+static inline void prefetch_row(const bf16 *p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
 /* In-register transpose of a 16 x 16 fp32 block (r[i] = row i -> r[j] = column j). */
 static inline void transpose16(__m512 r[16]) {
   __m512 t[16];
@@ -108,6 +112,7 @@ typedef struct {
   bf16 *probs;    /* [QB][lpad] */
   bf16 *kbuf;     /* [16][MAX_D] K rows copied when the cache cannot be tiled in place */
   int64_t lpad;   /* context rounded up to 32 */
+  int prefetch;   /* software prefetch distance in context rows (0: none) */
 } scratch;
 
 /* V rows 0..ctx (zero beyond) as B tiles: row p of chunk c holds keys 2p, 2p+1 of d 16c..16c+15. */
@@ -119,6 +124,8 @@ static void pack_v(const scratch *S, const bf16 *v_cache, int64_t ctx, int64_t k
   for (int64_t l = 0; l < S->lpad; l += 2) {
     const bf16 *r0 = l < ctx ? v_cache + S->slots[l] * kv_row + head_off : NULL;
     const bf16 *r1 = l + 1 < ctx ? v_cache + S->slots[l + 1] * kv_row + head_off : NULL;
+    for (int64_t a = l + S->prefetch; S->prefetch && a < l + S->prefetch + 2 && a < ctx; a++)
+      prefetch_row(v_cache + S->slots[a] * kv_row + head_off, 2 * d);
     for (int c = 0; c < d; c += 32) {
       __mmask32 m = d - c >= 32 ? 0xffffffffu : 0xffffu; /* d % 16 == 0 */
       __m512i a = r0 ? _mm512_maskz_loadu_epi16(m, r0 + c) : _mm512_setzero_si512();
@@ -130,16 +137,51 @@ static void pack_v(const scratch *S, const bf16 *v_cache, int64_t ctx, int64_t k
   }
 }
 
+/* out = P . V for a few queries, reading V rows straight from the paged cache (AVX512, fp32
+ * accumulation of the exact bf16 products, rounded once): decode has g queries per (sequence,
+ * kv head), and packing the whole context's V into AMX tiles for them, every layer, cost more
+ * than the product. Queries in groups of PV_QUERIES, d in chunks of 64. The sums run
+ * in key order; AMX groups them differently, so the two paths can differ in the last bf16 bit. */
+#define PV_QUERIES 6 /* x 4 chunks of 16: 24 accumulators, with the 4 V registers all in zmm */
+static void pv_direct(const scratch *S, int qb, int d, int64_t ctx, const bf16 *v_cache, int64_t kv_row,
+                      int64_t head_off, bf16 *const *orows) {
+  const int64_t lpad = S->lpad;
+  for (int c0 = 0; c0 < d; c0 += 64) {
+    const int nc = d - c0 >= 64 ? 4 : (d - c0) / 16;
+    for (int j0 = 0; j0 < qb; j0 += PV_QUERIES) {
+      const int nj = qb - j0 < PV_QUERIES ? qb - j0 : PV_QUERIES;
+      __m512 acc[PV_QUERIES][4];
+      for (int j = 0; j < PV_QUERIES; j++)
+        for (int c = 0; c < 4; c++) acc[j][c] = _mm512_setzero_ps();
+      const bf16 *p0 = S->probs + (int64_t)j0 * lpad;
+      for (int64_t l = 0; l < ctx; l++) {
+        const bf16 *vr = v_cache + S->slots[l] * kv_row + head_off + c0;
+        if (S->prefetch && l + S->prefetch < ctx)
+          prefetch_row(v_cache + S->slots[l + S->prefetch] * kv_row + head_off + c0, nc * 32);
+        __m512 v[4];
+        for (int c = 0; c < 4; c++) v[c] = c < nc ? load_bf16x16(vr + 16 * c) : _mm512_setzero_ps();
+        for (int j = 0; j < PV_QUERIES; j++) {
+          if (j >= nj) break;
+          const __m512 pj = _mm512_set1_ps(bf2f(p0[j * lpad + l]));
+          for (int c = 0; c < 4; c++) acc[j][c] = _mm512_fmadd_ps(pj, v[c], acc[j][c]);
+        }
+      }
+      for (int j = 0; j < nj; j++)
+        for (int c = 0; c < nc; c++) store_bf16(orows[j0 + j] + c0 + 16 * c, acc[j][c], 0xffff);
+    }
+  }
+}
+
 /* One block of up to QB queries of one (sequence, kv head) against the sequence's context:
  *   scores = Q . K^T on AMX: K tiles come straight from the paged cache (16 consecutive slots of
  *     a block; copied when blocks are shorter), Q^T is packed once, each 16 x 16 result is
  *     transposed so a zmm holds 16 keys of one query;
  *   softmax per query in fp32 (bf16(q.k) * scale, -inf past its position, probabilities rounded
  *     to bf16 as the reference does);
- *   out = P . V on AMX against the packed V tiles. */
+ *   out = P . V on AMX against the packed V tiles, or for few queries pv_direct. */
 static void attend_block(const scratch *S, const bf16 *const *qrows, const int64_t *qpos, int qb, int d, int64_t ctx,
-                         int64_t block_size, const bf16 *k_cache, int64_t kv_row, int64_t head_off, float scale,
-                         bf16 *const *orows) {
+                         int64_t block_size, const bf16 *k_cache, const bf16 *v_cache, int64_t kv_row,
+                         int64_t head_off, float scale, int packed_v, bf16 *const *orows) {
   const int dpad = (d + 31) / 32 * 32;
   const int64_t lpad = S->lpad;
   /* Q^T as B tiles, per 32-wide d chunk: [16 d-pairs][QB queries][2]. */
@@ -157,6 +199,8 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
     if (direct) {
       a = k_cache + S->slots[l0] * kv_row + head_off;
       stride = kv_row * 2;
+      for (int64_t l = l0 + S->prefetch; S->prefetch && l < l0 + S->prefetch + 16 && l < ctx; l++)
+        prefetch_row(k_cache + S->slots[l] * kv_row + head_off, 2 * d);
     } else {
       for (int l = 0; l < 16; l++) {
         bf16 *row = S->kbuf + l * dpad;
@@ -184,7 +228,7 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
     }
   }
   const int64_t lctx = (ctx + 15) / 16 * 16;
-  memset(S->probs, 0, sizeof(bf16) * QB * lpad);
+  memset(S->probs, 0, sizeof(bf16) * (packed_v ? QB : qb) * lpad); /* the P tile reads all QB rows */
   for (int j = 0; j < qb; j++) {
     float *row = S->scores + j * lpad;
     const int64_t n = (qpos[j] / 16 + 1) * 16; /* 16-key groups with a visible key */
@@ -200,6 +244,10 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
     const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
     for (int64_t l = 0; l < n && l < lctx; l += 16)
       _mm256_storeu_si256((__m256i *)(S->probs + j * lpad + l), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + l), inv)));
+  }
+  if (!packed_v) {
+    pv_direct(S, qb, d, ctx, v_cache, kv_row, head_off, orows);
+    return;
   }
   /* out = P [QB x lpad] . V, 4 output chunks of 16 d at a time in tiles 3..6 */
   float otile[16 * 16] __attribute__((aligned(64)));
@@ -246,7 +294,7 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
 static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int64_t t0, int64_t i_begin,
                          int64_t i_end, const int64_t *positions, int kvh, int g, int nkv, int d,
                          const int64_t *table, int64_t block_size, const bf16 *k_cache, const bf16 *v_cache,
-                         float scale) {
+                         float scale, int direct_max_queries, int prefetch_rows) {
   const int64_t kv_row = (int64_t)nkv * d, head_off = (int64_t)kvh * d;
   int64_t ctx = 0;
   for (int64_t i = i_begin / g; i <= (i_end - 1) / g; i++)
@@ -259,6 +307,7 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
   S.scores = (float *)scratch_get(&bufs[2], (size_t)QB * S.lpad * sizeof(float));
   S.probs = (bf16 *)scratch_get(&bufs[3], (size_t)QB * S.lpad * sizeof(bf16));
   S.kbuf = (bf16 *)scratch_get(&bufs[4], 16 * MAX_D * sizeof(bf16));
+  S.prefetch = prefetch_rows;
   /* Positions past ctx up to the block's end are still this sequence's slots (K tiles read
    * whole 16-slot runs); past the last block they are never read. */
   const int64_t nblocks = (ctx + block_size - 1) / block_size;
@@ -266,7 +315,8 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
     const int64_t base = blk < nblocks ? table[blk] * block_size : 0;
     for (int64_t o = 0; o < block_size && l < S.lpad; o++, l++) S.slots[l] = blk < nblocks ? base + o : 0;
   }
-  pack_v(&S, v_cache, ctx, kv_row, head_off, d);
+  const int packed_v = i_end - i_begin > direct_max_queries;
+  if (packed_v) pack_v(&S, v_cache, ctx, kv_row, head_off, d);
   for (int64_t i0 = i_begin; i0 < i_end; i0 += QB) {
     const int qb = (int)(i_end - i0 < QB ? i_end - i0 : QB);
     const bf16 *qrows[QB];
@@ -281,7 +331,8 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
       qpos[j] = positions[t0 + i / g];
       if (qpos[j] + 1 > bctx) bctx = qpos[j] + 1;
     }
-    attend_block(&S, qrows, qpos, qb, d, bctx, block_size, k_cache, kv_row, head_off, scale, orows);
+    attend_block(&S, qrows, qpos, qb, d, bctx, block_size, k_cache, v_cache, kv_row, head_off, scale, packed_v,
+                 orows);
   }
 }
 
@@ -292,6 +343,7 @@ typedef struct {
   int nq, nkv, d;
   float scale;
   bf16 *out;
+  int direct_max_queries, prefetch_rows;
   const int64_t *tasks; /* [n][4]: sequence, kv head, first and end query */
   pool_chunks chunks;   /* of tasks */
 } attention_job;
@@ -309,19 +361,23 @@ static void attention_part(void *arg, int tid, int nt) {
     const int64_t *T = J->tasks + 4 * task, b = T[0];
     attend_group(J->q, J->ldq, J->out, J->ldo, J->cu_q[b], T[2], T[3], J->positions, (int)T[1], J->nq / J->nkv,
                  J->nkv, J->d, J->block_tables + b * J->bt_stride, J->block_size, J->k_cache, J->v_cache,
-                 J->scale);
+                 J->scale, J->direct_max_queries, J->prefetch_rows);
   }
   _tile_release();
 }
 
 /* out[t, nq*d] = attention of q[t] (rows of stride ldq, head h at h*d) over its sequence's
  * cached context. Sequence b owns tokens cu_q[b]..cu_q[b+1] and block table row b
- * (block_tables + b*bt_stride); a token at position p attends to positions 0..p. d % 16 == 0. */
+ * (block_tables + b*bt_stride); a token at position p attends to positions 0..p. d % 16 == 0.
+ * direct_max_queries: a (sequence, kv head) with at most this many queries computes P.V from the
+ * cache (pv_direct), more pack V into AMX tiles; prefetch_rows: the software prefetch distance
+ * (0: none). The defaults are ATTN_DIRECT_MAX_QUERIES and ATTN_PREFETCH_ROWS (cpu_common.h). */
 void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const int64_t *cu_q,
                                   const int64_t *positions, const int64_t *block_tables,
                                   int64_t bt_stride, int64_t block_size, const bf16 *k_cache,
                                   const bf16 *v_cache, int nq, int nkv, int d, float scale,
-                                  bf16 *out, int64_t ldo, int num_threads) {
+                                  bf16 *out, int64_t ldo, int num_threads, int direct_max_queries,
+                                  int prefetch_rows) {
   const int g = nq / nkv;
   int64_t tasks = 0;
   for (int64_t b = 0; b < B; b++) tasks += nkv * (((cu_q[b + 1] - cu_q[b]) * g + QCHUNK - 1) / QCHUNK);
@@ -336,7 +392,7 @@ void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const i
       }
   }
   attention_job job = {q, k_cache, v_cache, ldq, ldo, B, bt_stride, block_size, cu_q, positions, block_tables,
-                       nq, nkv, d, scale, out, list, {0}};
+                       nq, nkv, d, scale, out, direct_max_queries, prefetch_rows, list, {0}};
   const int nt = tasks < num_threads ? (int)tasks : num_threads;
   pool_chunks_init(&job.chunks, tasks, nt);
   pool_run(attention_part, &job, nt);

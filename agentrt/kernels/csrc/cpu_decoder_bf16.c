@@ -20,7 +20,8 @@ void agentrt_rotary_kv_write_bf16(bf16 *qkv, int64_t T, int64_t ld, int nq, int 
 void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const int64_t *cu_q,
                                   const int64_t *positions, const int64_t *block_tables, int64_t bt_stride,
                                   int64_t block_size, const bf16 *k_cache, const bf16 *v_cache, int nq,
-                                  int nkv, int d, float scale, bf16 *out, int64_t ldo, int num_threads);
+                                  int nkv, int d, float scale, bf16 *out, int64_t ldo, int num_threads,
+                                  int direct_max_queries, int prefetch_rows);
 
 #define PTR(type, v) ((type)(intptr_t)(v))
 
@@ -40,7 +41,7 @@ void agentrt_decoder_layers_bf16(const int64_t *layers, int64_t num_layers, bf16
                         PTR(const bf16 *, L[2]), EPI_NONE, NULL, 0, qkv, qkv_w, 0, num_threads);
     agentrt_rotary_kv_write_bf16(qkv, T, qkv_w, nq, nkv, d, positions, cos, sin, slots, kc, vc, num_threads);
     agentrt_paged_attention_bf16(qkv, qkv_w, B, cu_q, positions, block_tables, bt_stride, block_size, kc, vc, nq,
-                                 nkv, d, scale, attn, q_w, num_threads);
+                                 nkv, d, scale, attn, q_w, num_threads, ATTN_DIRECT_MAX_QUERIES, ATTN_PREFETCH_ROWS);
     agentrt_linear_bf16(PTR(const bf16 *, L[3]), L[4], hidden, q_w, attn, T, q_w, NULL, 0.f, NULL, EPI_RESIDUAL, h,
                         hidden, h, hidden, 0, num_threads);
     agentrt_linear_bf16(PTR(const bf16 *, L[5]), L[6], inter, hidden, h, T, hidden, PTR(const bf16 *, L[10]), eps,

@@ -1,0 +1,119 @@
+"""`agentrt bench attention`: the CPU paged-attention kernel on decode-shaped batches, its P.V
+paths side by side: V packed into AMX tiles without software prefetch (the kernel before
+session 6), packed with prefetch, and the default (few queries read V straight from the cache,
+with prefetch).
+
+B sequences of `ctx` cached positions each feed 1 or 2 new tokens (decode, and verification of
+one draft), with the model's head shapes, over as many layers as the model has, each with its own
+K/V cache of shuffled 16-slot blocks: one pass reads every layer's K and V once, as a step does,
+so they come from memory rather than from a cache level a single layer would fit in. Variants
+alternate pass by pass (the machine's load drifts by +-15% over seconds); per variant the 25th
+percentile of the passes. All variants compute the same attention (tests/kernels check them
+against the reference and each other).
+
+Summary: b16_decode_speedup (the default over the old kernel at B = 16, the first context, 1
+token: the largest decode batch measured), worst_speedup and best_speedup over all shapes.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+import torch
+from rich.console import Console
+
+from agentrt.bench.common import BenchResult
+
+BLOCK = 16
+VARIANTS = {  # name -> (direct_max_queries, prefetch_rows)
+    "packed": (0, 0),
+    "packed+prefetch": (0, 32),
+    "default": (None, None),
+}
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--passes", type=int, default=None, help="timed passes per variant and shape")
+
+
+def _shape_case(g: torch.Generator, layers: int, B: int, ctx: int, new: int, nq: int, nkv: int, d: int) -> dict[str, Any]:
+    per_seq = (ctx + new + BLOCK - 1) // BLOCK
+    num_blocks = B * per_seq
+    tables = torch.randperm(num_blocks, generator=g).view(B, per_seq).contiguous()
+    shape = (num_blocks * BLOCK, nkv, d)
+    k = [torch.randn(shape, generator=g).to(torch.bfloat16) for _ in range(layers)]
+    v = [torch.randn(shape, generator=g).to(torch.bfloat16) for _ in range(layers)]
+    q = torch.randn(B * new, nq * d, generator=g).to(torch.bfloat16)
+    positions = torch.arange(ctx, ctx + new).repeat(B)
+    cu_q = torch.arange(0, B * new + 1, new, dtype=torch.long)
+    return dict(k=k, v=v, q=q, positions=positions, cu_q=cu_q, tables=tables, out=torch.empty_like(q))
+
+
+def _pass(case: dict[str, Any], variant: tuple, nq: int, d: int) -> float:
+    from agentrt.kernels.paged_attention import DIRECT_MAX_QUERIES, PREFETCH_ROWS, paged_attention
+
+    direct, prefetch = variant
+    kw = dict(direct_max_queries=DIRECT_MAX_QUERIES if direct is None else direct,
+              prefetch_rows=PREFETCH_ROWS if prefetch is None else prefetch)
+    t0 = time.perf_counter()
+    for kc, vc in zip(case["k"], case["v"]):
+        paged_attention(case["q"], kc, vc, case["cu_q"], case["positions"], case["tables"], BLOCK, d**-0.5, nq,
+                        out=case["out"], **kw)
+    return time.perf_counter() - t0
+
+
+def measure(shapes: list[tuple[int, int, int]], heads: tuple[int, int, int], layers: int, passes: int,
+            progress: Console | None = None) -> list[dict[str, Any]]:
+    """One row per (B, ctx, new tokens): ms per pass of each variant, and default / packed."""
+    nq, nkv, d = heads
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for i, (B, ctx, new) in enumerate(shapes):
+        if progress is not None:
+            progress.print(f"[{i + 1}/{len(shapes)}] B={B} ctx={ctx} new={new}")
+        case = _shape_case(g, layers, B, ctx, new, nq, nkv, d)
+        times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+        for variant in VARIANTS.values():  # warm-up
+            _pass(case, variant, nq, d)
+        for _ in range(passes):
+            for name, variant in VARIANTS.items():
+                times[name].append(_pass(case, variant, nq, d))
+        ms = {name: 1000 * sorted(t)[len(t) // 4] for name, t in times.items()}
+        rows.append({"B": B, "ctx": ctx, "new tokens": new, "queries per kv head": new * nq // nkv,
+                     **{f"{name} ms": ms[name] for name in VARIANTS},
+                     "default / packed": ms["packed"] / ms["default"]})
+    return rows
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
+    speedups = [r["default / packed"] for r in rows]
+    decode = [r for r in rows if r["new tokens"] == 1] or rows
+    head = max(decode, key=lambda r: r["B"])  # the first context of the largest batch
+    return {"b16_decode_speedup": head["default / packed"], "worst_speedup": min(speedups),
+            "best_speedup": max(speedups)}
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    from agentrt.engine.model_loader import load_model
+    from agentrt.kernels.cpu_build import unsupported_reason
+
+    reason = unsupported_reason()
+    if reason is not None:
+        raise SystemExit(f"bench attention needs the CPU kernels: {reason}")
+    cfg = load_model(args.model, "bfloat16", progress=False).model.cfg
+    heads = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+    layers = cfg.num_hidden_layers
+    batches, contexts = ((4, 16), (300,)) if args.quick else ((1, 4, 16), (300, 600))
+    passes = args.passes or (12 if args.quick else 30)
+    shapes = [(B, ctx, new) for B in batches for ctx in contexts for new in (1, 2)]
+    rows = measure(shapes, heads, layers, passes, Console(stderr=True))
+    return BenchResult(
+        rows=rows,
+        summary=summarize(rows),
+        notes=[f"ms: one pass over {layers} layers' attention (nq, nkv, d = {heads}), 25th percentile of "
+               f"{passes} interleaved passes; default / packed: how many times faster the default is than the "
+               "old kernel (packed V, no prefetch)."],
+        config={"model": args.model, "layers": layers, "heads": list(heads), "passes": passes,
+                "batches": list(batches), "contexts": list(contexts), "threads": torch.get_num_threads()},
+    )
