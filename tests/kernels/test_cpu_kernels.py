@@ -161,14 +161,18 @@ def test_paged_attention_rejects_negative_tuning():
         paged_attention(q, kc, vc, cu_q, positions, tables, 4, 0.25, 4, prefetch_rows=-1)
 
 
-def test_rotary_kv_write_is_bit_identical_to_reference():
-    g = torch.Generator().manual_seed(5)
-    nq, nkv, d, T = 4, 2, 32, 6
+@pytest.mark.parametrize("d,T", [(32, 6), (16, 3), (48, 5), (64, 70), (128, 2)])
+def test_rotary_kv_write_is_bit_identical_to_reference(d, T):
+    """Head widths whose halves fill 16-lane vectors partly (8, 24) and whole; T >= 64 takes the
+    threaded path; zeros in q and k check the sign of -0 * sin."""
+    g = torch.Generator().manual_seed(5 + d)
+    nq, nkv = 4, 2
     cos, sin = torch.randn(100, d // 2, generator=g), torch.randn(100, d // 2, generator=g)
-    positions = torch.tensor([0, 7, 8, 50, 99, 3])
-    slots = torch.tensor([10, 3, 4, 20, 31, 0])
+    positions = torch.randint(0, 100, (T,), generator=g)
+    slots = torch.randperm(128, generator=g)[:T]
     qkv = _bf16(T, (nq + 2 * nkv) * d, g=g)
-    caches = [torch.zeros(32, nkv, d, dtype=torch.bfloat16) for _ in range(4)]
+    qkv[:, ::7] = 0.0
+    caches = [torch.zeros(128, nkv, d, dtype=torch.bfloat16) for _ in range(4)]
     ref_qkv = qkv.clone()
     rotary_kv_write_reference(ref_qkv, positions, cos, sin, slots, caches[0], caches[1], nq)
     rotary_kv_write(qkv, positions, cos, sin, slots, caches[2], caches[3], nq)

@@ -17,18 +17,23 @@
 
 #include "cpu_common.h"
 
-/* Rotate-half rotary on `heads` heads of one token, in place: x*c + rot(x)*s in bf16 ops. */
+/* Rotate-half rotary on `heads` heads of one token, in place: x*c + rot(x)*s in bf16 ops, 16
+ * pairs at a time (the scalar loop was ~8% of a prefill step). Negation flips the sign bit, as
+ * the reference's -x does, so -0 stays -0 and the result is bit-identical. */
 static void rotary_token(bf16 *x, int heads, int d, const float *cos, const float *sin) {
-  int half = d / 2;
-  for (int h = 0; h < heads; h++) {
-    bf16 *v = x + h * d;
-    for (int j = 0; j < half; j++) {
-      float c = bf2f(f2bf(cos[j])), s = bf2f(f2bf(sin[j]));
-      float a = bf2f(v[j]), b = bf2f(v[j + half]);
-      float lo = bf2f(f2bf(a * c)) + bf2f(f2bf(-b * s));
-      float hi = bf2f(f2bf(b * c)) + bf2f(f2bf(a * s));
-      v[j] = f2bf(lo);
-      v[j + half] = f2bf(hi);
+  const int half = d / 2;
+  const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
+  for (int j = 0; j < half; j += 16) {
+    const __mmask16 m = half - j >= 16 ? 0xffff : (__mmask16)((1u << (half - j)) - 1);
+    const __m512 c = round_bf16(_mm512_maskz_loadu_ps(m, cos + j)), s = round_bf16(_mm512_maskz_loadu_ps(m, sin + j));
+    for (int h = 0; h < heads; h++) {
+      bf16 *v = x + h * d;
+      const __m512 a = load_bf16(v + j, m), b = load_bf16(v + half + j, m);
+      const __m512 nb = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(b), sign));
+      const __m512 lo = _mm512_add_ps(round_bf16(_mm512_mul_ps(a, c)), round_bf16(_mm512_mul_ps(nb, s)));
+      const __m512 hi = _mm512_add_ps(round_bf16(_mm512_mul_ps(b, c)), round_bf16(_mm512_mul_ps(a, s)));
+      store_bf16(v + j, lo, m);
+      store_bf16(v + half + j, hi, m);
     }
   }
 }
