@@ -11,8 +11,13 @@ alternate pass by pass (the machine's load drifts by +-15% over seconds); per va
 percentile of the passes. All variants compute the same attention (tests/kernels check them
 against the reference and each other).
 
+Also the rotary + KV-write kernel at prefill: 1000-token steps into fresh slots of every layer's
+cache, as a new engine's first prompts write, on a cache mapped with 4 KB pages, with huge pages
+(the default: every first touch of a page is a fault), and already touched; the fastest of 3.
+
 Summary: b16_decode_speedup (the default over the old kernel at B = 16, the first context, 1
-token: the largest decode batch measured), worst_speedup and best_speedup over all shapes.
+token: the largest decode batch measured), worst_speedup and best_speedup over all shapes;
+kv_write_ms_4k_pages, kv_write_ms_huge_pages, kv_write_ms_touched (per 1000-token step).
 """
 from __future__ import annotations
 
@@ -86,6 +91,38 @@ def measure(shapes: list[tuple[int, int, int]], heads: tuple[int, int, int], lay
     return rows
 
 
+def measure_kv_write(heads: tuple[int, int, int], layers: int, tokens: int = 1000, steps: int = 8,
+                     repeats: int = 3, cache_tokens: int = 32768) -> dict[str, float]:
+    """ms per `tokens`-token prefill step of rotary + KV write over every layer, into fresh slots
+    of caches as large as the engine's default (the mapping's size changes what a fault costs)."""
+    from agentrt.engine.kv_cache import cache_buffer
+    from agentrt.kernels.paged_attention import rotary_kv_write
+
+    nq, nkv, d = heads
+    g = torch.Generator().manual_seed(1)
+    cos, sin = torch.randn(tokens, d // 2, generator=g), torch.randn(tokens, d // 2, generator=g)
+    qkv = torch.randn(tokens, (nq + 2 * nkv) * d, generator=g).to(torch.bfloat16)
+    positions = torch.arange(tokens)
+    shape = (max(cache_tokens, tokens * steps), nkv, d)
+    variants = {"4k_pages": (False, False), "huge_pages": (True, False), "touched": (True, True)}
+    best = {name: float("inf") for name in variants}
+    for _ in range(repeats):
+        for name, (huge, touch) in variants.items():
+            caches = [(cache_buffer(shape, torch.bfloat16, "cpu", huge), cache_buffer(shape, torch.bfloat16, "cpu", huge))
+                      for _ in range(layers)]
+            if touch:
+                for kc, vc in caches:
+                    kc.fill_(0), vc.fill_(0)
+            t0 = time.perf_counter()
+            for step in range(steps):
+                slots = torch.arange(step * tokens, (step + 1) * tokens)
+                for kc, vc in caches:
+                    rotary_kv_write(qkv, positions, cos, sin, slots, kc, vc, nq)
+            best[name] = min(best[name], 1000 * (time.perf_counter() - t0) / steps)
+            del caches
+    return best
+
+
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
     speedups = [r["default / packed"] for r in rows]
     decode = [r for r in rows if r["new tokens"] == 1] or rows
@@ -107,13 +144,18 @@ def run(args: argparse.Namespace) -> BenchResult:
     batches, contexts = ((4, 16), (300,)) if args.quick else ((1, 4, 16), (300, 600))
     passes = args.passes or (12 if args.quick else 30)
     shapes = [(B, ctx, new) for B in batches for ctx in contexts for new in (1, 2)]
-    rows = measure(shapes, heads, layers, passes, Console(stderr=True))
+    console = Console(stderr=True)
+    rows = measure(shapes, heads, layers, passes, console)
+    console.print("rotary + KV write, 1000-token steps into fresh slots")
+    kv = measure_kv_write(heads, layers)
     return BenchResult(
         rows=rows,
-        summary=summarize(rows),
+        summary={**summarize(rows), **{f"kv_write_ms_{name}": ms for name, ms in kv.items()}},
         notes=[f"ms: one pass over {layers} layers' attention (nq, nkv, d = {heads}), 25th percentile of "
                f"{passes} interleaved passes; default / packed: how many times faster the default is than the "
-               "old kernel (packed V, no prefetch)."],
+               "old kernel (packed V, no prefetch).",
+               "rotary + KV write of a 1000-token prefill step into fresh slots of every layer, ms: "
+               + ", ".join(f"{name} {ms:.1f}" for name, ms in kv.items())],
         config={"model": args.model, "layers": layers, "heads": list(heads), "passes": passes,
                 "batches": list(batches), "contexts": list(contexts), "threads": torch.get_num_threads()},
     )

@@ -104,3 +104,13 @@ def test_attention_bench_rows_and_summary():
     summary = attention.summarize(rows)
     speedups = [r["default / packed"] for r in rows]
     assert summary == {"b16_decode_speedup": speedups[0], "worst_speedup": min(speedups), "best_speedup": max(speedups)}
+
+
+def test_attention_bench_kv_write_rows():
+    from agentrt.bench import attention
+    from agentrt.kernels.cpu_build import unsupported_reason
+
+    if unsupported_reason() is not None:
+        pytest.skip(f"CPU kernels cannot run here: {unsupported_reason()}")
+    kv = attention.measure_kv_write((4, 2, 16), layers=2, tokens=20, steps=2, repeats=1)
+    assert set(kv) == {"4k_pages", "huge_pages", "touched"} and all(ms > 0 for ms in kv.values())

@@ -1,0 +1,65 @@
+"""The KV cache's CPU buffers: zeros on first touch, writable, alive as long as the tensor, on
+huge pages where the kernel gives them (the buffer's contents never depend on it)."""
+from __future__ import annotations
+
+import gc
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrt.engine.config import ModelConfig
+from agentrt.engine.kv_cache import HUGE_PAGE, KVCache, cache_buffer
+
+
+@pytest.mark.parametrize("huge_pages", [True, False])
+def test_cache_buffer_is_zero_and_writable(huge_pages):
+    t = cache_buffer((3000, 3, 64), torch.bfloat16, "cpu", huge_pages)
+    assert t.shape == (3000, 3, 64) and t.dtype == torch.bfloat16 and t.is_contiguous()
+    assert not t.any()
+    t[1234] = 1.5
+    assert t[1234].eq(1.5).all() and t.sum().item() == pytest.approx(1.5 * 3 * 64)
+
+
+def test_cache_buffer_outlives_its_creator_scope():
+    views = [cache_buffer((100, 2, 16), torch.bfloat16, "cpu")[10:20] for _ in range(3)]
+    gc.collect()
+    for v in views:
+        v.fill_(2.0)
+        assert v.eq(2.0).all()
+
+
+def _anon_huge_kb(addr: int) -> int | None:
+    smaps = Path("/proc/self/smaps")
+    if not smaps.exists():
+        return None
+    lines = smaps.read_text().splitlines()
+    for i, line in enumerate(lines):
+        m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
+        if m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
+            for entry in lines[i + 1 : i + 30]:
+                if entry.startswith("AnonHugePages:"):
+                    return int(entry.split()[1])
+    return None
+
+
+def test_cache_buffer_asks_for_huge_pages_where_the_kernel_has_them():
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        pytest.skip("transparent huge pages are off on this machine")
+    t = cache_buffer((4 * HUGE_PAGE // 2,), torch.bfloat16, "cpu")
+    t.fill_(1.0)  # touch every page
+    huge = _anon_huge_kb(t.data_ptr())
+    if huge is None:
+        pytest.skip("no /proc/self/smaps")
+    assert huge >= 2048  # at least one 2 MB page backs the buffer
+
+
+def test_kv_cache_layout_per_layer():
+    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                      num_attention_heads=4, num_key_value_heads=2, head_dim=8)
+    kv = KVCache(cfg, num_blocks=5, block_size=4, dtype=torch.bfloat16)
+    assert len(kv.k) == len(kv.v) == 3
+    assert all(t.shape == (20, 2, 8) and not t.any() for t in (*kv.k, *kv.v))
+    assert len({t.data_ptr() for t in (*kv.k, *kv.v)}) == 6
