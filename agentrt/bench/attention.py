@@ -29,12 +29,13 @@ import torch
 from rich.console import Console
 
 from agentrt.bench.common import BenchResult
+from agentrt.kernels.paged_attention import DIRECT_MAX_QUERIES, PREFETCH_ROWS, paged_attention
 
 BLOCK = 16
 VARIANTS = {  # name -> (direct_max_queries, prefetch_rows)
     "packed": (0, 0),
-    "packed+prefetch": (0, 32),
-    "default": (None, None),
+    "packed+prefetch": (0, PREFETCH_ROWS),
+    "default": (DIRECT_MAX_QUERIES, PREFETCH_ROWS),
 }
 
 
@@ -55,16 +56,12 @@ def _shape_case(g: torch.Generator, layers: int, B: int, ctx: int, new: int, nq:
     return dict(k=k, v=v, q=q, positions=positions, cu_q=cu_q, tables=tables, out=torch.empty_like(q))
 
 
-def _pass(case: dict[str, Any], variant: tuple, nq: int, d: int) -> float:
-    from agentrt.kernels.paged_attention import DIRECT_MAX_QUERIES, PREFETCH_ROWS, paged_attention
-
+def _pass(case: dict[str, Any], variant: tuple[int, int], nq: int, d: int) -> float:
     direct, prefetch = variant
-    kw = dict(direct_max_queries=DIRECT_MAX_QUERIES if direct is None else direct,
-              prefetch_rows=PREFETCH_ROWS if prefetch is None else prefetch)
     t0 = time.perf_counter()
     for kc, vc in zip(case["k"], case["v"]):
         paged_attention(case["q"], kc, vc, case["cu_q"], case["positions"], case["tables"], BLOCK, d**-0.5, nq,
-                        out=case["out"], **kw)
+                        out=case["out"], direct_max_queries=direct, prefetch_rows=prefetch)
     return time.perf_counter() - t0
 
 

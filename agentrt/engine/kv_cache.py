@@ -21,9 +21,9 @@ def cache_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     default 32k-token cache; touching it all ~1.1 s). Every first touch is then a page fault that
     zeroes the page, and KV writes land on fresh pages until the allocator has cycled through the
     cache (it hands out the least recently freed block). Transparent huge pages are asked for
-    (madvise): one fault per 2 MB instead of per 4 KB, though zeroing stays. `agentrt bench
+    (madvise): one fault per 2 MB instead of per 4 KB, though the zeroing stays. `agentrt bench
     attention` measured a 1000-token prefill step's rotary + KV write over 30 layers at 13.8-15.7
-    ms on 4 KB pages, 11.5-14.8 on huge pages, 7.8-9.0 on touched ones (three runs). Where huge
+    ms on 4 KB pages, 11.5-14.9 on huge pages, 7.8-10.3 on touched ones (four runs). Where huge
     pages are off the mapping stays on small pages."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)

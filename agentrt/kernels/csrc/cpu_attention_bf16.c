@@ -18,8 +18,9 @@
 #include "cpu_common.h"
 
 /* Rotate-half rotary on `heads` heads of one token, in place: x*c + rot(x)*s in bf16 ops, 16
- * pairs at a time (the scalar loop was ~8% of a prefill step). Negation flips the sign bit, as
- * the reference's -x does, so -0 stays -0 and the result is bit-identical. */
+ * pairs at a time (with the KV copies ~25% faster than the scalar loop: 8.5 against 11.1 ms for
+ * 1000 tokens over 30 layers). Negation flips the sign bit, as the reference's -x does, so -0
+ * stays -0: bit-identical for finite values (a NaN stays NaN, with another payload). */
 static void rotary_token(bf16 *x, int heads, int d, const float *cos, const float *sin) {
   const int half = d / 2;
   const __m512i sign = _mm512_set1_epi32((int)0x80000000u);
