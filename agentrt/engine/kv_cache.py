@@ -28,7 +28,10 @@ def cache_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if hasattr(mmap, "MAP_PRIVATE"):  # POSIX: private, so huge pages apply (shared memory has its own switch)
+        buf = mmap.mmap(-1, max(nbytes, 1), flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    else:  # Windows: an anonymous mapping takes no flags
+        buf = mmap.mmap(-1, max(nbytes, 1))
     if huge_pages and nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             buf.madvise(mmap.MADV_HUGEPAGE)
