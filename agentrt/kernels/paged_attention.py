@@ -11,8 +11,15 @@ import torch
 
 from agentrt.kernels.cpu_build import cpu_kernels
 
-# The kernel's defaults (csrc/cpu_common.h, which says why): up to this many queries per
-# (sequence, kv head) take P.V straight from the cache; prefetch distance in context rows.
+# The kernel's settings, for this module's calls and the decoder stack's (decoder.py). Decode
+# reads K and V once per step, so it is bound by how fast those rows arrive:
+# - up to 8 queries per (sequence, kv head), i.e. up to 2 tokens of a 9:3-head model, compute
+#   P.V straight from the cache: packing the context's V into AMX tiles for 3 queries cost more
+#   than the product it fed;
+# - prefetch 32 context rows ahead: a head's row is 2d bytes of a slot row nkv times as wide, so
+#   a walk over one head skips most of every slot row and the hardware prefetchers fall behind.
+# Together: decode attention of 16 sequences x 300 positions 1.55-1.75x faster (`agentrt bench
+# attention`, docs/benchmarks.md).
 DIRECT_MAX_QUERIES = 8
 PREFETCH_ROWS = 32
 

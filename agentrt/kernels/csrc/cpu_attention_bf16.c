@@ -377,7 +377,7 @@ static void attention_part(void *arg, int tid, int nt) {
  * (block_tables + b*bt_stride); a token at position p attends to positions 0..p. d % 16 == 0.
  * direct_max_queries: a (sequence, kv head) with at most this many queries computes P.V from the
  * cache (pv_direct), more pack V into AMX tiles; prefetch_rows: the software prefetch distance
- * (0: none). The defaults are ATTN_DIRECT_MAX_QUERIES and ATTN_PREFETCH_ROWS (cpu_common.h). */
+ * (0: none). The settings the engine uses, and why: agentrt/kernels/paged_attention.py. */
 void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const int64_t *cu_q,
                                   const int64_t *positions, const int64_t *block_tables,
                                   int64_t bt_stride, int64_t block_size, const bf16 *k_cache,

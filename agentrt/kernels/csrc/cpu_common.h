@@ -11,17 +11,6 @@
 
 typedef uint16_t bf16;
 
-/* Paged attention's defaults (cpu_attention_bf16.c; mirrored in agentrt/kernels/paged_attention.py).
- * Decode reads K and V once per step, so it is bound by how fast those rows arrive:
- * - up to 8 queries per (sequence, kv head), i.e. up to 2 tokens of a 9:3-head model, compute
- *   P.V straight from the cache; packing the context's V into AMX tiles for 3 queries cost more
- *   than the product it fed;
- * - prefetch 32 context rows ahead. A head's row is 2d bytes of a slot row nkv times as wide, so
- *   a walk over one head skips most of every slot row and the hardware prefetchers fall behind.
- * Together: decode attention of 16 sequences x 300 positions ~30% faster (docs/benchmarks.md). */
-#define ATTN_DIRECT_MAX_QUERIES 8
-#define ATTN_PREFETCH_ROWS 32
-
 /* A per-thread buffer reused across calls (64-byte aligned, grown on demand, never shrunk):
  * per-call malloc of buffers above glibc's mmap threshold costs page faults and zeroing. */
 typedef struct {
