@@ -109,7 +109,8 @@ def measure_kv_write(heads: tuple[int, int, int], layers: int, tokens: int = 100
                       for _ in range(layers)]
             if touch:
                 for kc, vc in caches:
-                    kc.fill_(0), vc.fill_(0)
+                    kc.fill_(0)
+                    vc.fill_(0)
             t0 = time.perf_counter()
             for step in range(steps):
                 slots = torch.arange(step * tokens, (step + 1) * tokens)

@@ -4,6 +4,7 @@ buffer written through views made inductor copy the whole cache every layer (sha
 Which sequence owns which block is the BlockManager's business; this class only stores."""
 from __future__ import annotations
 
+import logging
 import math
 import mmap
 
@@ -12,6 +13,7 @@ import torch
 
 from agentrt.engine.config import ModelConfig
 
+log = logging.getLogger(__name__)
 HUGE_PAGE = 2 << 20
 
 
@@ -22,9 +24,9 @@ def cache_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     zeroes the page, and KV writes land on fresh pages until the allocator has cycled through the
     cache (it hands out the least recently freed block). Transparent huge pages are asked for
     (madvise): one fault per 2 MB instead of per 4 KB, though the zeroing stays. `agentrt bench
-    attention` measured a 1000-token prefill step's rotary + KV write over 30 layers at 13.8-15.7
-    ms on 4 KB pages, 11.5-14.9 on huge pages, 7.8-10.3 on touched ones (four runs). Where huge
-    pages are off the mapping stays on small pages."""
+    attention` measured a 1000-token prefill step's rotary + KV write over 30 layers at 11.3-15.7
+    ms on 4 KB pages, 10.6-14.9 on huge pages, 7.7-10.3 on touched ones (six runs). Where huge
+    pages are off the mapping stays on small pages (logged at debug level)."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
@@ -35,8 +37,8 @@ def cache_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     if huge_pages and nbytes >= HUGE_PAGE and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
             buf.madvise(mmap.MADV_HUGEPAGE)
-        except OSError:  # kernels without THP support
-            pass
+        except OSError as e:  # a kernel without transparent huge pages: small pages, same contents
+            log.debug("KV cache on small pages: madvise(MADV_HUGEPAGE) failed: %s", e)
     # numpy keeps the mapping alive for as long as the tensor (its base) lives
     return torch.from_numpy(np.frombuffer(buf, dtype=np.uint8, count=nbytes)).view(dtype).view(shape)
 
