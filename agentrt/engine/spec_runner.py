@@ -17,8 +17,9 @@ from agentrt.engine.outputs import StepRecord
 from agentrt.engine.sequence import Sequence
 from agentrt.errors import SpecConfigError
 from agentrt.kernels.argmax import argmax_rows
+from agentrt.spec.acceptance import AcceptanceCalibration
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
-from agentrt.spec.controller import KController, SeqDraftState
+from agentrt.spec.controller import KController, SeqDraftState, StepPrefill
 from agentrt.spec.cost_model import PredictionTracker, StepCostModel
 from agentrt.spec.grammar import apply_masks, masked_argmax
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
@@ -78,6 +79,9 @@ class SpecRunner:
         self._seq_alpha: dict[int, OnlineAlpha] = {}
         self._stats: dict[int, RequestSpecStats] = {}
         self._forced: dict[int, list[bool]] = {}  # this step's forced flags, per sequence
+        # score -> P(accept), learned from this engine's verifications (spec.acceptance)
+        self.calibration = AcceptanceCalibration()
+        self._scores: dict[int, list[float | None]] = {}  # this step's free-position scores, per sequence
         self._cost_model: StepCostModel | None = None
         self.tracker = PredictionTracker(window=256)
         self._draft_cost_per_token: float | None = None  # measured online (EMA), s per drafted token
@@ -110,6 +114,7 @@ class SpecRunner:
                 self.drafter.finish(seq.seq_id, seq.output_ids)
             self.drafter.release(seq.seq_id)
         self._seq_alpha.pop(seq.seq_id, None)
+        self._scores.pop(seq.seq_id, None)
         stats = self._stats.pop(seq.seq_id, None)
         return stats.to_dict() if stats else {}
 
@@ -126,7 +131,7 @@ class SpecRunner:
         proposal = Proposal(tokens=[[] for _ in seqs], probs=[None] * n, expected_accepted=[0.0] * n,
                             forced=[[] for _ in seqs])
         if self.drafter is not None:
-            self._draft(seqs, samples, proposal)
+            self._draft(seqs, num_new, samples, proposal)
             self._fit_kv(seqs, num_new, proposal)
         self._grammar_masks(seqs, samples, proposal)
         return proposal
@@ -143,21 +148,20 @@ class SpecRunner:
                 proposal.cut(i, k)
             free -= blocks.blocks_needed(seq.seq_id, base + k)
 
-    def _draft(self, seqs: list[Sequence], samples: list[bool], proposal: Proposal) -> None:
+    def _draft(self, seqs: list[Sequence], num_new: list[int], samples: list[bool], proposal: Proposal) -> None:
         n = len(seqs)
         t0 = time.monotonic()
         blocks = self.engine.blocks
         share = blocks.num_free * blocks.block_size // max(1, sum(samples))
         kmax = {i: self._kmax(seqs[i], share) for i in range(n) if samples[i]}
-        live = [i for i in kmax if kmax[i] > 0]
-        if not live:
-            return
+        live = [i for i in kmax if kmax[i] > 0]  # none: the controller still predicts the step's time
         reqs = {i: self._request(seqs[i], kmax[i]) for i in live}
         if self.drafter.deterministic:
             # Model-free drafts are nearly free: draft as deep as allowed, then let the controller
             # decide how much of each to verify, using the drafter's per-token confidence.
-            offered = dict(zip(live, self.drafter.propose([reqs[i] for i in live])))
-            accept = {i: self._accept_probs(seqs[i], offered[i]) for i in live}
+            offered = dict(zip(live, self.drafter.propose([reqs[i] for i in live]))) if live else {}
+            scores = {i: self._scores_of(seqs[i], offered[i]) for i in live}
+            accept = {i: [1.0 if x is None else self.calibration(x) for x in scores[i]] for i in live}
         else:
             offered = {}
             accept = {i: self._seq_alpha[seqs[i].seq_id].accept_probs(reqs[i].max_k) for i in live}
@@ -165,7 +169,7 @@ class SpecRunner:
         draft_cost = self._initial_draft_cost() if self._draft_cost_per_token is None else self._draft_cost_per_token
         alloc = self.controller.choose([
             SeqDraftState(s.seq_id, accept.get(i, []), draft_cost, s.num_tokens) for i, s in enumerate(seqs)
-        ])
+        ], _prefill_of(seqs, num_new))
         ks = dict(enumerate(alloc.k))
         if not self.drafter.deterministic:
             want = [i for i in live if ks[i] > 0]
@@ -183,6 +187,8 @@ class SpecRunner:
         for i in live:
             if proposal.forced[i]:
                 self._forced[seqs[i].seq_id] = proposal.forced[i]
+                if self.drafter.deterministic:
+                    self._scores[seqs[i].seq_id] = scores[i][: len(proposal.tokens[i])]
         proposal.predicted_s = alloc.predicted_step_s
         proposal.draft_s = time.monotonic() - t0
         drafted = sum(len(t) for t in proposal.tokens)
@@ -239,13 +245,13 @@ class SpecRunner:
         p = seq.params
         return DraftRequest(seq.seq_id, seq.all_ids, max_k, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
 
-    def _accept_probs(self, seq: Sequence, draft: Draft) -> list[float]:
-        # Grammar-forced tokens count as α = 1. Elsewhere the drafter's confidence says which
-        # positions look safe and the sequence's online α how well that confidence has held up
-        # lately; their geometric mean uses both.
+    def _scores_of(self, seq: Sequence, draft: Draft) -> list[float | None]:
+        # Grammar-forced tokens are certain (None: α = 1). Elsewhere the drafter's confidence says
+        # which positions look safe and the sequence's online α how well that confidence has held
+        # up lately; their geometric mean ranks positions, and the calibration says what it means.
         a = self._seq_alpha[seq.seq_id].estimate()
         forced = draft.forced or [False] * len(draft.tokens)
-        return [1.0 if f else math.sqrt(max(c, 0.0) * a) for c, f in zip(draft.confidence, forced)]
+        return [None if f else math.sqrt(max(c, 0.0) * a) for c, f in zip(draft.confidence, forced)]
 
     def draft_probs(self, proposal: Proposal, sampling: list[int], vocab: int) -> torch.Tensor | None:
         """[sum k, V] q for verification, or None when every draft is deterministic."""
@@ -266,6 +272,11 @@ class SpecRunner:
         k = len(draft)
         accepted = min(accepted, len(kept))
         forced = sum(forced_flags[:accepted]) if (forced_flags := self._forced.pop(seq.seq_id, None)) else 0
+        if (scores := self._scores.pop(seq.seq_id, None)) is not None and k:
+            # the free positions up to the first rejection were tested
+            tested = scores[: min(accepted + 1, k)]
+            self.calibration.observe([x for x in tested if x is not None],
+                                     sum(x is not None for x in scores[:accepted]))
         if seq.grammar is not None:
             seq.grammar.commit(kept)
         if self.drafter is not None:
@@ -280,6 +291,15 @@ class SpecRunner:
     def observe(self, record: StepRecord) -> None:
         if record.predicted_s is not None:
             self.tracker.record(record.predicted_s, record.duration_s)
+
+
+def _prefill_of(seqs: list[Sequence], num_new: list[int]) -> StepPrefill:
+    """The step's prompt rows beyond one per sequence, and their attention pairs beyond each
+    sequence's context (a chunk of n rows after c computed tokens attends to ~n*c + n(n+1)/2)."""
+    return StepPrefill(
+        tokens=sum(n - 1 for n in num_new),
+        pairs=sum(max(0, n * s.num_computed + n * (n + 1) // 2 - s.num_tokens) for s, n in zip(seqs, num_new)),
+    )
 
 
 def _with_k(req: DraftRequest, k: int) -> DraftRequest:

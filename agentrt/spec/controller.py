@@ -40,6 +40,19 @@ class SeqDraftState:
 
 
 @dataclass(frozen=True)
+class StepPrefill:
+    """Prompt tokens the step feeds besides each sequence's one verified token (a prompt chunk
+    counts its rows but one), and their query-key pairs beyond each sequence's context_len: they
+    are in the forward whatever k is, so they set how much a draft token costs."""
+
+    tokens: int = 0
+    pairs: int = 0
+
+
+NO_PREFILL = StepPrefill()
+
+
+@dataclass(frozen=True)
 class Allocation:
     k: list[int]
     expected_tokens: list[float]
@@ -53,11 +66,12 @@ class Allocation:
 class _Step:
     """Running totals of a candidate allocation; goodput() is exact for the totals."""
 
-    def __init__(self, model: StepCostModel, seqs: Sequence[SeqDraftState]) -> None:
+    def __init__(self, model: StepCostModel, seqs: Sequence[SeqDraftState], prefill: "StepPrefill") -> None:
         self.model = model
-        self.tokens = len(seqs)  # every sequence verifies at least its own next token
+        # every sequence verifies at least its own next token; prompt chunks ride along
+        self.tokens = len(seqs) + prefill.tokens
         self.kv = sum(s.context_len for s in seqs)
-        self.pairs = self.kv
+        self.pairs = self.kv + prefill.pairs
         self.draft_s = 0.0
         self.emitted = float(len(seqs))
 
@@ -92,17 +106,19 @@ class KController:
         self.policy = policy
         self.fixed_k = fixed_k
 
-    def choose(self, seqs: Sequence[SeqDraftState]) -> Allocation:
+    def choose(self, seqs: Sequence[SeqDraftState], prefill: StepPrefill = NO_PREFILL) -> Allocation:
         """k_i in [0, min(kmax_cap, len(accept_probs_i))] per sequence, in the order given, with the
         predicted emitted tokens, step time and goodput of that choice."""
+        if prefill.tokens < 0 or prefill.pairs < 0:
+            raise SpecConfigError(f"StepPrefill needs tokens >= 0 and pairs >= 0, got {prefill}")
         gains = [self._gains(s) for s in seqs]  # [seq][position] marginal expected tokens
         if self.policy == "off":
             ks = [0] * len(seqs)
         elif self.policy == "fixed":
             ks = [min(self.fixed_k, len(g)) for g in gains]
         else:
-            ks = self._greedy(seqs, gains)
-        return self._allocation(seqs, gains, ks)
+            ks = self._greedy(seqs, gains, prefill)
+        return self._allocation(seqs, gains, ks, prefill)
 
     def _gains(self, s: SeqDraftState) -> list[float]:
         if s.context_len < 0 or not (s.draft_cost_s_per_token >= 0) or not (s.draft_fixed_s >= 0):
@@ -114,8 +130,8 @@ class KController:
         except SpecConfigError as e:
             raise SpecConfigError(f"sequence {s.seq_id!r}: {e}") from e
 
-    def _allocation(self, seqs, gains, ks: list[int]) -> Allocation:
-        step = _Step(self.cost_model, seqs)
+    def _allocation(self, seqs, gains, ks: list[int], prefill: StepPrefill) -> Allocation:
+        step = _Step(self.cost_model, seqs, prefill)
         for s, g, k in zip(seqs, gains, ks):
             step.add(sum(g[:k]), k, k * s.context_len, _draft_s(s, k))
         target = step.target_s() if seqs else 0.0
@@ -130,11 +146,11 @@ class KController:
             compute_bound=bool(seqs) and self.cost_model.is_compute_bound(step.tokens, step.kv, step.pairs),
         )
 
-    def _greedy(self, seqs: Sequence[SeqDraftState], gains: list[list[float]]) -> list[int]:
+    def _greedy(self, seqs: Sequence[SeqDraftState], gains: list[list[float]], prefill: StepPrefill) -> list[int]:
         ks = [0] * len(seqs)
         if not seqs:
             return ks
-        model, step = self.cost_model, _Step(self.cost_model, seqs)
+        model, step = self.cost_model, _Step(self.cost_model, seqs, prefill)
         compute_regime = model.is_compute_bound(step.tokens, step.kv, step.pairs)
 
         def move(i: int) -> tuple[int, float, float] | None:

@@ -8,6 +8,8 @@ the forward is already compute-bound, producing 6 tokens at 5 ms each, so a draf
 would need to be accepted with probability > 1 to raise tokens per second: k must be 0."""
 from __future__ import annotations
 
+import pytest
+
 from agentrt.engine import SamplingParams, SpecConfig
 from agentrt.spec.cost_model import StepCostModel
 
@@ -61,3 +63,14 @@ def test_high_alpha_request_drafts_alone_and_not_in_a_full_batch(smollm2_fp32, m
     assert all(k == 0 for k, _ in steps), steps
     full = [rec for rec in crowded.step_log if rec.batch_size == 1 + len(OTHERS) and rec.num_prefill_tokens == 0]
     assert all(sum(rec.k) == 0 for rec in full)  # nobody else drafts either
+
+
+def test_verifications_teach_the_acceptance_calibration(smollm2_fp32, make_engine):
+    # every free draft position up to the first rejection is one observation (spec.acceptance)
+    engine = _engine(make_engine, smollm2_fp32)
+    rid = engine.add_request(REPETITIVE, SamplingParams(max_tokens=MAX_TOKENS, temperature=0, ignore_eos=True))
+    _run(engine, rid)
+    tested = sum(min(a + 1, k) for rec in engine.step_log for k, a in zip(rec.k, rec.accepted) if k)
+    assert tested > 0
+    assert engine.spec.calibration.evidence == pytest.approx(tested, rel=0.01)
+    assert engine.spec.calibration(0.75) > 0.75  # the repetition's drafts held more often than scored

@@ -11,6 +11,7 @@ from agentrt.spec.arithmetic import expected_tokens, expected_tokens_positional
 from agentrt.spec.controller import (
     KController,
     SeqDraftState,
+    StepPrefill,
     break_even_batch,
     speculative_goodput,
 )
@@ -203,3 +204,22 @@ def test_bad_sequence_input_names_the_sequence():
         KController(CPU).choose([SeqDraftState("s7", [0.5, 1.2], 0.0, 10)])
     with pytest.raises(SpecConfigError, match="'s8'"):
         KController(CPU).choose([SeqDraftState("s8", [0.5], -1.0, 10)])
+
+
+def test_a_prompt_chunk_in_the_step_is_priced_and_makes_drafts_cheap_beside_it():
+    # SMALL_OVERHEAD is compute-bound from ~40 sequences on: 64 decoding sequences draft nothing,
+    # since a draft costs a full token's compute and must beat the step's goodput. With 4096
+    # prompt rows riding along the step takes ~65x longer for the same 64 emitted tokens, so a
+    # draft accepted with 0.9 pays for itself many times over.
+    ctl = KController(SMALL_OVERHEAD, kmax_cap=4)
+    batch = seqs(64, 0.9, kmax=4)
+    plain = ctl.choose(batch)
+    chunk = StepPrefill(tokens=4096, pairs=4096 * 2048)
+    with_chunk = ctl.choose(batch, chunk)
+    assert plain.k == [0] * 64
+    assert with_chunk.k == [4] * 64
+    assert with_chunk.predicted_target_s == pytest.approx(
+        SMALL_OVERHEAD.predict(64 * 5 + 4096, 64 * 200, 64 * 5 * 200 + 4096 * 2048))
+    assert plain.predicted_target_s == pytest.approx(SMALL_OVERHEAD.predict(64, 64 * 200, 64 * 200))
+    with pytest.raises(SpecConfigError, match="StepPrefill"):
+        ctl.choose(batch, StepPrefill(tokens=-1))
