@@ -4,7 +4,7 @@ The programs are the three examples (trip_planner, research, sql_agent) in turn,
 inputs; every tool call first waits a seeded heavy-tailed latency (log-normal, median 0.3 s, p90
 3 s, capped at 15 s) drawn from (seed, program, tool, n-th call of that tool in the program), so
 each policy sees the same latencies. All programs are submitted at once to one Runtime over one
-fresh engine per policy (the model is loaded once):
+fresh engine per policy, its KV cache mapped before the clock starts (the model is loaded once):
 
     a  call-level FCFS: no program awareness, no prefix cache, no speculation.
     b  (a) with the suffix drafter at fixed k = 4.
@@ -182,7 +182,9 @@ def new_engine(loaded, policy: Policy, kv_tokens: int, cost_model):
     from agentrt.engine import EngineConfig, LLMEngine, SpecConfig
 
     dtype = str(loaded.model.dtype).removeprefix("torch.")
-    cfg = EngineConfig(model=str(loaded.source.path), dtype=dtype, kv_cache_tokens=kv_tokens,
+    # prefault_kv: like a server's engine, page faults of fresh KV memory are paid at start, not by
+    # the first steps of the programs being timed (every policy alike)
+    cfg = EngineConfig(model=str(loaded.source.path), dtype=dtype, kv_cache_tokens=kv_tokens, prefault_kv=True,
                        prefix_caching=policy.prefix_caching,
                        prefill_order="shortest" if policy.shortest_prefill_first else "arrival",
                        group_prefills=policy.shortest_prefill_first, spec=SpecConfig(drafter=policy.drafter, k=policy.k))

@@ -39,6 +39,7 @@ class EngineConfig:
     device: str = "cpu"
     block_size: int = 16
     kv_cache_tokens: int = 32768
+    prefault_kv: bool = False  # map the whole KV cache at start (a server's first requests then skip page faults)
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's context, capped by the cache
@@ -58,7 +59,8 @@ class LLMEngine:
         self.device = torch.device(config.device)
         num_blocks = max(1, config.kv_cache_tokens // config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
-        self.kv = KVCache(self.model.cfg, num_blocks, config.block_size, self.model.dtype, self.device)
+        self.kv = KVCache(self.model.cfg, num_blocks, config.block_size, self.model.dtype, self.device,
+                          prefault=config.prefault_kv)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.share_prefill_min_tokens,
                             config.prefill_order, config.group_prefills),

@@ -30,8 +30,8 @@ def test_cache_buffer_outlives_its_creator_scope():
         assert v.eq(2.0).all()
 
 
-def _vm_flags(addr: int) -> list[str] | None:
-    """The VmFlags of the mapping holding addr (/proc/self/smaps), or None where there is none."""
+def _smaps_field(addr: int, field: str) -> list[str] | None:
+    """A field of the mapping holding addr (/proc/self/smaps), or None where there is none."""
     smaps = Path("/proc/self/smaps")
     if not smaps.exists():
         return None
@@ -40,9 +40,45 @@ def _vm_flags(addr: int) -> list[str] | None:
         m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
         if m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
             for entry in lines[i + 1 : i + 40]:
-                if entry.startswith("VmFlags:"):
+                if entry.startswith(field + ":"):
                     return entry.split()[1:]
     return None
+
+
+def _vm_flags(addr: int) -> list[str] | None:
+    return _smaps_field(addr, "VmFlags")
+
+
+def _resident_bytes(t: torch.Tensor) -> int | None:
+    """Bytes of t's pages that are mapped, from the present bit of /proc/self/pagemap (one 64-bit
+    entry per 4 KB page; adjacent mappings may merge, so smaps' Rss would not be t's alone)."""
+    pagemap = Path("/proc/self/pagemap")
+    if not pagemap.exists():
+        return None
+    page = 4096
+    first, last = t.data_ptr() // page, (t.data_ptr() + t.numel() * t.element_size() - 1) // page
+    with pagemap.open("rb") as f:
+        f.seek(first * 8)
+        entries = f.read((last - first + 1) * 8)
+    present = sum(int.from_bytes(entries[i : i + 8], "little") >> 63 for i in range(0, len(entries), 8))
+    return present * page
+
+
+@pytest.mark.parametrize("populate_option", ["kernel", "unsupported"])
+def test_prefaulted_buffer_is_resident_zero_and_writable(populate_option, monkeypatch):
+    if populate_option == "unsupported":  # a kernel without MADV_POPULATE_WRITE: pages are written instead
+        monkeypatch.setattr("agentrt.engine.kv_cache.MADV_POPULATE_WRITE", 12345)
+    shape = (3 * HUGE_PAGE // 384, 3, 64)  # 6 MB of bf16
+    lazy = cache_buffer(shape, torch.bfloat16, "cpu")
+    t = cache_buffer(shape, torch.bfloat16, "cpu", prefault=True)
+    nbytes = t.numel() * t.element_size()
+    if _resident_bytes(t) is None:
+        pytest.skip("no /proc/self/pagemap")
+    assert _resident_bytes(t) >= nbytes  # every page mapped before any KV write
+    assert _resident_bytes(lazy) < nbytes // 2  # the default maps on first touch
+    assert not t.any()
+    t[77] = 2.5
+    assert t.sum().item() == pytest.approx(2.5 * 3 * 64)
 
 
 @pytest.mark.parametrize("huge_pages", [True, False])
