@@ -184,11 +184,9 @@ class SpecRunner:
             proposal.probs[i] = d.probs
             proposal.forced[i] = d.forced or [False] * len(d.tokens)
             proposal.expected_accepted[i] = _expected_accepted(accept[i][: len(d.tokens)])
-        for i in live:
-            if proposal.forced[i]:
-                self._forced[seqs[i].seq_id] = proposal.forced[i]
-                if self.drafter.deterministic:
-                    self._scores[seqs[i].seq_id] = scores[i][: len(proposal.tokens[i])]
+            self._forced[seqs[i].seq_id] = proposal.forced[i]
+            if self.drafter.deterministic:  # what verification will tell the calibration about
+                self._scores[seqs[i].seq_id] = scores[i][: len(d.tokens)]
         proposal.predicted_s = alloc.predicted_step_s
         proposal.draft_s = time.monotonic() - t0
         drafted = sum(len(t) for t in proposal.tokens)
