@@ -62,7 +62,8 @@ from agentrt.bench.workload_stats import (
 EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 EXAMPLE_NAMES = ("trip_planner", "research", "sql_agent")
 
-# Varied inputs per example; program i runs EXAMPLE_NAMES[i % 3] with the (i // 3)-th of them.
+# Varied inputs per example; program i runs EXAMPLE_NAMES[i % 3] with the (i // 3)-th of them: 33
+# programs before any repeats its inputs (a repeat would find its prompts in c's prefix cache).
 INPUTS: dict[str, list[dict[str, Any]]] = {
     "trip_planner": [
         {"request": "Four days in Lisbon in May, budget 900 dollars.", "home_currency": "USD"},
@@ -71,6 +72,11 @@ INPUTS: dict[str, list[dict[str, Any]]] = {
         {"request": "Five days in Reykjavik in July, budget 1500 dollars.", "home_currency": "USD"},
         {"request": "A weekend in Vienna in October for 400 francs.", "home_currency": "CHF"},
         {"request": "Six days in Marrakech in March, 1000 euros.", "home_currency": "EUR"},
+        {"request": "Two days in Porto in June, budget 500 euros.", "home_currency": "EUR"},
+        {"request": "Ten days in Sydney in January with 3000 dollars.", "home_currency": "USD"},
+        {"request": "Four days in Edinburgh in August, 800 pounds.", "home_currency": "GBP"},
+        {"request": "A week in Athens in September, budget 1200 euros.", "home_currency": "EUR"},
+        {"request": "Three days in Montreal in February, 700 dollars.", "home_currency": "USD"},
     ],
     "research": [
         {"question": "How do honey bee colonies survive the winter, and what threatens them?"},
@@ -79,6 +85,11 @@ INPUTS: dict[str, list[dict[str, Any]]] = {
         {"question": "How do bees tell each other where flowers are?"},
         {"question": "How is honey made from nectar?"},
         {"question": "Which crops depend on bee pollination?"},
+        {"question": "What do drones do in a honey bee colony?"},
+        {"question": "How do bees keep the hive warm in winter?"},
+        {"question": "Which viruses do varroa mites spread?"},
+        {"question": "What is the waggle dance?"},
+        {"question": "Why do colonies swarm in spring?"},
     ],
     "sql_agent": [
         {"question": "How many orders were placed in March 2025?"},
@@ -87,6 +98,11 @@ INPUTS: dict[str, list[dict[str, Any]]] = {
         {"question": "How many products are in the tea category?"},
         {"question": "Which customer placed the most orders?"},
         {"question": "What was the total quantity ordered in January 2025?"},
+        {"question": "How many customers live in Porto?"},
+        {"question": "What is the cheapest product?"},
+        {"question": "How many orders included a teapot?"},
+        {"question": "Which category has the most products?"},
+        {"question": "How many customers joined in 2024?"},
     ],
 }
 
@@ -170,6 +186,20 @@ def delayed_tools(tools: list[Any], latency: ToolLatency) -> tuple[list[Any], li
     return [wrap(t) for t in tools], log
 
 
+def arrival_times(n: int, rate: float | None, seed: int = 0) -> list[float]:
+    """Seconds after the first submit at which each program is submitted: all at once (rate None),
+    or a seeded Poisson process of `rate` programs per second (the first at 0)."""
+    if rate is None:
+        return [0.0] * n
+    if not (rate > 0.0) or math.isinf(rate):
+        raise ValueError(f"--rate must be a positive number of programs per second, got {rate!r}")
+    rng, t, times = random.Random(f"{seed}:arrivals"), 0.0, []
+    for i in range(n):
+        times.append(t)
+        t += rng.expovariate(rate)
+    return times
+
+
 # ---- one policy -------------------------------------------------------------------------------
 
 
@@ -198,7 +228,7 @@ def new_engine(loaded, policy: Policy, kv_tokens: int, cost_model):
 
 async def run_policy(policy: Policy, loaded, cost_model, examples: dict[str, Any], n_programs: int,
                      latency: ToolLatency, max_tokens: int | None, kv_tokens: int,
-                     trace_dir: Path | None) -> dict[str, Any]:
+                     trace_dir: Path | None, arrivals: list[float] | None = None) -> dict[str, Any]:
     from agentrt.engine import AsyncEngine
     from agentrt.runtime import EngineBackend, Runtime, Trace
 
@@ -211,14 +241,15 @@ async def run_policy(policy: Policy, loaded, cost_model, examples: dict[str, Any
                                                          "prefix_caching": policy.prefix_caching})
     rt = Runtime(backend, tools=tools, policy=policy.scheduling, kv_hold=policy.kv_hold, trace=trace,
                  max_tokens=max_tokens, stream_outputs=policy.stream_outputs)
+    async def start(i: int, name: str, inputs: dict[str, Any]):
+        await asyncio.sleep(max(0.0, t0 + (arrivals[i] if arrivals else 0.0) - time.monotonic()))
+        _PROGRAM.set(i)  # this task's context, which the run's tasks copy: its tool calls know it
+        return await rt.submit(examples[name].program, inputs, run_id=f"{i:02d}-{name}")
+
     try:
-        handles = []
         t0 = time.monotonic()
-        for i, (name, inputs) in enumerate(workload(n_programs)):
-            token = _PROGRAM.set(i)  # the run's tasks copy this context: its tool calls know it
-            handles.append(rt.submit(examples[name].program, inputs, run_id=f"{i:02d}-{name}"))
-            _PROGRAM.reset(token)
-        results = await asyncio.gather(*handles)
+        # each program's completion time counts from its own submit (ProgramStats)
+        results = await asyncio.gather(*(start(i, name, inputs) for i, (name, inputs) in enumerate(workload(n_programs))))
         t_end = time.monotonic()
         stats = [rt.programs[r.run_id].stats for r in results]
     finally:
@@ -275,7 +306,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--programs", type=int, help="concurrent programs (default 16, --quick 6)")
     p.add_argument("--max-tokens", type=int, help="cap on every LLM call's max_tokens (default: the examples' own; "
                                                   "--quick 96)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the tool latencies")
+    p.add_argument("--seed", type=int, default=0, help="seed of the tool latencies (and of --rate's arrivals)")
+    p.add_argument("--rate", type=float, help="submit programs as a Poisson process of this many per second "
+                                              "(default: all at once); completion times count from each submit")
     p.add_argument("--repeats", type=int, help="interleaved repeats of the three policies, averaged (default 2)")
     p.add_argument("--ablate", action="store_true", help="also run (c) changed in one part each: FCFS priorities, "
                                                           "no KV holds, shortest-prompt-first prefill, no counting "
@@ -310,12 +343,15 @@ def run(args: argparse.Namespace) -> BenchResult:
     repeats = getattr(args, "repeats", None) or 2
     kv_tokens = getattr(args, "kv_tokens", None) or 32768
     latency = ToolLatency(seed=getattr(args, "seed", 0) or 0)
+    rate = getattr(args, "rate", None)
+    arrivals = arrival_times(n, rate, latency.seed)
     trace_dir = Path(args.trace_dir) if getattr(args, "trace_dir", None) else None
     loaded = load_model(args.model, args.dtype, progress=False)
     cost_model = shared_cost_model(loaded)
     examples = {name: load_example(EXAMPLES_DIR / f"{name}.py") for name in EXAMPLE_NAMES}
     console.print(f"[bold]bench workload[/]: {args.model} {args.dtype}, {n} programs ({', '.join(EXAMPLE_NAMES)} in "
-                  f"turn), tool latency log-normal median {latency.median_s} s p90 {latency.p90_s} s (cap "
+                  f"turn, {'all at once' if rate is None else f'{rate:g} per second (Poisson)'}), tool latency log-normal "
+                  f"median {latency.median_s} s p90 {latency.p90_s} s (cap "
                   f"{latency.cap_s} s, seed {latency.seed}), max_tokens cap {max_tokens}, {repeats} repeats; "
                   f"cost model: {cost_model.source}")
     warm_up(loaded)
@@ -327,7 +363,7 @@ def run(args: argparse.Namespace) -> BenchResult:
             t = time.monotonic()
             runs[policy.label].append(asyncio.run(run_policy(
                 policy, loaded, cost_model, examples, n, latency, max_tokens, kv_tokens,
-                None if trace_dir is None else trace_dir / f"r{r}")))
+                None if trace_dir is None else trace_dir / f"r{r}", arrivals)))
             row = runs[policy.label][-1]["row"]
             console.print(f"  repeat {r + 1}/{repeats} {policy.label}: {time.monotonic() - t:.1f} s, mean completion "
                           f"{row['mean_s']:.2f} s, load {runs[policy.label][-1]['detail']['load_average']:.1f}")
@@ -359,7 +395,8 @@ def run(args: argparse.Namespace) -> BenchResult:
             for x, y in zip(runs[POLICIES[0].label], runs[POLICIES[2].label])),
         "Goals: mean_latency_speedup_vs_fcfs >= 1.5, k_idle_mean > k_busy_mean.",
     ]
-    config = {"model": args.model, "dtype": args.dtype, "programs": n, "max_tokens_cap": max_tokens, "repeats": repeats,
+    config = {"model": args.model, "dtype": args.dtype, "programs": n, "arrival_rate": rate, "arrivals_s": arrivals,
+              "max_tokens_cap": max_tokens, "repeats": repeats,
               "kv_cache_tokens": kv_tokens, "latency": dataclasses.asdict(latency), "sigma": latency.sigma,
               "policies": [dataclasses.asdict(p) for p in policies], "threads": torch.get_num_threads(),
               "cost_model": cost_model.source, "details": details}

@@ -97,11 +97,13 @@ def test_speedup_interval_from_paired_repeats():
     assert abs(workload_stats.t975(11) - 2.201) < 0.003 and abs(workload_stats.t975(200) - 1.972) < 0.002
 
 
-def test_inputs_name_known_cities_and_every_example_has_six():
+def test_inputs_name_known_cities_and_no_program_of_32_repeats_another():
     import json
 
     cities = json.loads((workload.EXAMPLES_DIR / "data" / "weather.json").read_text())["cities"]
-    assert all(len(workload.INPUTS[n]) == 6 for n in workload.EXAMPLE_NAMES)
+    assert all(len(workload.INPUTS[n]) == 11 for n in workload.EXAMPLE_NAMES)
+    programs = workload.workload(33)
+    assert len({(name, str(inputs)) for name, inputs in programs}) == 33
     for inputs in workload.INPUTS["trip_planner"]:
         assert any(c in inputs["request"] for c in cities), inputs
     assert [name for name, _ in workload.workload(5)] == ["trip_planner", "research", "sql_agent", "trip_planner",
@@ -143,3 +145,30 @@ def test_critical_path_split_follows_the_inputs_waited_on_last():
     tool, llm = workload_stats.critical_path_split(records)
     assert tool == pytest.approx((2.0 + 0.0) / 2)  # run r: slow (1 -> 3); run s: none
     assert llm == pytest.approx((1.0 + 1.0 + 2.0) / 2)  # r: plan and answer; s: only
+
+
+def test_arrival_times_all_at_once_or_seeded_poisson():
+    assert workload.arrival_times(4, None) == [0.0] * 4
+    times = workload.arrival_times(2000, 4.0, seed=3)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert times[0] == 0.0 and min(gaps) >= 0.0
+    # exponential gaps with mean 0.25 s: sd of the mean of 1999 gaps is 0.25 / sqrt(1999) = 0.0056
+    assert abs(sum(gaps) / len(gaps) - 0.25) < 4 * 0.0056
+    assert workload.arrival_times(5, 4.0, seed=3) == times[:5] != workload.arrival_times(5, 4.0, seed=4)
+    with pytest.raises(ValueError, match="--rate"):
+        workload.arrival_times(3, 0.0)
+
+
+async def test_staggered_programs_count_their_time_from_their_own_submit(tiny_model_dir):
+    from agentrt.engine.model_loader import load_model
+    from agentrt.runtime.loader import load_example
+
+    loaded = load_model(str(tiny_model_dir("smollm")), "float32", progress=False)
+    examples = {n: load_example(workload.EXAMPLES_DIR / f"{n}.py") for n in workload.EXAMPLE_NAMES}
+    lat = workload.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
+    arrivals = [0.0, 0.4, 0.8]
+    out = await workload.run_policy(workload.POLICIES[0], loaded, None, examples, 3, lat, 8, 8192, None, arrivals)
+    row, programs = out["row"], out["detail"]["programs"]
+    assert row["makespan_s"] >= 0.8
+    for p, at in zip(programs, arrivals):  # a program submitted at `at` ran within the rest of the makespan
+        assert p["duration_s"] <= row["makespan_s"] - at + 0.01, (p, at)
