@@ -3,8 +3,9 @@
 The programs are the three examples (trip_planner, research, sql_agent) in turn, each with its own
 inputs; every tool call first waits a seeded heavy-tailed latency (log-normal, median 0.3 s, p90
 3 s, capped at 15 s) drawn from (seed, program, tool, n-th call of that tool in the program), so
-each policy sees the same latencies. All programs are submitted at once to one Runtime over one
-fresh engine per policy, its KV cache mapped before the clock starts (the model is loaded once):
+each policy sees the same latencies. The programs are submitted to one Runtime over one fresh
+engine per policy, its KV cache mapped before the clock starts (the model is loaded once), all at
+once or, with --rate R, as a seeded Poisson process of R per second:
 
     a  call-level FCFS: no program awareness, no prefix cache, no speculation.
     b  (a) with the suffix drafter at fixed k = 4.
@@ -13,12 +14,12 @@ fresh engine per policy, its KV cache mapped before the clock starts (the model 
        adaptive k, tools and fan-out branches started on the final members of a JSON output
        still generating.
 
-Per policy: makespan (first submit to last program end), mean and p90 program completion time,
-prefill tokens saved (engine prefix-cache hits and prompt
-tokens shared with a prefill of the same step), engine busy fraction (sum of step times /
-makespan), and mean k over decoding rows in steps where most programs stall on tools (batch <=
-N/4) and in steps where the batch is full (batch >= N/2), from the engine's step log; also the
-same for free drafts only (k_free_*: not grammar-forced), since forced drafts are certain and
+Per policy: makespan (first submit to last program end), mean and p90 program completion time
+(each from its own submit), prefill tokens saved (engine prefix-cache hits and prompt tokens
+shared with a prefill of the same step), engine busy fraction (sum of step times / makespan),
+and mean k over decoding rows in steps where most programs stall on tools (batch <= N/4) and in
+steps where the batch is full (batch >= N/2), from the engine's step log; also the same for free
+drafts only (k_free_*: not grammar-forced), since forced drafts are certain and
 worth their verified position at any load, while free ones are the speculation load should cut.
 
 Summary: mean_latency_speedup_vs_fcfs, p90_latency_speedup_vs_fcfs (a over c; with two or more

@@ -31,8 +31,9 @@ def cache_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     pages are off the mapping stays on small pages (logged at debug level).
 
     prefault: map and zero every page now (madvise MADV_POPULATE_WRITE, else a write of zeros),
-    so the first steps do not pay for it: ~0.2 s for the default cache here, and a fresh engine's
-    first step of 11 short prompts measured 0.27-0.39 s without it, 0.17-0.21 s with it."""
+    so the first steps do not pay for it: 0.6-1.2 s for the default cache at engine start here,
+    against a fresh engine's first step of 11 short prompts in 0.27-0.39 s without it and
+    0.17-0.21 s with it (later steps fault too, as the allocator reaches fresh blocks)."""
     if torch.device(device).type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
