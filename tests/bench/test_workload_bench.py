@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentrt.bench import workload, workload_stats
+from agentrt.bench import workload, workload_load, workload_stats
 
 
 def test_tool_latency_matches_its_median_and_p90():
-    lat = workload.ToolLatency(median_s=0.3, p90_s=3.0, cap_s=15.0, seed=1)
+    lat = workload_load.ToolLatency(median_s=0.3, p90_s=3.0, cap_s=15.0, seed=1)
     assert lat.sigma == pytest.approx(math.log(10) / 1.2816, rel=1e-4)
     xs = [lat.draw(i, "search", 0) for i in range(4000)]
     # n = 4000: the standard error of the log-median is ~0.036 and of the log-p90 ~0.049, so
@@ -23,7 +23,7 @@ def test_tool_latency_matches_its_median_and_p90():
     assert max(xs) == 15.0  # the cap bounds the tail
     # Same key, same latency; another seed, another one.
     assert lat.draw(3, "search", 2) == lat.draw(3, "search", 2) != lat.draw(3, "search", 3)
-    assert workload.ToolLatency(seed=2).draw(3, "search", 2) != workload.ToolLatency(seed=1).draw(3, "search", 2)
+    assert workload_load.ToolLatency(seed=2).draw(3, "search", 2) != workload_load.ToolLatency(seed=1).draw(3, "search", 2)
 
 
 async def test_delayed_tools_know_their_program_and_call_number():
@@ -34,12 +34,12 @@ async def test_delayed_tools_know_their_program_and_call_number():
         """Echo."""
         return text
 
-    lat = workload.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
-    tools, log = workload.delayed_tools([echo], lat)
+    lat = workload_load.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
+    tools, log = workload_load.delayed_tools([echo], lat)
     registry = ToolRegistry(tools)
 
     async def program(i: int, calls: int) -> list[str]:
-        workload._PROGRAM.set(i)  # a task's own context, as the bench sets it before submit()
+        workload_load._PROGRAM.set(i)  # a task's own context, as the bench sets it before submit()
         return [(await registry.call("echo", {"text": f"{i}"})).value for _ in range(calls)]
 
     outs = await asyncio.gather(asyncio.create_task(program(0, 2)), asyncio.create_task(program(5, 1)))
@@ -100,13 +100,13 @@ def test_speedup_interval_from_paired_repeats():
 def test_inputs_name_known_cities_and_no_program_of_32_repeats_another():
     import json
 
-    cities = json.loads((workload.EXAMPLES_DIR / "data" / "weather.json").read_text())["cities"]
-    assert all(len(workload.INPUTS[n]) == 11 for n in workload.EXAMPLE_NAMES)
-    programs = workload.workload(33)
+    cities = json.loads((workload_load.EXAMPLES_DIR / "data" / "weather.json").read_text())["cities"]
+    assert all(len(workload_load.INPUTS[n]) == 11 for n in workload_load.EXAMPLE_NAMES)
+    programs = workload_load.workload(33)
     assert len({(name, str(inputs)) for name, inputs in programs}) == 33
-    for inputs in workload.INPUTS["trip_planner"]:
+    for inputs in workload_load.INPUTS["trip_planner"]:
         assert any(c in inputs["request"] for c in cities), inputs
-    assert [name for name, _ in workload.workload(5)] == ["trip_planner", "research", "sql_agent", "trip_planner",
+    assert [name for name, _ in workload_load.workload(5)] == ["trip_planner", "research", "sql_agent", "trip_planner",
                                                           "research"]
 
 
@@ -115,8 +115,8 @@ async def test_one_policy_runs_the_examples_on_a_tiny_model(tiny_model_dir):
     from agentrt.runtime.loader import load_example
 
     loaded = load_model(str(tiny_model_dir("smollm")), "float32", progress=False)
-    examples = {n: load_example(workload.EXAMPLES_DIR / f"{n}.py") for n in workload.EXAMPLE_NAMES}
-    lat = workload.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
+    examples = {n: load_example(workload_load.EXAMPLES_DIR / f"{n}.py") for n in workload_load.EXAMPLE_NAMES}
+    lat = workload_load.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
     out = await workload.run_policy(workload.POLICIES[2], loaded, None, examples, 3, lat, 12, 8192, None)
     row, detail = out["row"], out["detail"]
     assert row["policy"] == "c full runtime" and 0 <= row["done"] <= 3 and len(detail["programs"]) == 3
@@ -148,15 +148,15 @@ def test_critical_path_split_follows_the_inputs_waited_on_last():
 
 
 def test_arrival_times_all_at_once_or_seeded_poisson():
-    assert workload.arrival_times(4, None) == [0.0] * 4
-    times = workload.arrival_times(2000, 4.0, seed=3)
+    assert workload_load.arrival_times(4, None) == [0.0] * 4
+    times = workload_load.arrival_times(2000, 4.0, seed=3)
     gaps = [b - a for a, b in zip(times, times[1:])]
     assert times[0] == 0.0 and min(gaps) >= 0.0
     # exponential gaps with mean 0.25 s: sd of the mean of 1999 gaps is 0.25 / sqrt(1999) = 0.0056
     assert abs(sum(gaps) / len(gaps) - 0.25) < 4 * 0.0056
-    assert workload.arrival_times(5, 4.0, seed=3) == times[:5] != workload.arrival_times(5, 4.0, seed=4)
+    assert workload_load.arrival_times(5, 4.0, seed=3) == times[:5] != workload_load.arrival_times(5, 4.0, seed=4)
     with pytest.raises(ValueError, match="--rate"):
-        workload.arrival_times(3, 0.0)
+        workload_load.arrival_times(3, 0.0)
 
 
 async def test_staggered_programs_count_their_time_from_their_own_submit(tiny_model_dir):
@@ -164,8 +164,8 @@ async def test_staggered_programs_count_their_time_from_their_own_submit(tiny_mo
     from agentrt.runtime.loader import load_example
 
     loaded = load_model(str(tiny_model_dir("smollm")), "float32", progress=False)
-    examples = {n: load_example(workload.EXAMPLES_DIR / f"{n}.py") for n in workload.EXAMPLE_NAMES}
-    lat = workload.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
+    examples = {n: load_example(workload_load.EXAMPLES_DIR / f"{n}.py") for n in workload_load.EXAMPLE_NAMES}
+    lat = workload_load.ToolLatency(median_s=0.001, p90_s=0.002, cap_s=0.01)
     arrivals = [0.0, 0.4, 0.8]
     out = await workload.run_policy(workload.POLICIES[0], loaded, None, examples, 3, lat, 8, 8192, None, arrivals)
     row, programs = out["row"], out["detail"]["programs"]

@@ -1,0 +1,110 @@
+"""How control nodes rewrite a run's live graph: a fan-out copies its body once per item, a
+branch keeps the case its value picks, an agent loop adds its next LLM or tool step. Mixed into
+ProgramRun, which owns the graph and the values these read (`graph`, `spec`, `_values`) and the
+outcomes they report (`_finish`, `_die`, `_resolve_for`)."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+from agentrt.dag.refs import Ref, type_name
+from agentrt.dag.specs import ItemSpec, NodeSpec, ToolSpec
+
+
+class ControlFlow:
+    def _expand(self, node: str) -> None:
+        """Fan-out: copy the template body once per item ("<id>[i].<local>"), drop the templates."""
+        spec = self.spec(node)
+        items = self._resolve_for(node, spec.over)
+        if not isinstance(items, list):
+            self._die(node, f"over {spec.over!s} is {type_name(items)}, not a list")
+        self._expand_items(node, items)
+        self.graph.remove_nodes_from([n for n in self.graph if n.startswith(spec.body)])
+        self.graph.nodes[node]["width"] = len(items)
+
+    def _expand_items(self, node: str, items: list[Any]) -> None:
+        """The branches of the items not expanded yet (items streamed earlier got theirs then)."""
+        spec, attrs = self.spec(node), self.graph.nodes[node]
+        done = attrs.setdefault("expanded", [])
+        if items[: len(done)] != done:
+            self._die(node, f"over {spec.over!s} differs from the items it streamed")
+        templates = [n for n in self.graph if n.startswith(spec.body)]
+        inside = set(templates)
+        edges = [(u, v, d) for u, v, d in self.graph.edges(data=True) if u in inside or v in inside]
+        for i, item in enumerate(items[len(done):], len(done)):
+            rename = self._branch_rename(spec, i)
+            for t in templates:
+                attrs = self.graph.nodes[t]
+                new_spec = attrs["spec"].renamed(rename)
+                if isinstance(new_spec, ItemSpec) and new_spec.fan_out == node:
+                    new_spec = replace(new_spec, index=i)
+                new_id = rename(t)
+                self.graph.add_node(new_id, **{**attrs, "spec": new_spec, "order": attrs["order"] + (i,),
+                                               "template": "[*]" in new_id,
+                                               "gates": tuple(rename(g) for g in attrs["gates"])})
+                if new_spec.kind == "item" and new_spec.fan_out == node:
+                    self._finish(new_id, item)
+            self.graph.add_edges_from((rename(u), rename(v), d) for u, v, d in edges)
+        done.extend(items[len(done):])
+
+    @staticmethod
+    def _branch_rename(spec: Any, index: int) -> Callable[[str], str]:
+        old, new = spec.body, spec.branch_prefix(index)
+        return lambda s: new + s[len(old):] if s.startswith(old) else s
+
+    def _choose(self, node: str) -> None:
+        """Branch: keep the case matching `on`, remove the others, open the kept case's gate."""
+        spec = self.spec(node)
+        value = self._resolve_for(node, spec.on)
+        case = spec.case_for(value)
+        if case is None:
+            labels = ", ".join(c.label for c in spec.cases)
+            self._die(node, f"{spec.on!s} = {value!r} matches no case ({labels}) and there is no default")
+        for other in spec.cases:
+            if other is not case:
+                self.graph.remove_nodes_from([n for n in self.graph if n.startswith(other.prefix)])
+        for n in self.graph:
+            if n.startswith(case.prefix):
+                attrs = self.graph.nodes[n]
+                attrs["gates"] = tuple(g for g in attrs["gates"] if g != case.prefix)
+        self.graph.nodes[node]["case"] = case.label
+        self._rewire(node, [spec.on.node, case.result.node])
+
+    def _start_loop(self, loop: str) -> None:
+        spec = self.spec(loop)
+        first = spec.step_spec(1, ())
+        self._add_step(loop, first, (1, 0), [u.ref.node for u in first.refs()])
+        self.graph.nodes[loop].update(llm_steps=1, tool_steps=0)
+
+    def _advance_loop(self, loop: str, node: str) -> None:
+        """After a loop step: a text answer ends the loop; a tool pick adds the tool step; a tool
+        result adds the next LLM step."""
+        spec, attrs, step_spec = self.spec(loop), self.graph.nodes[loop], self.spec(node)
+        step = len(step_spec.history) + 1 if step_spec.kind == "llm" else attrs["tool_steps"]
+        if step_spec.kind == "llm":
+            value = self._values[node]
+            if isinstance(value, str) or value["name"] is None:
+                self._finish(loop, value if isinstance(value, str) else value["text"])
+            elif step >= spec.max_steps:
+                self._die(loop, f"no final answer after max_steps={spec.max_steps}: "
+                                f"step {step} called '{value['name']}'")
+            else:
+                tool = ToolSpec(spec.step_id(step, "tool"), value["name"], Ref(node), args_from_call=True,
+                                errors_to_output=True, loop=loop)
+                self._add_step(loop, tool, (step, 1), [node])
+                attrs["tool_steps"] += 1
+            return
+        history = self.spec(spec.step_id(step, "llm")).history + ((spec.step_id(step, "llm"), node),)
+        self._add_step(loop, spec.step_spec(step + 1, history), (step + 1, 0), [node])
+        attrs["llm_steps"] += 1
+
+    def _add_step(self, loop: str, spec: NodeSpec, order: tuple[int, int], preds: list[str]) -> None:
+        loop_attrs = self.graph.nodes[loop]
+        self.graph.add_node(spec.id, kind=spec.kind, spec=spec, order=loop_attrs["order"] + order,
+                            template=False, gates=(), state="pending")
+        self.graph.add_edges_from((p, spec.id) for p in preds)
+        self._rewire(loop, [spec.id])
+
+    def _rewire(self, node: str, preds: list[str]) -> None:
+        self.graph.remove_edges_from(list(self.graph.in_edges(node)))
+        self.graph.add_edges_from((p, node) for p in preds)
