@@ -42,6 +42,7 @@ class CompiledProgram:
     template nodes "<fan-out>[*].<id>"; branch cases as "<branch>?<key>.<id>"; an agent loop as one
     node (its steps appear when a run takes them).
 
+    >>> from agentrt.dag import Program
     >>> p = Program("hello", inputs={"name": str})
     >>> p.output(p.llm("greet", prompt="Greet {name}"))
     >>> c = p.compile()

@@ -17,6 +17,7 @@ def render_prompt(spec: LLMSpec, values: Mapping[str, Any], spec_of: Callable[[s
     starts with that call's messages, as `sent` recorded them (what the backend sent, format
     instructions included) or else rendered from spec_of(id), and its reply.
 
+    >>> from agentrt.dag import Program
     >>> p = Program("demo", inputs={"city": str})
     >>> p.output(p.llm("tip", prompt="One tip for {city}", system="Be brief."))
     >>> render_prompt(p.compile().spec("tip"), {"city": "Oslo"})
@@ -58,6 +59,7 @@ def _conversation(spec: LLMSpec, values: Mapping[str, Any], spec_of: Callable[[s
 def tool_arguments(spec: ToolSpec, values: Mapping[str, Any]) -> dict[str, Any]:
     """The argument dict for a tool node: Refs resolved, Templates rendered, literals kept.
 
+    >>> from agentrt.dag import Program
     >>> p = Program("demo", inputs={"city": str}, tools=[{"name": "get_weather", "parameters": {
     ...     "type": "object", "properties": {"city": {"type": "string"}, "units": {"type": "string"}}}}])
     >>> p.output(p.tool("weather", "get_weather", args={"city": p.input("city"), "units": "metric"}))

@@ -44,6 +44,7 @@ class ProgramRun(ControlFlow):
     {"text"} (ToolCall). A tool failure with a declared fallback makes the fallback the value;
     in an agent loop it makes {"error": message} the value, for the model to read.
 
+    >>> from agentrt.dag import Program, render_prompt
     >>> p = Program("demo", inputs={"city": str}, tools=[{"name": "get_weather", "parameters": {
     ...     "type": "object", "properties": {"city": {"type": "string"}}}}])
     >>> w = p.tool("weather", "get_weather", args={"city": p.input("city")}, fallback="no forecast")
