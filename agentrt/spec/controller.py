@@ -1,10 +1,12 @@
 """The k controller: how many tokens to draft for each running sequence this step.
 
 Goodput = expected emitted tokens / predicted step time, where the step time is the target
-forward over every sequence's k_i + 1 tokens (StepCostModel) plus drafting. While the step is
-memory-bound, extra verified tokens cost no target time, so k is bounded only by α and the draft
-cost (deep drafts when idle); once the step is compute-bound each extra token costs its full
-FLOP share and must pay for itself at the current goodput (k falls to 0 when the batch is full).
+forward over every sequence's k_i + 1 tokens and the prompt chunks fed in the same step
+(StepPrefill; StepCostModel) plus drafting. While the step is memory-bound, extra verified
+tokens cost no target time, so k is bounded only by α and the draft cost (deep drafts when
+idle); once the step is compute-bound each extra token costs its full FLOP share and must pay
+for itself at the current goodput (k falls to 0 when the batch is full; beside a long prompt
+chunk, whose step is slow anyway, a likely draft still pays).
 
 Greedy marginal allocation (SmartSpec-like). Why adding the best token until none improves is
 enough: a sequence's marginal gains prod_{i<=j} a_i never increase (every a_i <= 1), and the
@@ -66,7 +68,7 @@ class Allocation:
 class _Step:
     """Running totals of a candidate allocation; goodput() is exact for the totals."""
 
-    def __init__(self, model: StepCostModel, seqs: Sequence[SeqDraftState], prefill: "StepPrefill") -> None:
+    def __init__(self, model: StepCostModel, seqs: Sequence[SeqDraftState], prefill: StepPrefill) -> None:
         self.model = model
         # every sequence verifies at least its own next token; prompt chunks ride along
         self.tokens = len(seqs) + prefill.tokens
