@@ -61,6 +61,7 @@ INPUTS: dict[str, list[dict[str, Any]]] = {
 
 
 def workload(n: int) -> list[tuple[str, dict[str, Any]]]:
+    """The n programs of a run, as (example name, inputs): the examples in turn."""
     return [(EXAMPLE_NAMES[i % 3], INPUTS[EXAMPLE_NAMES[i % 3]][(i // 3) % len(INPUTS[EXAMPLE_NAMES[i % 3]])])
             for i in range(n)]
 

@@ -51,7 +51,8 @@ def cache_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     if prefault:
         try:
             buf.madvise(MADV_POPULATE_WRITE)
-        except (OSError, AttributeError):  # an older kernel or another OS: touch every page ourselves
+        except (OSError, AttributeError) as e:  # an older kernel or another OS: touch every page ourselves
+            log.debug("KV cache prefaulted by writing zeros: madvise(MADV_POPULATE_WRITE) failed: %s", e)
             tensor.view(-1).view(torch.uint8).zero_()
     return tensor
 
