@@ -271,9 +271,8 @@ class SpecRunner:
         accepted = min(accepted, len(kept))
         forced = sum(forced_flags[:accepted]) if (forced_flags := self._forced.pop(seq.seq_id, None)) else 0
         if (scores := self._scores.pop(seq.seq_id, None)) is not None and k:
-            # the free positions up to the first rejection were tested
-            tested = scores[: min(accepted + 1, k)]
-            self.calibration.observe([x for x in tested if x is not None],
+            # the verified draft's free positions (observe() censors them at the first rejection)
+            self.calibration.observe([x for x in scores[:k] if x is not None],
                                      sum(x is not None for x in scores[:accepted]))
         if seq.grammar is not None:
             seq.grammar.commit(kept)

@@ -30,8 +30,8 @@ def test_cache_buffer_outlives_its_creator_scope():
         assert v.eq(2.0).all()
 
 
-def _smaps_field(addr: int, field: str) -> list[str] | None:
-    """A field of the mapping holding addr (/proc/self/smaps), or None where there is none."""
+def _vm_flags(addr: int) -> list[str] | None:
+    """The VmFlags of the mapping holding addr (/proc/self/smaps), or None where there is none."""
     smaps = Path("/proc/self/smaps")
     if not smaps.exists():
         return None
@@ -40,13 +40,9 @@ def _smaps_field(addr: int, field: str) -> list[str] | None:
         m = re.match(r"([0-9a-f]+)-([0-9a-f]+) ", line)
         if m and int(m.group(1), 16) <= addr < int(m.group(2), 16):
             for entry in lines[i + 1 : i + 40]:
-                if entry.startswith(field + ":"):
+                if entry.startswith("VmFlags:"):
                     return entry.split()[1:]
     return None
-
-
-def _vm_flags(addr: int) -> list[str] | None:
-    return _smaps_field(addr, "VmFlags")
 
 
 def _resident_bytes(t: torch.Tensor) -> int | None:
