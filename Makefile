@@ -5,9 +5,13 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 
-.PHONY: install demo test bench clean
+.PHONY: install system-packages demo test bench clean
 
-install: $(STAMP)
+install: system-packages $(STAMP)
+
+# The Debian packages the tests need (the MQTT broker today), through apt-get when missing.
+system-packages:
+	@sh scripts/system-packages.sh
 
 # Torch first (the CPU build on this machine): anything that needs torch, installed into an
 # environment without it, would pull a multi-GB CUDA build.

@@ -5,6 +5,8 @@ ragged sequences by concatenation, so no layer knows about batch padding.
 """
 from __future__ import annotations
 
+import functools
+
 import math
 
 import torch
@@ -55,7 +57,7 @@ class Linear:
     """y = x W^T (+ b), W given whole or as row blocks (q, k, v; gate, up) that it stacks.
 
     On CPU in bf16 the weight is pre-packed for oneDNN: PyTorch's plain CPU GEMV reads weights
-    at ~10 GB/s, the packed path at 20-34 GB/s (shared notes). With `kernel`, it is packed for
+    at ~10 GB/s, the packed path at 20-34 GB/s (measured on a 2-core AVX512 Xeon). With `kernel`, it is packed for
     the AMX kernel instead (agentrt/kernels/linear.py), straight from the blocks; the stacked
     weight and its oneDNN packing are then built on first use (the PyTorch path run as a
     reference with `kernels_enabled` off, a benchmark reading `weight`), which keeps ~0.3 s
@@ -102,4 +104,13 @@ def _can_pack(weight: torch.Tensor) -> bool:
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+        and _onednn_bf16()
     )
+
+
+@functools.cache
+def _onednn_bf16() -> bool:
+    """Whether oneDNN has a bf16 path on this CPU (AVX512-BW/VL/DQ or AVX-NE-CONVERT): without one
+    (an AVX2-only CPU) packing a bf16 weight raises, and plain F.linear is the path."""
+    check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
+    return bool(check()) if check is not None else True
