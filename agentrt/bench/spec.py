@@ -26,7 +26,7 @@ from rich.console import Console
 from agentrt.bench.common import BenchResult
 from agentrt.bench.prompts import SPEC_PROMPTS
 
-HF_PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value; the shared notes measured it too
+HF_PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The acceptance arithmetic of speculative decoding (lecture §16.4).
+"""The acceptance arithmetic of speculative decoding (Leviathan et al., "Fast Inference from
+Transformers via Speculative Decoding", 2023: expected tokens per pass and the best k).
 
 A verification pass over k drafts emits 1 + (length of the accepted prefix) tokens: the target's
 own token at the first rejection (or after the last draft) is emitted either way.

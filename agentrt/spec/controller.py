@@ -11,9 +11,7 @@ chunk, whose step is slow anyway, a likely draft still pays).
 Greedy marginal allocation (SmartSpec-like). Why adding the best token until none improves is
 enough: a sequence's marginal gains prod_{i<=j} a_i never increase (every a_i <= 1), and the
 target time is convex in the tokens added (overhead + max of two affine terms), so a later token
-of a sequence never has a better gain per second than an earlier one. The one non-concave cost is
-a per-sequence fixed drafting cost; the first move of such a sequence looks ahead over every
-draft length (a block), so a fixed cost that only pays off over several tokens is not refused.
+of a sequence never has a better gain per second than an earlier one.
 """
 from __future__ import annotations
 
@@ -38,7 +36,6 @@ class SeqDraftState:
     accept_probs: Sequence[float]
     draft_cost_s_per_token: float
     context_len: int
-    draft_fixed_s: float = 0.0  # paid once when k > 0 (e.g. one draft-model launch)
 
 
 @dataclass(frozen=True)
@@ -123,10 +120,8 @@ class KController:
         return self._allocation(seqs, gains, ks, prefill)
 
     def _gains(self, s: SeqDraftState) -> list[float]:
-        if s.context_len < 0 or not (s.draft_cost_s_per_token >= 0) or not (s.draft_fixed_s >= 0):
-            raise SpecConfigError(
-                f"sequence {s.seq_id!r}: context_len, draft_cost_s_per_token and draft_fixed_s must be >= 0"
-            )
+        if s.context_len < 0 or not (s.draft_cost_s_per_token >= 0):
+            raise SpecConfigError(f"sequence {s.seq_id!r}: context_len and draft_cost_s_per_token must be >= 0")
         try:
             return marginal_gains(list(s.accept_probs)[: self.kmax_cap])
         except SpecConfigError as e:
@@ -163,13 +158,7 @@ class KController:
             per_token = s.draft_cost_s_per_token
             if compute_regime:
                 per_token += model.compute_s(1, s.context_len)
-            fixed = s.draft_fixed_s if k == 0 else 0.0
-            best = None
-            for j in range(1, (len(g) - k if fixed > 0 else 1) + 1):
-                gain, cost = sum(g[k : k + j]), fixed + j * per_token
-                if best is None or _ratio(gain, cost) > _ratio(best[1], best[2]):
-                    best = (j, gain, cost)
-            return best
+            return 1, g[k], per_token
 
         def entry(i: int):
             m = move(i)
@@ -213,7 +202,7 @@ def _ratio(gain: float, seconds: float) -> float:
 
 
 def _draft_s(s: SeqDraftState, k: int) -> float:
-    return 0.0 if k <= 0 else s.draft_fixed_s + k * s.draft_cost_s_per_token
+    return 0.0 if k <= 0 else k * s.draft_cost_s_per_token
 
 
 def speculative_goodput(
@@ -235,7 +224,8 @@ def break_even_batch(
     max_batch: int = 4096,
 ) -> int | None:
     """The first batch size at which fixed-k speculation is predicted to emit fewer tokens per
-    second than no speculation (lecture §16.8's break-even, rounded up); None if speculation still
+    second than no speculation (where the step turns compute-bound and verified drafts cost their
+    full FLOP share; rounded up); None if speculation still
     wins at max_batch."""
     for batch in range(1, max_batch + 1):
         spec = speculative_goodput(cost_model, batch, alpha, k, context_len, draft_cost_s_per_token)

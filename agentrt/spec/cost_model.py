@@ -1,5 +1,5 @@
 """Step-cost model: how long one target forward takes, as a function of the new tokens in the step
-and the KV tokens it reads (lecture §16.8's max() expression, plus a fixed overhead):
+and the KV tokens it reads (a roofline: the slower of reading the weights and KV and doing the FLOPs, plus a fixed overhead):
 
     T(n, kv, pairs) = overhead + max((bytes_fixed + bytes_per_kv_token * kv) / read_bw,
                                      (n * flops_per_token + pairs * attn_flops_per_pair) / flop_rate)
@@ -16,7 +16,7 @@ import re
 import statistics
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +26,6 @@ from agentrt.errors import CalibrationError, SpecConfigError
 from agentrt.spec.machine import MachineRates, _write_json_atomic, dtype_name
 
 FORMAT_VERSION = 1
-
-
-@dataclass(frozen=True)
-class DrafterCost:
-    """Wall time of drafting k tokens for one sequence: fixed_s + k * per_token_s (0 when k = 0)."""
-
-    per_token_s: float
-    fixed_s: float = 0.0
-
-    def seconds(self, k: int) -> float:
-        return 0.0 if k <= 0 else self.fixed_s + k * self.per_token_s
 
 
 @dataclass(frozen=True)
@@ -66,7 +55,6 @@ class StepCostModel:
     source: str = "analytic"  # "analytic" | "fit"
     fit_rel_rmse: float | None = None  # root-mean-square relative error on the fitted samples
     num_samples: int = 0
-    drafters: tuple[tuple[str, DrafterCost], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("overhead_s", "bytes_fixed", "bytes_per_kv_token", "flops_per_token", "attn_flops_per_pair"):
@@ -97,15 +85,8 @@ class StepCostModel:
             return math.inf
         return self.memory_s(kv_tokens) * self.flop_rate / self.flops_per_token
 
-    def drafter_cost(self, name: str) -> DrafterCost | None:
-        return dict(self.drafters).get(name)
-
-    def with_drafter(self, name: str, cost: DrafterCost) -> "StepCostModel":
-        return replace(self, drafters=tuple(sorted({**dict(self.drafters), name: cost}.items())))
-
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
-        d["drafters"] = {name: asdict(c) for name, c in self.drafters}
         d["format_version"] = FORMAT_VERSION
         return d
 
@@ -113,10 +94,9 @@ class StepCostModel:
     def from_json(cls, d: dict[str, Any]) -> "StepCostModel":
         if not isinstance(d, dict) or d.get("format_version") != FORMAT_VERSION:
             raise CalibrationError(f"not a step-cost model of format {FORMAT_VERSION}: {str(d)[:120]!r}")
-        fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d and k != "drafters"}
+        fields = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
         try:
-            drafters = tuple(sorted((n, DrafterCost(**c)) for n, c in d.get("drafters", {}).items()))
-            return cls(**fields, drafters=drafters)
+            return cls(**fields)
         except TypeError as e:
             raise CalibrationError(f"step-cost model JSON is missing or has unknown fields: {e}") from e
 
@@ -285,7 +265,6 @@ def fit(
         source="fit",
         fit_rel_rmse=float(np.sqrt(np.mean(rel**2))),
         num_samples=len(samples),
-        drafters=prior.drafters if prior else (),
     )
 
 
@@ -374,25 +353,6 @@ def calibrate(
         run_all(lambda: None)
     model = fit(median_samples(samples), rates=rates, prior=prior)
     return model, samples, prediction_report(model, samples)
-
-
-def fit_drafter_cost(samples: Sequence[tuple[int, float]]) -> DrafterCost:
-    """Least-squares line seconds = fixed_s + k * per_token_s (both >= 0) through (k, seconds)."""
-    pts = [(k, s) for k, s in samples if k > 0]
-    if len({k for k, _ in pts}) < 2:
-        raise CalibrationError("fit_drafter_cost needs timings at two or more distinct draft lengths k > 0")
-    k = np.array([x for x, _ in pts], dtype=float)
-    s = np.array([y for _, y in pts], dtype=float)
-    theta = _nonneg_lstsq(np.stack([np.ones_like(k), k], axis=1), s, [0, 1])
-    return DrafterCost(per_token_s=float(theta[1]), fixed_s=float(theta[0]))
-
-
-def calibrate_drafter(
-    draft_fn: Callable[[int], float], ks: Sequence[int] = (1, 2, 4, 8, 16), repeats: int = 3
-) -> DrafterCost:
-    """Time draft_fn(k) -> seconds (draft k tokens for one sequence); fit on per-k medians."""
-    timings = {k: sorted(float(draft_fn(k)) for _ in range(repeats)) for k in ks}
-    return fit_drafter_cost([(k, statistics.median(v)) for k, v in timings.items()])
 
 
 class PredictionTracker:

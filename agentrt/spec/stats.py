@@ -4,7 +4,7 @@ Two acceptance rates are reported, because verification stops at the first rejec
 * alpha = accepted / drafted: the fraction of proposed tokens that were kept (what the k-sized
   drafts bought). Drafts after a rejection count as not accepted although they were never tested.
 * alpha_tested = accepted / (accepted + rejections): the per-position acceptance probability (each
-  tested draft is either accepted or is the one rejection of its pass); the α of lecture §16.4.
+  tested draft is either accepted or is the one rejection of its pass); the α of Leviathan et al. (2023).
 tokens_per_pass = emitted / target_passes is the speed-up numerator. `forced` counts draft tokens
 that a grammar forced (always 0 until grammar drafting exists), kept apart so α can later be split
 into forced and free tokens.

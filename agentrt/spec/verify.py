@@ -1,4 +1,5 @@
-"""Exact verification of draft tokens against the target (speculative sampling, lecture §16.3).
+"""Exact verification of draft tokens against the target (speculative sampling: Leviathan et al., "Fast Inference from Transformers via Speculative
+Decoding", and Chen et al., "Accelerating Large Language Model Decoding with Speculative Sampling", 2023).
 
 For one sequence with k drafts x_1..x_k, the target gives k+1 processed distributions p_1..p_{k+1}
 (p_j conditioned on the context plus x_1..x_{j-1}) and the drafter gave q_1..q_k (x_j ~ q_j).

@@ -1,5 +1,5 @@
 """The acceptance arithmetic against independent computations: the accepted-length distribution
-enumerated term by term, every accept/reject pattern enumerated, and lecture §16.4's table."""
+enumerated term by term, every accept/reject pattern enumerated, and best speed-ups at c = 0.15 worked out by hand."""
 import itertools
 import math
 
@@ -58,8 +58,8 @@ def test_positional_with_equal_probs_is_the_closed_form_and_forced_positions_cou
     assert gains == [1.0, 1.0, 0.5, 0.25]
 
 
-def test_lecture_table_best_speedups():
-    # §16.4: best speedup at c = 0.15 is 1.51 / 1.75 / 2.11 / 2.78 at k = 2 / 3 / 5 / 7
+def test_best_speedups_at_a_fixed_draft_cost():
+    # best speedup at c = 0.15 is 1.51 / 1.75 / 2.11 / 2.78 at k = 2 / 3 / 5 / 7
     for alpha, k, best in [(0.6, 2, 1.51), (0.7, 3, 1.75), (0.8, 5, 2.11), (0.9, 7, 2.78)]:
         independent = expected_by_distribution(alpha, k) / (1 + k * 0.15)
         assert speedup(alpha, k, 0.15) == pytest.approx(independent)
@@ -68,7 +68,7 @@ def test_lecture_table_best_speedups():
 
 def test_optimal_k_grows_with_alpha():
     assert [optimal_k(a, 0.15, 20) for a in (0.6, 0.7, 0.8)] == [2, 3, 5]
-    # At 0.9 the exact argmax is k = 8 (2.7845 vs 2.7782 at the lecture's k = 7): the curve is flat
+    # At 0.9 the exact argmax is k = 8 (2.7845 vs 2.7782 at k = 7): the curve is flat
     # near its peak, so the table's 7 is within 0.3%.
     assert optimal_k(0.9, 0.15, 20) == 8
     assert speedup(0.9, 7, 0.15) / speedup(0.9, 8, 0.15) > 0.997

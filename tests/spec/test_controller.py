@@ -1,5 +1,5 @@
 """The k controller against synthetic cost models: the load-adaptive consequences, policies,
-optimality against brute force, and lecture §16.8's break-even and worked exercise."""
+optimality against brute force, and the break-even and adaptive k of a 7B model on an H100-class GPU."""
 import itertools
 import random
 from collections import Counter
@@ -23,8 +23,8 @@ CPU = StepCostModel(overhead_s=0.015, bytes_fixed=270e6, bytes_per_kv_token=9216
 # GPU-like: an 8B model on an H100-class part, ridge ~175 tokens.
 GPU = StepCostModel(overhead_s=0.002, bytes_fixed=16e9, bytes_per_kv_token=131072, flops_per_token=16e9,
                     read_bw=4.0e12, flop_rate=700e12, attn_flops_per_pair=4 * 32 * 4096)
-# Lecture §16.8: 6.74B params in bf16 at 3.35 TB/s and 494.5 TFLOP/s, 0.082 GB of KV per 640-token sequence.
-LECTURE = StepCostModel(overhead_s=0.0, bytes_fixed=13.5e9, bytes_per_kv_token=0.082e9 / 640,
+# A 6.74B-parameter model in bf16 at 3.35 TB/s and 494.5 TFLOP/s, 0.082 GB of KV per 640-token sequence.
+H100_7B = StepCostModel(overhead_s=0.0, bytes_fixed=13.5e9, bytes_per_kv_token=0.082e9 / 640,
                         flops_per_token=13.48e9, read_bw=3.35e12, flop_rate=494.5e12)
 # A pure roofline with a small overhead, where the plain step turns compute-bound at ~40 sequences.
 SMALL_OVERHEAD = StepCostModel(overhead_s=0.0001, bytes_fixed=2e9, bytes_per_kv_token=0.0, flops_per_token=1e9,
@@ -42,7 +42,7 @@ def test_k_grows_with_alpha(model, cost):
     assert ks == sorted(ks) and ks[-1] >= ks[0] + 5, ks
 
 
-@pytest.mark.parametrize("model", [CPU, GPU, LECTURE])
+@pytest.mark.parametrize("model", [CPU, GPU, H100_7B])
 def test_k_falls_as_more_sequences_run(model):
     ctl = KController(model, kmax_cap=16)
     mean_k = []
@@ -53,7 +53,7 @@ def test_k_falls_as_more_sequences_run(model):
     assert mean_k[0] >= 8 and mean_k[-1] == 0
 
 
-@pytest.mark.parametrize("model", [CPU, GPU, LECTURE])
+@pytest.mark.parametrize("model", [CPU, GPU, H100_7B])
 def test_long_contexts_bring_speculation_back_at_the_same_batch(model):
     # MagicDec's inversion: the KV read makes a long-context step memory-bound again
     ctl = KController(model, kmax_cap=16)
@@ -69,8 +69,8 @@ def test_k_is_zero_once_the_step_is_compute_bound():
         assert SMALL_OVERHEAD.is_compute_bound(batch, batch * 200)  # already without drafts
         alloc = ctl.choose(batch_seqs)
         assert alloc.k == [0] * batch and alloc.compute_bound
-    # the lecture's model at B = 2000 (640-token contexts) is compute-bound too
-    assert KController(LECTURE, 16).choose(seqs(2000, 0.8, kmax=16, ctx=640)).k == [0] * 2000
+    # the 7B model at B = 2000 (640-token contexts) is compute-bound too
+    assert KController(H100_7B, 16).choose(seqs(2000, 0.8, kmax=16, ctx=640)).k == [0] * 2000
 
 
 def test_overhead_makes_speculation_pay_a_little_past_the_ridge():
@@ -127,8 +127,7 @@ def test_greedy_matches_brute_force_on_random_small_problems():
         model = rng.choice([CPU, GPU, SMALL_OVERHEAD])
         batch = [
             SeqDraftState(i, [rng.choice([1.0, rng.uniform(0.1, 1.0)]) for _ in range(rng.randint(0, 6))],
-                          rng.choice([0.0, 1e-4, 1e-3, 5e-3]), rng.randint(10, 5000),
-                          draft_fixed_s=rng.choice([0.0, 0.0, 4e-3]))
+                          rng.choice([0.0, 1e-4, 1e-3, 5e-3]), rng.randint(10, 5000))
             for i in range(rng.randint(1, 3))
         ]
         greedy = KController(model, kmax_cap=32).choose(batch)
@@ -143,49 +142,41 @@ def _goodput(model, batch, ks):
     tokens = sum(k + 1 for k in ks)
     kv = sum(s.context_len for s in batch)
     pairs = sum((k + 1) * s.context_len for s, k in zip(batch, ks))
-    draft = sum(s.draft_fixed_s + k * s.draft_cost_s_per_token for s, k in zip(batch, ks) if k > 0)
+    draft = sum(k * s.draft_cost_s_per_token for s, k in zip(batch, ks))
     emitted = sum(expected_tokens_positional(s.accept_probs[:k]) for s, k in zip(batch, ks))
     return emitted / (model.predict(tokens, kv, pairs) + draft)
 
 
-def test_fixed_draft_cost_is_paid_for_by_a_deep_draft():
-    # 10 ms to start drafting, then free tokens: one token never pays for it, sixteen do
-    s = SeqDraftState(0, [0.95] * 16, 0.0, 200, draft_fixed_s=0.010)
-    alloc = KController(CPU, 16).choose([s])
-    assert alloc.k[0] >= 10
-    assert alloc.predicted_goodput > KController(CPU, policy="off").choose([s]).predicted_goodput
-
-
-def test_lecture_exercise_adaptive_k_against_the_batch():
-    # §16.8 exercise 2 at alpha = 0.8, 640-token contexts: best k = 5 at B = 1 (c = 0.15 of a step),
+def test_adaptive_k_against_the_batch_on_a_7b_model():
+    # at alpha = 0.8, 640-token contexts: best k = 5 at B = 1 (c = 0.15 of a step),
     # 4 at B = 32, 1 at B = 128, "1 or disable" at B = 256 (batched drafts there count as free).
-    ctl = KController(LECTURE, kmax_cap=16)
-    c = 0.15 * LECTURE.predict(1, 640)
+    ctl = KController(H100_7B, kmax_cap=16)
+    c = 0.15 * H100_7B.predict(1, 640)
     assert ctl.choose(seqs(1, 0.8, kmax=16, cost=c, ctx=640)).k == [5]
     assert set(ctl.choose(seqs(32, 0.8, kmax=16, ctx=640)).k) <= {4, 5}
     assert Counter(ctl.choose(seqs(128, 0.8, kmax=16, ctx=640)).k).most_common(1)[0][0] == 1
     assert set(ctl.choose(seqs(256, 0.8, kmax=16, ctx=640)).k) <= {0, 1}
 
 
-def test_break_even_batch_against_the_lecture_formula():
+def test_break_even_batch_against_the_roofline_formula():
     # fixed k = 4 at alpha = 0.8 loses once E * memory_time(B) < compute_time(B), i.e.
     # E (13.5 + 0.082 B) / 3.35 = 5 B 13.48 / 494.5  (ms)
     e = expected_tokens(0.8, 4)
     slope = 5 * 13.48 / 494.5
     b_star = e * 13.5 / 3.35 / (slope - e * 0.082 / 3.35)
-    assert break_even_batch(0.8, 4, 640, cost_model=LECTURE) == int(b_star) + 1
-    assert KController(LECTURE).break_even_batch(0.8, 4, 640) == int(b_star) + 1
-    # and the lecture's gain at B = 164: 2.10x -> 1.21x
-    gain = speculative_goodput(LECTURE, 164, 0.8, 4, 640) / speculative_goodput(LECTURE, 164, 0.8, 0, 640)
+    assert break_even_batch(0.8, 4, 640, cost_model=H100_7B) == int(b_star) + 1
+    assert KController(H100_7B).break_even_batch(0.8, 4, 640) == int(b_star) + 1
+    # and the gain at B = 164: 2.10x -> 1.21x
+    gain = speculative_goodput(H100_7B, 164, 0.8, 4, 640) / speculative_goodput(H100_7B, 164, 0.8, 0, 640)
     assert round(gain, 2) == 1.21
     # never compute-bound within max_batch: no break-even
-    assert break_even_batch(0.8, 4, 640, cost_model=LECTURE, max_batch=50) is None
+    assert break_even_batch(0.8, 4, 640, cost_model=H100_7B, max_batch=50) is None
 
 
 def test_break_even_falls_with_alpha_and_draft_length():
-    b = [break_even_batch(a, 4, 640, cost_model=LECTURE) for a in (0.5, 0.7, 0.9)]
+    b = [break_even_batch(a, 4, 640, cost_model=H100_7B) for a in (0.5, 0.7, 0.9)]
     assert b[0] < b[1] < b[2]
-    assert break_even_batch(0.8, 8, 640, cost_model=LECTURE) < break_even_batch(0.8, 2, 640, cost_model=LECTURE)
+    assert break_even_batch(0.8, 8, 640, cost_model=H100_7B) < break_even_batch(0.8, 2, 640, cost_model=H100_7B)
 
 
 def test_allocation_is_consistent_and_empty_batch_is_fine():

@@ -8,17 +8,14 @@ import pytest
 
 from agentrt.errors import CalibrationError, SpecConfigError
 from agentrt.spec.cost_model import (
-    DrafterCost,
     PredictionTracker,
     StepCostModel,
     StepSample,
     analytic,
     calibrate,
-    calibrate_drafter,
     cost_model_path,
     default_grid,
     fit,
-    fit_drafter_cost,
     prediction_report,
 )
 from agentrt.spec.machine import MachineRates, dtype_name, machine_id, measure_machine
@@ -148,10 +145,8 @@ def test_prediction_report_shows_error_of_a_wrong_model():
 
 def test_json_round_trip_save_load_and_path(tmp_path):
     m = fit([StepSample(n, kv, TRUE.predict(n, kv, n * kv)) for n, kv in default_grid(32, (64, 640))], rates=RATES)
-    m = m.with_drafter("ngram", DrafterCost(per_token_s=2e-5, fixed_s=1e-4)).with_drafter("eagle", DrafterCost(1e-3))
     again = StepCostModel.from_json(json.loads(json.dumps(m.to_json())))
     assert again == m
-    assert again.drafter_cost("ngram") == DrafterCost(2e-5, 1e-4) and again.drafter_cost("none") is None
     path = cost_model_path(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", "bf16", "cpu-xeon-2c-2t")
     assert path.parent == tmp_path / "cost_models"
     assert path.name == "HuggingFaceTB-SmolLM2-135M-Instruct--bfloat16--cpu-xeon-2c-2t.json"
@@ -171,16 +166,6 @@ def test_invalid_model_fields_are_named():
         StepCostModel(-1.0, 1.0, 1.0, 1.0, read_bw=1.0, flop_rate=1.0)
     with pytest.raises(SpecConfigError, match="dtype"):
         cost_model_path("/tmp", "m", "int3", "cpu")
-
-
-def test_drafter_cost_fit_and_calibration():
-    assert DrafterCost(1e-3, 2e-3).seconds(0) == 0.0
-    assert DrafterCost(1e-3, 2e-3).seconds(4) == pytest.approx(6e-3)
-    fitted = fit_drafter_cost([(1, 3e-3), (2, 4e-3), (4, 6e-3), (8, 10e-3)])
-    assert fitted.per_token_s == pytest.approx(1e-3) and fitted.fixed_s == pytest.approx(2e-3)
-    assert calibrate_drafter(lambda k: 5e-4 * k, ks=(1, 4, 16), repeats=2) == pytest.approx(DrafterCost(5e-4, 0.0))
-    with pytest.raises(CalibrationError, match="two or more"):
-        fit_drafter_cost([(4, 1e-3), (4, 1.1e-3)])
 
 
 def test_prediction_tracker_summarises_error():

@@ -1,4 +1,4 @@
-"""The emitted tokens are distributed exactly as the target p (lecture §16.3), checked by
+"""The emitted tokens are distributed exactly as the target p (the speculative sampling rule of Leviathan et al. 2023), checked by
 chi-square goodness of fit on toy target/draft pairs over V = 6.
 
 Bound: every test asserts p-value > 1e-4 with N >= 2e5 samples (fixed seeds, so the outcome is

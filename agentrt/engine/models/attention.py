@@ -5,7 +5,8 @@ kernels (agentrt/kernels/paged_attention.py has the kernel).
 The PyTorch path lays the queries of each sequence out as a padded [B, Qmax] grid and gathers
 each sequence's context from its blocks into a padded [B, Lmax] grid; one batched matmul pair
 then covers every sequence, with an additive mask for causality and padding. Manual attention
-rather than SDPA: bf16 SDPA is several times slower for one query on CPU (shared notes).
+rather than SDPA: bf16 SDPA is several times slower for one query on CPU
+(122 vs 77 us a layer at batch 1, 830 vs 145 us at batch 8, SmolLM2-135M on a 2-core Xeon).
 """
 from __future__ import annotations
 
