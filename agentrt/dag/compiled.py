@@ -95,6 +95,17 @@ class CompiledProgram:
     def to_dot(self) -> str:
         return export.to_dot(self.graph)
 
+    def to_json(self) -> dict[str, Any]:
+        """{"nodes": [{id, kind, label, ...}], "edges": [{source, target}]} (see export.to_json)."""
+        return export.to_json(self.graph)
+
+    def input_schema(self, defaults: Mapping[str, Any] | None = None) -> dict[str, Any]:
+        """The program's inputs as a JSON schema object; inputs with a default are optional."""
+        defaults = defaults or {}
+        props = {n: {"type": t, **({"default": defaults[n]} if n in defaults else {})} for n, t in self.inputs.items()}
+        return {"type": "object", "properties": props, "required": [n for n in self.inputs if n not in defaults],
+                "additionalProperties": False}
+
     def start(self, inputs: Mapping[str, Any]) -> ProgramRun:
         """A new run of this program with these input values (see ProgramRun)."""
         from agentrt.dag.run import ProgramRun

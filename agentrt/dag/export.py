@@ -111,3 +111,23 @@ def to_dot(graph: nx.DiGraph) -> str:
         lines.append(f"    {_dot_text(u)} -> {_dot_text(v)}{style};")
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def to_json(graph: nx.DiGraph) -> dict[str, Any]:
+    """The graph as JSON (what a server or a web page draws): nodes in declaration order with
+    kind and a one-line description (plus the tool of a tool node, template for a fan-out body
+    not yet expanded, state on a run's graph), and edges (control: a branch decision -> case)."""
+    nodes = []
+    for node in _ordered(graph):
+        attrs = graph.nodes[node]
+        entry: dict[str, Any] = {"id": node, "kind": attrs["kind"], "label": describe(attrs)}
+        if attrs["kind"] == "tool":
+            entry["tool"] = attrs["spec"].tool
+        if attrs.get("template"):
+            entry["template"] = True
+        if "state" in attrs:
+            entry["state"] = attrs["state"]
+        nodes.append(entry)
+    edges = [{"source": u, "target": v, **({"control": True} if graph.edges[u, v].get("control") else {})}
+             for u, v in _ordered_edges(graph)]
+    return {"nodes": nodes, "edges": edges}

@@ -35,7 +35,7 @@ from agentrt.spec.verify import verify_drafts, verify_greedy
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "smollm2-135m-instruct"
-    dtype: str = "bfloat16"  # measured faster than fp32 on this CPU (shared notes)
+    dtype: str = "bfloat16"  # faster than fp32 on CPUs (bench decode), AVX2-only ones included
     device: str = "cpu"
     block_size: int = 16
     kv_cache_tokens: int = 32768
@@ -163,6 +163,15 @@ class LLMEngine:
         """Hold the cached KV of this token prefix for ttl_s seconds (a program waiting on a tool
         will send it again); pinned blocks go last under memory pressure. Returns blocks pinned."""
         return self.blocks.prefix.pin(list(token_ids), ttl_s) if self.blocks.prefix else 0
+
+    def kv_blocks(self) -> dict[str, int]:
+        """KV cache blocks: total, free, held by the prefix cache (cached), of those pinned, and
+        used by running sequences (engine thread only: the cache changes during steps)."""
+        total, free = self.blocks.allocator.num_blocks, self.blocks.num_free
+        prefix = self.blocks.prefix
+        cached = prefix.num_blocks if prefix else 0
+        pinned = prefix.num_pinned() if prefix else 0
+        return {"total": total, "free": free, "used": total - free, "cached": cached, "pinned": pinned}
 
     def sequence(self, rid: int) -> Sequence:
         return self._seqs[rid]
@@ -319,7 +328,7 @@ class LLMEngine:
         fmt = seq.output_format
         if fmt is None or error is not None or reason in ("abort", "error"):
             return None, error
-        if reason == "length" and not seq.grammar.terminated and not (fmt.kind == "tool_call" and fmt.allow_text and not text.lstrip().startswith("{")):
+        if reason == "length" and not seq.grammar.terminated and not fmt.is_text_answer(text):
             return None, (f"structured output truncated: max_tokens={seq.params.max_tokens} was reached before the "
                           f"JSON was complete; raw text: {text!r}")
         try:

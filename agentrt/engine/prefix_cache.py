@@ -122,6 +122,10 @@ class PrefixCache:
             n += 1
         return n
 
+    def num_pinned(self) -> int:
+        now = self.allocator.clock()
+        return sum(1 for node in self._by_block.values() if node.pinned_until > now)
+
     def holds(self, block: int) -> bool:
         return block in self._by_block
 

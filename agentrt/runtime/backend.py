@@ -34,6 +34,11 @@ class LLMRequest:
     node: NodeIdentity
     priority: float = 0.0
     hints: Mapping[str, Any] = field(default_factory=dict)
+    # OpenAI's sampling fields beyond temperature (a served chat completion sets them; program
+    # nodes keep the defaults)
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

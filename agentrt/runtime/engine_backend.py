@@ -142,6 +142,7 @@ class EngineBackend:
 
         rf = dict(request.response_format)
         params = SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
+                                top_p=request.top_p, seed=request.seed, stop=request.stop,
                                 response_format=None if rf.get("type", "text") == "text" else rf)
         meta = {"run_id": request.node.run_id, "program": request.node.program, "node": request.node.node,
                 **request.hints}
@@ -235,6 +236,21 @@ class EngineBackend:
 
     def set_priority(self, handle: Any, priority: float) -> None:
         self.engine.set_priority(handle, priority)
+
+    async def kv_blocks(self) -> dict[str, int]:
+        """The engine's KV blocks by state (LLMEngine.kv_blocks), read on its thread between steps."""
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[dict[str, int]] = loop.create_future()
+
+        def on_engine_thread() -> None:
+            counts = self.engine.engine.kv_blocks()
+            try:
+                loop.call_soon_threadsafe(lambda: future.done() or future.set_result(counts))
+            except RuntimeError:  # the caller's loop is gone
+                pass
+
+        self.engine._submit(on_engine_thread)
+        return await future
 
     def subscribe_steps(self, fn: Callable[[EngineStep], None]) -> Callable[[], None]:
         state = self._state()

@@ -24,6 +24,7 @@ class Example:
     program: CompiledProgram
     tools: tuple[Any, ...] = ()
     default_inputs: Mapping[str, Any] = field(default_factory=dict)
+    description: str = ""  # the file's docstring
 
     @property
     def name(self) -> str:
@@ -56,7 +57,7 @@ def load_example(path: str | Path) -> Example:
     defaults = getattr(module, "DEFAULT_INPUTS", {}) or {}
     if not isinstance(defaults, Mapping):
         raise RunConfigError(f"{path}: DEFAULT_INPUTS must be a dict, got {type(defaults).__name__}")
-    return Example(path, program, tools, dict(defaults))
+    return Example(path, program, tools, dict(defaults), (module.__doc__ or "").strip())
 
 
 _TRUE, _FALSE = {"true", "1", "yes", "y", "on"}, {"false", "0", "no", "n", "off"}

@@ -17,7 +17,7 @@ from agentrt.dag.specs import LLMSpec, ToolSpec
 from agentrt.errors import AgentRTError, ProgramRunError
 from agentrt.runtime.backend import LLMRequest, LLMStepEvent, NodeIdentity
 from agentrt.runtime.node_state import NodeState, Outcome
-from agentrt.runtime.policy import NodeContext
+from agentrt.runtime.policy import NodeContext, ProgramStats
 from agentrt.runtime.trace import new_id
 from agentrt.runtime.values import OutputParseError, node_value
 
@@ -128,6 +128,18 @@ def settle_holds(rt: Runtime, ps: ProgramState, ns: NodeState, response: Any) ->
                               "agentrt.kv.hold_reusable_tokens": reusable})
 
 
+def charge(stats: ProgramStats, node: str, ev: LLMStepEvent) -> None:
+    """Add one engine step to the service a program (and its node) attained: the tokens fed for
+    it (prompt or context + drafts verified) and an even share of the step's time."""
+    if ev.preempted:
+        return
+    share = ev.duration_s / max(1, ev.batch_size)
+    stats.llm_tokens += ev.num_new + ev.k
+    stats.llm_service_s += share
+    stats.node_tokens[node] = stats.node_tokens.get(node, 0) + ev.num_new + ev.k
+    stats.node_service_s[node] = stats.node_service_s.get(node, 0.0) + share
+
+
 def spec_attributes(spec: dict[str, Any]) -> dict[str, Any]:
     """α of one LLM call, split into grammar-forced and free drafts, and tokens per target pass."""
     total = (spec or {}).get("total") or {}
@@ -157,7 +169,7 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     follows_tool = next_is_tool(ps, ns.node, spec)
     ctx = NodeContext(ps.run_id, ns.node, ps.run.critical_path_length(ns.node), follows_tool,
                       *path_service(ps, ns.node))
-    priority = rt.policy.priority(ps.stats, ctx)
+    priority = rt.policy.priority(ps.stats, ctx) + ps.priority
     dynamic = getattr(rt.policy, "dynamic", False)
     max_tokens = spec.max_tokens if rt.max_tokens is None else min(spec.max_tokens, rt.max_tokens)
     request = LLMRequest(tuple(messages), response_format, max_tokens, spec.temperature,
@@ -173,15 +185,17 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
 
     def on_step(ev: LLMStepEvent) -> None:
         nonlocal priority
+        phase = ns.log.phase
         ns.on_llm_step(ev, trace.at(ev.start))
-        if not ev.preempted:
-            st, share = ps.stats, ev.duration_s / max(1, ev.batch_size)
-            st.llm_tokens += ev.num_new + ev.k
-            st.llm_service_s += share
-            st.node_tokens[ns.node] = st.node_tokens.get(ns.node, 0) + ev.num_new + ev.k
-            st.node_service_s[ns.node] = st.node_service_s.get(ns.node, 0.0) + share
+        if rt.watched:
+            if ns.log.phase != phase:
+                rt.emit(ps.run_id, "node_phase", node=ns.node, phase=ns.log.phase)
+            if not ev.preempted:
+                rt.emit(ps.run_id, "step", node=ns.node, step=ev.step, batch_size=ev.batch_size, num_new=ev.num_new,
+                        k=ev.k, accepted=ev.accepted)
+        charge(ps.stats, ns.node, ev)
         if dynamic and ns.handle is not None:
-            new = rt.policy.priority(ps.stats, ctx)
+            new = rt.policy.priority(ps.stats, ctx) + ps.priority
             if new != priority:
                 priority = new
                 rt.backend.set_priority(ns.handle, new)
@@ -194,17 +208,21 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     members = JsonMembers() if response_format["type"] == "json_schema" and rt.stream_outputs else None
 
     def on_text(delta: str) -> None:
+        rt.emit(ps.run_id, "token", node=ns.node, text=delta)
+        if members is None:
+            return
         final = members.feed(delta)
         if final and ps.run.status == "running":
             ps.run.stream(ns.node, final)
             rt.start_streamed(ps, ns.node)
 
     ns.log.enter("queued", trace.now())
+    rt.emit(ps.run_id, "node_phase", node=ns.node, phase="queued")
     ps.stats.llm_calls += 1
     ps.stats.llm_in_flight += 1
     try:
         response = await rt.backend.complete(request, on_step=on_step, on_start=on_start,
-                                             on_text=on_text if members is not None else None)
+                                             on_text=on_text if members is not None or rt.watched else None)
     except AgentRTError as e:
         return Outcome.failed(f"the engine rejected the request: {e}", "invalid_request")
     except Exception as e:  # noqa: BLE001 - a broken backend fails this node, not the process
@@ -254,10 +272,17 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
         return Outcome.failed(str(e), "invalid_arguments")
     ns.attributes["gen_ai.tool.call.arguments"] = preview(args)
     ns.log.enter("tool_running", dispatched)
+    rt.emit(ps.run_id, "node_phase", node=ns.node, phase="tool_running")
     ps.stats.tool_calls += 1
     ps.stats.tools_in_flight += 1
+
+    def on_attempt(attempt: Any) -> None:
+        if not attempt.ok:
+            rt.emit(ps.run_id, "node_retried", node=ns.node, attempt=attempt.index, error_kind=attempt.error_kind,
+                    error=attempt.error)
+
     try:
-        result = await rt.tools.call(spec.tool, args, call_id=call_id)
+        result = await rt.tools.call(spec.tool, args, call_id=call_id, on_attempt=on_attempt if rt.watched else None)
     finally:
         ps.stats.tools_in_flight -= 1
     ps.stats.tool_s += result.duration_s

@@ -14,15 +14,17 @@ the runtime.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Mapping
 
 from agentrt.dag import CompiledProgram, Program, ProgramRun
 from agentrt.errors import ProgramRunError, RunConfigError
-from agentrt.runtime.backend import LLMBackend
-from agentrt.runtime.node_exec import run_llm, run_tool
+from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
+from agentrt.runtime.events import RunEvent, RunEventListener
+from agentrt.runtime.node_exec import charge, run_llm, run_tool
 from agentrt.runtime.node_state import NodeState, Outcome
-from agentrt.runtime.policy import KVHoldPolicy, LASPolicy, ProgramStats, SchedulingPolicy, policy_from_name
+from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
+                                    policy_from_name)
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.errors import UnknownToolError
@@ -67,6 +69,7 @@ class ProgramState:
     status: str = "running"
     result: RunResult | None = None
     task: asyncio.Task | None = None
+    priority: float = 0.0  # added to every priority the policy gives the run's LLM calls
     holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
     sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
 
@@ -133,13 +136,39 @@ class Runtime:
         self.max_tokens = max_tokens
         self.stream_outputs = stream_outputs
         self.programs: dict[str, ProgramState] = {}
+        self.calls: dict[str, ProgramStats] = {}  # single LLM calls in flight (complete()), by call id
         self._unsubscribe = None
+        self._listeners: list[RunEventListener] = []
+
+    # -- live events --
+    def subscribe_events(self, fn: RunEventListener) -> Callable[[], None]:
+        """Call fn(RunEvent) as runs go (see events.py); returns the unsubscribe function."""
+        self._listeners.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in self._listeners:
+                self._listeners.remove(fn)
+
+        return unsubscribe
+
+    @property
+    def watched(self) -> bool:
+        """Whether anyone listens to run events (token events are only built then)."""
+        return bool(self._listeners)
+
+    def emit(self, run_id: str, type: str, **data: Any) -> None:
+        if not self._listeners:
+            return
+        event = RunEvent(run_id, type, self.trace.now(), data)
+        for fn in list(self._listeners):
+            fn(event)
 
     # -- submitting --
     def submit(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
-               run_id: str | None = None) -> ProgramHandle:
+               run_id: str | None = None, priority: float = 0.0) -> ProgramHandle:
         """Start a run (needs a running event loop). Bad inputs raise ProgramRunError; a tool the
-        program declares but the registry lacks raises RunConfigError, both before anything runs."""
+        program declares but the registry lacks raises RunConfigError, both before anything runs.
+        priority: added to every engine priority the policy gives the run (smaller runs sooner)."""
         compiled = program.compile() if isinstance(program, Program) else program
         if not isinstance(compiled, CompiledProgram):
             raise RunConfigError(f"expected a Program or CompiledProgram, got {type(program).__name__}")
@@ -153,7 +182,8 @@ class Runtime:
             raise RunConfigError(f"run id '{run_id}' is already used in this runtime")
         run = compiled.start(inputs)
         now = self.trace.now()
-        ps = ProgramState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now)
+        ps = ProgramState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now,
+                          priority=float(priority))
         ps.stats.critical_path = run.critical_path_length()
         self.programs[run_id] = ps
         self._subscribe_lane()
@@ -169,6 +199,44 @@ class Runtime:
         except asyncio.CancelledError:
             handle.cancel()
             raise
+
+    async def complete(self, request: LLMRequest, *, on_text: Callable[[str], None] | None = None,
+                       on_step: Callable[[LLMStepEvent], None] | None = None) -> LLMResponse:
+        """One LLM call outside any program (a served chat completion). To the scheduling policy it
+        is a one-node program: its priority comes from the policy, and it is re-prioritized as it
+        is served, so chat requests and program runs share the engine on the policy's terms.
+        request.node.run_id names the call; request.priority is ignored."""
+        call_id = request.node.run_id
+        if call_id in self.calls or call_id in self.programs:
+            raise RunConfigError(f"call id '{call_id}' is already used in this runtime")
+        stats = ProgramStats(call_id, request.node.program, self.trace.now(), critical_path=1.0, llm_calls=1)
+        ctx = NodeContext(call_id, request.node.node, 1.0, False)
+        priority = self.policy.priority(stats, ctx)
+        dynamic = getattr(self.policy, "dynamic", False)
+        handle: Any = None
+
+        def started(h: Any) -> None:
+            nonlocal handle
+            handle = h
+
+        def stepped(ev: LLMStepEvent) -> None:
+            nonlocal priority
+            charge(stats, request.node.node, ev)
+            if dynamic and handle is not None:
+                new = self.policy.priority(stats, ctx)
+                if new != priority:
+                    priority = new
+                    self.backend.set_priority(handle, new)
+            if on_step is not None:
+                on_step(ev)
+
+        self.calls[call_id] = stats
+        stats.llm_in_flight = 1
+        try:
+            return await self.backend.complete(replace(request, priority=priority), on_step=stepped,
+                                               on_start=started, on_text=on_text)
+        finally:
+            del self.calls[call_id]
 
     async def aclose(self) -> None:
         """Cancel runs still going, stop listening to the engine, close the trace."""
@@ -194,6 +262,7 @@ class Runtime:
     # -- driving one run --
     async def _drive(self, ps: ProgramState, inputs: dict[str, Any]) -> RunResult:
         failed_node = error = None
+        self.emit(ps.run_id, "run_started", program=ps.program.name, inputs=inputs)
         try:
             self._sync_nodes(ps)
             self._start_ready(ps, ps.run.ready(), cause=None)
@@ -228,11 +297,19 @@ class Runtime:
         except ProgramRunError as e:
             ok = outcome.ok and e.node != node
             ns.finish("ok" if ok else "error", now, None if ok else outcome.error or e.reason)
+            self._emit_finished(ps, ns, outcome.value if ok else None)
             raise
         finally:
             ps.stats.critical_path = ps.run.critical_path_length() if ps.run.status == "running" else 0.0
         ns.finish("ok" if outcome.ok else "error", now, outcome.error)
+        self._emit_finished(ps, ns, outcome.value)
         self._sync_nodes(ps)
+
+    def _emit_finished(self, ps: ProgramState, ns: NodeState, value: Any) -> None:
+        if ns.status == "ok":
+            self.emit(ps.run_id, "node_finished", node=ns.node, kind=ns.kind, status="ok", value=value)
+        else:
+            self.emit(ps.run_id, "node_finished", node=ns.node, kind=ns.kind, status=ns.status, error=ns.error)
 
     def start_streamed(self, ps: ProgramState, llm_node: str) -> None:
         """Start what llm_node's streamed output made ready (tools reading its final members,
@@ -257,6 +334,9 @@ class Runtime:
                 ns.attributes["agentrt.started_early"] = True
             ps.run.begin(node)
             ns.status, ns.waited_on = "running", cause
+            self.emit(ps.run_id, "node_started", node=node, kind=ns.kind,
+                      **({"tool": ps.run.spec(node).tool} if ns.kind == "tool" else {}),
+                      **({"early": True} if ns.attributes.get("agentrt.started_early") else {}))
             runner = run_llm if ns.kind == "llm" else run_tool
             task = asyncio.get_running_loop().create_task(runner(self, ps, ns), name=f"agentrt:{ps.run_id}:{node}")
             ps.inflight[task] = node
@@ -297,7 +377,10 @@ class Runtime:
         end = self.trace.now()
         for ns in ps.nodes.values():
             if not ns.finished:
+                was_running = ns.status == "running"
                 ns.finish("cancelled", end, "cancelled: the run " + ("failed" if status == "failed" else "was cancelled"))
+                if was_running:
+                    self._emit_finished(ps, ns, None)
             for span in ns.spans(ps.run_id, ps.trace_id):
                 self.trace.add_span(span)
         output = ps.run.result if status == "done" else None
@@ -311,6 +394,7 @@ class Runtime:
             "error": None if error is None else {"node": failed_node, "message": error},
             "service": ps.stats.to_record(), "nodes": len(ps.nodes),
         })
+        self.emit(ps.run_id, "run_finished", status=status, output=output, error=error, failed_node=failed_node)
         return ps.result
 
     def _reprioritize(self) -> None:
@@ -322,4 +406,4 @@ class Runtime:
             for node in ps.inflight.values():
                 ns = ps.nodes[node]
                 if ns.kind == "llm" and ns.handle is not None:
-                    self.backend.set_priority(ns.handle, priority)
+                    self.backend.set_priority(ns.handle, priority + ps.priority)

@@ -106,10 +106,13 @@ class Trace:
 
     def add_engine_step(self, step: EngineStep) -> None:
         self._steps.append(step)
+        self._records.append(self._step_record(step))
+
+    def _step_record(self, step: EngineStep) -> dict[str, Any]:
         rec = step.to_record()
         rec.update(type="engine_step", start=_r(self.at(step.start)), end=_r(self.at(step.start + step.duration_s)))
         del rec["duration_s"]
-        self._records.append(rec)
+        return rec
 
     def close(self) -> None:
         """Add the engine's idle gaps and the end record (once)."""
@@ -124,6 +127,32 @@ class Trace:
     # -- reading --
     def records(self) -> list[dict[str, Any]]:
         return list(self._records)
+
+    def run_records(self, run_id: str) -> list[dict[str, Any]]:
+        """One finished run's trace as a trace of its own (what `agentrt inspect` reads): the
+        header, the run's spans and program record, and the engine lane over the run's time."""
+        own = [r for r in self._records[1:] if r.get("run_id") == run_id and r["type"] in ("span", "program")]
+        program = next((r for r in own if r["type"] == "program"), None)
+        if program is None:
+            raise RunConfigError(f"run '{run_id}' has not finished in this trace")
+        start, end = program["start"], program["end"]
+        steps = [s for s in self._steps if self.at(s.start + s.duration_s) >= start and self.at(s.start) <= end]
+        header = dict(self._records[0], name=program["program"], meta=dict(self.meta))
+        lane = [self._step_record(s) for s in steps]
+        gaps = idle_gaps([(self.at(s.start), self.at(s.start + s.duration_s)) for s in steps], start, end)
+        return ([header] + own + lane + [{"type": "engine_idle", "start": _r(a), "end": _r(b)} for a, b in gaps]
+                + [{"type": "trace_end", "end": end}])
+
+    def forget(self, run_ids: Iterable[str], steps_before: float | None = None) -> None:
+        """Drop the records of these runs, and engine steps that ended before steps_before (trace
+        clock): a long-lived runtime (a server) keeps only what runs in flight still need."""
+        gone = set(run_ids)
+        if steps_before is not None:
+            self._steps = [s for s in self._steps if self.at(s.start + s.duration_s) >= steps_before]
+        keep_step = float("-inf") if steps_before is None else steps_before
+        self._records = [self._records[0]] + [
+            r for r in self._records[1:]
+            if r.get("run_id") not in gone and not (r["type"] == "engine_step" and r["end"] < keep_step)]
 
     def write(self, path: str | Path) -> Path:
         self.close()

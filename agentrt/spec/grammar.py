@@ -63,8 +63,10 @@ class GrammarCache:
         try:
             json_grammar = xgr.Grammar.from_json_schema(fmt.schema, any_whitespace=False, separators=SEPARATORS)
             if fmt.kind == "tool_call" and fmt.allow_text:
-                # Either the tool-call object, or text that does not start like one.
-                grammar = xgr.Grammar.union(json_grammar, xgr.Grammar.from_ebnf('root ::= [^{ \\t\\n] [^]*'))
+                # Either the call (a list of calls), or text that does not start like one: with
+                # parallel calls not like a lone call object either, which would pass as text.
+                first = "[^\\[{ \\t\\n]" if fmt.parallel else "[^{ \\t\\n]"
+                grammar = xgr.Grammar.union(json_grammar, xgr.Grammar.from_ebnf(f'root ::= {first} [^]*'))
             else:
                 grammar = json_grammar
             compiled = self.compiler.compile_grammar(grammar)

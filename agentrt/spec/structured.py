@@ -7,7 +7,9 @@ Response formats (plain dicts, as agentrt.dag emits them):
     {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}
     {"type": "tool_call", "tools": [openai tool dicts], "allow_text": bool}
     {"type": "tool_call", "tools": [...], "tool_choice": "none"}     tools described, text answer
-A tool call is emitted as {"name": "<tool>", "arguments": {...}}. JSON is written with
+    {"type": "tool_call", "tools": [...], "parallel": True}          a list of one or more calls
+A tool call is emitted as {"name": "<tool>", "arguments": {...}}; with "parallel", as a JSON list
+of them (OpenAI's parallel_tool_calls: several calls in one turn). JSON is written with
 json.dumps' default separators (", " and ": "): the grammar emits exactly that format and the
 prompt shows schemas and tools in it too, so values copied from the prompt tokenize alike.
 """
@@ -35,6 +37,16 @@ class OutputFormat:
     # the answer is free text. The last step of an agent loop answers so: its prompt then starts
     # with exactly the tokens of the steps before it, whose KV is cached.
     tool_choice: str = "auto"
+    parallel: bool = False  # tool_call: a list of calls
+
+    @property
+    def json_start(self) -> str:
+        """The character a constrained output starts with (text answers start otherwise)."""
+        return "[" if self.parallel else "{"
+
+    def is_text_answer(self, text: str) -> bool:
+        """Whether a tool_call output that allows text is the text answer, not a call."""
+        return self.kind == "tool_call" and self.allow_text and not text.lstrip().startswith(self.json_start)
 
     @property
     def described(self) -> bool:
@@ -47,7 +59,7 @@ class OutputFormat:
         return self.kind != "text" and self.tool_choice != "none"
 
     def cache_key(self) -> str:
-        return json.dumps([self.kind, self.schema, self.allow_text], sort_keys=True)
+        return json.dumps([self.kind, self.schema, self.allow_text, self.parallel], sort_keys=True)
 
 
 def _tool_function(t: Any) -> dict:
@@ -85,7 +97,8 @@ def _validator(schema_json: str) -> Any:
     return cls(schema)
 
 
-def tool_call_schema(tools: tuple) -> dict:
+def tool_call_schema(tools: tuple, parallel: bool = False) -> dict:
+    """One call of one of `tools`; with parallel, a list of one or more calls."""
     variants = [
         {
             "type": "object",
@@ -95,7 +108,8 @@ def tool_call_schema(tools: tuple) -> dict:
         }
         for t in tools
     ]
-    return variants[0] if len(variants) == 1 else {"anyOf": variants}
+    one = variants[0] if len(variants) == 1 else {"anyOf": variants}
+    return {"type": "array", "items": one, "minItems": 1} if parallel else one
 
 
 def parse_response_format(rf: dict | None) -> OutputFormat:
@@ -123,8 +137,9 @@ def parse_response_format(rf: dict | None) -> OutputFormat:
         choice = rf.get("tool_choice", "auto")
         if choice not in ("auto", "none"):
             raise RequestError(f"response_format tool_call: tool_choice must be 'auto' or 'none', got {choice!r}")
-        return OutputFormat("tool_call", tool_call_schema(tools), tools, choice == "none" or bool(rf.get("allow_text", False)),
-                            choice)
+        parallel = bool(rf.get("parallel", False))
+        return OutputFormat("tool_call", tool_call_schema(tools, parallel), tools,
+                            choice == "none" or bool(rf.get("allow_text", False)), choice, parallel)
     raise RequestError(f"response_format: unknown type {kind!r} (text, json_object, json_schema, tool_call)")
 
 
@@ -139,7 +154,11 @@ def instructions(fmt: OutputFormat) -> str | None:
     if fmt.kind == "tool_call":
         lines = ["You can call these tools:"]
         lines += [dumps(t["function"]) for t in fmt.tools]
-        lines.append('To call a tool, reply with only a JSON object: {"name": <tool name>, "arguments": <arguments>}.')
+        if fmt.parallel:
+            lines.append('To call tools, reply with only a JSON list of calls, one for each call needed: '
+                         '[{"name": <tool name>, "arguments": <arguments>}].')
+        else:
+            lines.append('To call a tool, reply with only a JSON object: {"name": <tool name>, "arguments": <arguments>}.')
         if fmt.allow_text:
             lines.append("If no tool is needed, reply in plain text instead.")
         return "\n".join(lines)
@@ -172,7 +191,7 @@ def parse_output(fmt: OutputFormat, text: str) -> Any:
     if not fmt.constrained:
         return None
     stripped = text.strip()
-    if fmt.kind == "tool_call" and fmt.allow_text and not stripped.startswith("{"):
+    if fmt.is_text_answer(stripped):
         return None
     value = json.loads(stripped)
     if fmt.schema is not None:

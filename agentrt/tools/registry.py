@@ -164,9 +164,11 @@ class ToolRegistry:
         call_id: str | None = None,
         timeout_s: float | None = _UNSET,
         retries: int | None = None,
+        on_attempt: Callable[[ToolAttempt], None] | None = None,
     ) -> ToolResult:
         """Validate `args` (a dict or the model's JSON text), then run the tool on its executor.
-        timeout_s / retries override the tool's own policy for this call."""
+        timeout_s / retries override the tool's own policy for this call. on_attempt(attempt)
+        is called when an attempt succeeds, and when one fails and is tried again."""
         queued = time.time()
         call_id = call_id or uuid.uuid4().hex
         attempts: list[ToolAttempt] = []
@@ -199,9 +201,13 @@ class ToolRegistry:
                 ))
                 if e.lost and t.idempotent and redispatches < self.max_redispatches:
                     redispatches += 1
+                    if on_attempt is not None:
+                        on_attempt(attempts[-1])
                     continue
                 if e.retryable and failures < retries:
                     failures += 1
+                    if on_attempt is not None:
+                        on_attempt(attempts[-1])
                     await asyncio.sleep(min(t.backoff_max_s, t.backoff_s * 2 ** (failures - 1)))
                     continue
                 return result(error=e)
@@ -209,6 +215,8 @@ class ToolRegistry:
                 index=len(attempts) + 1, executor=where, started=started, finished=time.time(), ok=True,
                 worker=remote.worker, remote_started=remote.started, remote_finished=remote.finished,
             ))
+            if on_attempt is not None:
+                on_attempt(attempts[-1])
             return result(value=remote.value)
 
     def _resolve(self, t: Tool) -> tuple[str, Any]:

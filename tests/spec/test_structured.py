@@ -122,3 +122,39 @@ def test_quoted_spans_are_what_the_request_quotes():
     text = "Translate 'Where is the train station?' into German. It's fine, don't worry; file 'memo.txt'."
     assert QUOTED_SPAN.findall(text) == ["Where is the train station?", "memo.txt"]
     assert QUOTED_SPAN.findall("the user's data isn't 'x' or ''") == []
+
+
+def test_parallel_tool_calls_are_a_list_of_valid_calls():
+    time_tool = {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "properties": {"tz": {"type": "string"}}, "required": ["tz"]}}}
+    fmt = parse_response_format({"type": "tool_call", "tools": [WEATHER, time_tool], "parallel": True, "allow_text": True})
+    assert fmt.parallel and fmt.schema["type"] == "array" and fmt.schema["minItems"] == 1
+    assert "JSON list of calls" in instructions(fmt)
+    calls = [{"name": "get_weather", "arguments": {"city": "Oslo"}}, {"name": "get_time", "arguments": {"tz": "CET"}}]
+    assert parse_output(fmt, json.dumps(calls)) == calls
+    assert parse_output(fmt, "No tool needed.") is None and fmt.is_text_answer("No tool needed.")
+    assert not fmt.is_text_answer(' [{"name"')
+    with pytest.raises(ValueError, match="schema violation"):
+        parse_output(fmt, json.dumps([{"name": "get_time", "arguments": {"city": "Oslo"}}]))
+    with pytest.raises(ValueError, match="schema violation"):
+        parse_output(fmt, "[]")
+    single = parse_response_format({"type": "tool_call", "tools": [WEATHER]})
+    assert not single.parallel and single.cache_key() != parse_response_format(
+        {"type": "tool_call", "tools": [WEATHER], "parallel": True}).cache_key()
+
+
+def test_parallel_grammar_takes_a_list_or_text_and_nothing_else():
+    import xgrammar as xgr
+
+    from agentrt.spec.grammar import GrammarCache
+
+    vocab = ["[", "{", "]", "}", '"', "Hi", " there", ",", ":", " "] + [f"<tok{i}>" for i in range(6)]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[len(vocab) - 1])
+    fmt = parse_response_format({"type": "tool_call", "tools": [WEATHER], "parallel": True, "allow_text": True})
+    compiled = GrammarCache(info).compile(fmt)
+    m = xgr.GrammarMatcher(compiled)
+    assert m.accept_token(vocab.index("["))  # a list of calls
+    m = xgr.GrammarMatcher(compiled)
+    assert not m.accept_token(vocab.index("{"))  # a lone call object is neither a list nor text
+    m = xgr.GrammarMatcher(compiled)
+    assert m.accept_token(vocab.index("Hi"))  # text

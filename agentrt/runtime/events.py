@@ -1,0 +1,33 @@
+"""Live events of program runs, for whoever watches them as they happen (the server's SSE
+streams). A subscriber gets each RunEvent on the runtime's event loop, in the order things
+happened; `Runtime.subscribe_events(fn)` returns the unsubscribe function.
+
+    run_started    program, inputs
+    node_started   node, kind, tool (tool nodes), early (a tool started on streamed members)
+    node_phase     node, phase: queued | prefill | decode | preempted (LLM) | tool_running (tool)
+    token          node, text: output text of an LLM node as the engine generates it
+    step           node, step, batch_size, num_new, k, accepted: an engine step the node took part in
+    node_retried   node, attempt, error_kind, error: a tool attempt failed and is tried again
+    node_finished  node, kind, status (ok | error | cancelled), value (ok) or error
+    run_finished   status (done | failed | cancelled), output, error, failed_node
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+EVENT_TYPES = ("run_started", "node_started", "node_phase", "token", "step", "node_retried", "node_finished",
+               "run_finished")
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """time: on the runtime's trace clock (seconds since the trace began)."""
+
+    run_id: str
+    type: str
+    time: float
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+
+RunEventListener = Callable[[RunEvent], None]
