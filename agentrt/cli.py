@@ -14,7 +14,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("agentrt.runtime.cli_run", "run an agent program (examples/*.py)"),
     "inspect": ("agentrt.runtime.cli_inspect", "re-render a saved run trace"),
     "worker": ("agentrt.tools.cli_worker", "serve a module's tools over MQTT"),
-    "serve": ("agentrt.server.cli_serve", "serve the runtime over HTTP"),
+    "serve": ("agentrt.server.cli_serve", "serve agent programs and OpenAI-compatible chat over HTTP"),
+    "submit": ("agentrt.server.cli_submit", "run a program on a server and follow it"),
     "bench": ("agentrt.bench.cli", "run a benchmark: agentrt bench NAME [--quick] [--json PATH]"),
 }
 

@@ -1,4 +1,5 @@
-"""`agentrt inspect TRACE [--html PATH] [--json]`: re-render a saved run trace.
+"""`agentrt inspect TRACE [--html PATH] [--json]`: re-render a saved run trace, or a served run's
+(TRACE = the run's URL, http://HOST:PORT/v1/runs/ID; the API key from $AGENTRT_API_KEY).
 
 Default: the report `agentrt run` printed (output, α table, stall totals, timeline).
 --json: the machine-readable summary (see agentrt/runtime/summary.py) on stdout.
@@ -19,13 +20,34 @@ from agentrt.runtime.trace import read_trace
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", help="a trace saved by `agentrt run` (JSON lines)")
+    p.add_argument("trace", help="a trace saved by `agentrt run` (JSON lines), or a served run's URL")
     p.add_argument("--html", default=None, metavar="PATH", help="write a self-contained HTML timeline")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
 
 
+def fetch_trace(url: str) -> list[dict]:
+    """A served run's trace (GET <run URL>/trace)."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    from agentrt.errors import RunConfigError
+
+    key = os.environ.get("AGENTRT_API_KEY")
+    request = urllib.request.Request(url.rstrip("/") + "/trace", headers={"Authorization": f"Bearer {key}"} if key else {})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            text = r.read().decode("utf-8")
+    except urllib.error.HTTPError as e:
+        raise RunConfigError(f"{url}: {e.code} {e.read().decode('utf-8', 'replace')[:300]}") from None
+    except urllib.error.URLError as e:
+        raise RunConfigError(f"{url}: cannot reach it ({e.reason})") from None
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
 def run(args: argparse.Namespace) -> int:
-    records = read_trace(args.trace)
+    is_url = args.trace.startswith(("http://", "https://"))
+    records = fetch_trace(args.trace) if is_url else read_trace(args.trace)
     summary = summarize(records)
     if args.html:
         path = Path(args.html)

@@ -1,0 +1,182 @@
+"""`agentrt serve [PROGRAM_FILES...]`: agent programs and OpenAI-compatible chat over HTTP.
+
+Loads the program files (as `agentrt run` does), one engine and one runtime, and serves until
+SIGTERM or SIGINT: then it stops accepting work, lets what is in flight finish for up to
+--shutdown-grace seconds, and cancels the rest. The HTTP port opens at once; /ready and the API
+answer 503 until the model is loaded. API keys come from --api-key-file (one per line) or the
+AGENTRT_API_KEYS variable (comma-separated); without a key the server binds only to loopback.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from agentrt.errors import RunConfigError
+from agentrt.server.config import Limits, ServerConfig, is_loopback
+
+log = logging.getLogger("agentrt.server")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("programs", nargs="*", metavar="PROGRAM_FILE", help="Python files defining `program` (examples/*.py)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
+    p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--spec", default="template",
+                   help="drafter: none | suffix | template | layerskip:N | draft:PATH")
+    p.add_argument("--policy", default="las", choices=["las", "fcfs"])
+    p.add_argument("--tools", action="append", default=[], metavar="MODULE",
+                   help="a module (dotted name or .py file) whose TOOLS (or @tool functions) programs may call")
+    p.add_argument("--broker", default=None, metavar="URL",
+                   help="an MQTT broker (mqtt://HOST:PORT) for tools bound to the mqtt executor")
+    p.add_argument("--api-key-file", default=None, metavar="PATH", help="API keys, one per line")
+    p.add_argument("--runs-dir", default="runs/serve", help="where each finished run's trace is written")
+    p.add_argument("--keep-runs", type=int, default=1000, help="finished runs kept in memory")
+    p.add_argument("--max-running-runs", type=int, default=Limits.max_running_runs)
+    p.add_argument("--max-queued-runs", type=int, default=Limits.max_queued_runs)
+    p.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes)
+    p.add_argument("--max-messages", type=int, default=Limits.max_messages)
+    p.add_argument("--max-tokens", type=int, default=Limits.max_tokens, help="the most a chat request may ask for")
+    p.add_argument("--program-max-tokens", type=int, default=None, metavar="N",
+                   help="a cap on every program LLM call's max_tokens (as `agentrt run --max-tokens`)")
+    p.add_argument("--max-tool-schema-bytes", type=int, default=Limits.max_tool_schema_bytes)
+    p.add_argument("--max-sse-connections", type=int, default=Limits.max_sse_connections)
+    p.add_argument("--max-inflight-chats", type=int, default=Limits.max_inflight_chats)
+    p.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN", help="allow CORS from ORIGIN ('*': any)")
+    p.add_argument("--shutdown-grace", type=float, default=30.0, metavar="S")
+    p.add_argument("--no-access-log", action="store_true")
+    p.add_argument("--otlp-endpoint", default=None, metavar="URL",
+                   help="send each run's spans to this OTLP/HTTP endpoint (e.g. http://localhost:4318/v1/traces)")
+
+
+def load_api_keys(path: str | None) -> tuple[str, ...]:
+    keys: list[str] = []
+    if path:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError as e:
+            raise RunConfigError(f"--api-key-file {path}: cannot read it ({e.strerror})") from None
+        keys += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+        if not keys:
+            raise RunConfigError(f"--api-key-file {path}: no keys in it (one per line)")
+    keys += [k.strip() for k in os.environ.get("AGENTRT_API_KEYS", "").split(",") if k.strip()]
+    return tuple(keys)
+
+
+def server_config(args: argparse.Namespace) -> ServerConfig:
+    limits = Limits(max_body_bytes=args.max_body_bytes, max_messages=args.max_messages, max_tokens=args.max_tokens,
+                    default_max_tokens=min(Limits.default_max_tokens, args.max_tokens),
+                    max_tool_schema_bytes=args.max_tool_schema_bytes, max_sse_connections=args.max_sse_connections,
+                    max_running_runs=args.max_running_runs, max_queued_runs=args.max_queued_runs,
+                    max_inflight_chats=args.max_inflight_chats)
+    keys = load_api_keys(args.api_key_file)
+    if not keys and not is_loopback(args.host):
+        raise RunConfigError(f"--host {args.host} is not a loopback address and no API key is set: anyone who can "
+                             f"reach it could run programs. Give --api-key-file PATH (or AGENTRT_API_KEYS), or bind "
+                             f"to 127.0.0.1")
+    return ServerConfig(host=args.host, port=args.port, api_keys=keys, limits=limits, runs_dir=Path(args.runs_dir),
+                        keep_runs=args.keep_runs, cors_origins=tuple(args.cors_origin),
+                        shutdown_grace_s=args.shutdown_grace, access_log=not args.no_access_log)
+
+
+def run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from agentrt.runtime.loader import load_example
+
+    config = server_config(args)
+    examples = [load_example(p) for p in args.programs]
+    programs = {}
+    for ex in examples:
+        if ex.name in programs:
+            raise RunConfigError(f"two program files define a program named '{ex.name}': {programs[ex.name].path}, {ex.path}")
+        programs[ex.name] = ex
+    from agentrt.tools.cli_worker import load_tools
+
+    tools = [t for ex in examples for t in ex.tools] + [t for m in args.tools for t in load_tools(m)]
+    return asyncio.run(serve(args, config, programs, tools))
+
+
+async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, tools: list) -> int:
+    from aiohttp import web
+
+    from agentrt.server.app import STATE, create_app
+
+    model = args.served_model_name or args.model
+    provider = None
+    if args.otlp_endpoint:
+        from agentrt.runtime.otel import otlp_provider
+
+        provider = otlp_provider(args.otlp_endpoint)
+    app = create_app(config, model, programs, tracer_provider=provider)
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.TCPSite(runner, config.host, config.port)
+    await site.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    url = f"http://{config.host}:{config.port}"
+    print(f"agentrt serve: {url}  (loading {args.model} ...)", flush=True)
+    engine = backend = runtime = None
+    state = app[STATE]
+    try:
+        engine, backend, runtime = await _start_runtime(args, tools, model)
+        state.attach(runtime)
+        print(f"agentrt serve: ready at {url}\n  model: {model} ({args.dtype}, {args.device}, spec {args.spec}, "
+              f"policy {args.policy})\n  programs: {', '.join(sorted(programs)) or 'none'}\n"
+              f"  runs stored in: {config.runs_dir}/\n  API keys: {len(config.api_keys) or 'none (loopback only)'}",
+              flush=True)
+        await stop.wait()
+        print("agentrt serve: stopping: no new work; waiting for runs in flight "
+              f"(up to {config.shutdown_grace_s:g} s)", flush=True)
+        state.stopping = True
+        if state.runs is not None:
+            await state.runs.shutdown(config.shutdown_grace_s)
+    finally:
+        await runner.cleanup()
+        if runtime is not None:
+            await runtime.aclose()
+            await runtime.tools.aclose()
+        if backend is not None:
+            backend.close()
+        if engine is not None:
+            engine.close()
+        if provider is not None:
+            provider.shutdown()  # flushes the spans still batched
+    print("agentrt serve: stopped", flush=True)
+    return 0
+
+
+async def _start_runtime(args: argparse.Namespace, tools: list, model: str) -> tuple[Any, Any, Any]:
+    """Load the engine on a thread (the event loop keeps answering /health), then the runtime."""
+    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
+    from agentrt.runtime.engine_backend import EngineBackend
+    from agentrt.runtime.runtime import Runtime
+    from agentrt.runtime.trace import Trace
+    from agentrt.tools import ToolRegistry
+
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec))
+    engine = AsyncEngine(await asyncio.to_thread(LLMEngine, config))
+    backend = EngineBackend(engine, model_name=model)
+    registry = ToolRegistry()
+    for t in tools:
+        if t.name not in registry:
+            registry.register(t)
+    if args.broker:
+        from agentrt.tools.mqtt_client import MqttDispatcher
+        from agentrt.tools.mqtt_protocol import MqttConfig
+
+        registry.add_executor("mqtt", await MqttDispatcher(MqttConfig.from_url(args.broker)).start())
+    trace = Trace(name="serve", meta={"model": model, "dtype": args.dtype, "device": args.device,
+                                      "drafter": args.spec, "policy": args.policy})
+    return engine, backend, Runtime(backend, tools=registry, trace=trace, policy=args.policy,
+                                    max_tokens=args.program_max_tokens)

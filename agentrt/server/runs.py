@@ -1,0 +1,261 @@
+"""The served program runs: admission, idempotency, each run's event log, and what is kept.
+
+A submitted run is admitted when fewer than `max_running` run and waits (status "queued") while
+fewer than `max_queued` wait; past that the submit is refused (429 with Retry-After). Each run
+keeps the numbered log of its events (runtime.events plus run_queued), so an SSE client that
+reconnects with Last-Event-ID gets exactly the events after that id. When a run ends its trace is
+written to `runs_dir/<run_id>.jsonl` (what `agentrt inspect` reads), its summary computed once,
+and its records dropped from the runtime's trace. The newest `keep_runs` finished runs stay in
+memory; older ones are read back from their trace file when asked for.
+"""
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import logging
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import jsonschema
+
+from agentrt.errors import AgentRTError
+from agentrt.runtime.events import RunEvent
+from agentrt.runtime.loader import Example
+from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.summary import summarize
+from agentrt.runtime.trace import new_id, read_trace, write_records
+from agentrt.server.config import Limits
+from agentrt.server.errors import ApiError
+
+log = logging.getLogger("agentrt.server")
+ENDED = ("done", "failed", "cancelled")
+
+
+@dataclass
+class ServedRun:
+    run_id: str
+    program: str
+    inputs: dict[str, Any]
+    metadata: dict[str, str]
+    priority: float
+    created_at: float  # unix seconds
+    seq: int  # submission order (list order, cursors)
+    idempotency_key: str | None = None
+    request_digest: str = ""
+    status: str = "queued"
+    started_at: float | None = None
+    ended_at: float | None = None
+    output: Any = None
+    error: dict[str, Any] | None = None
+    summary: dict[str, Any] | None = None
+    trace_path: Path | None = None
+    events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # (id, type, data)
+    task: asyncio.Task | None = None
+    handle: Any = None  # the runtime's ProgramHandle once started
+    _changed: asyncio.Event = field(default_factory=asyncio.Event)
+
+    @property
+    def ended(self) -> bool:
+        return self.status in ENDED
+
+    def add_event(self, type: str, data: Mapping[str, Any]) -> None:
+        self.events.append((len(self.events) + 1, type, dict(data)))
+        self._changed.set()
+
+    async def changed(self, after: int, timeout: float | None = None) -> bool:
+        """Wait until the log has an event past id `after` or the run ended; False on timeout."""
+        while len(self.events) <= after and not self.ended:
+            self._changed.clear()
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except TimeoutError:
+                return False
+        return True
+
+
+class RunManager:
+    def __init__(self, runtime: Runtime, programs: Mapping[str, Example], limits: Limits, runs_dir: Path,
+                 keep_runs: int = 1000,
+                 on_end: Callable[[ServedRun, list[dict[str, Any]] | None], None] | None = None) -> None:
+        self.runtime, self.programs, self.limits = runtime, dict(programs), limits
+        self.runs_dir, self.keep_runs, self.on_end = Path(runs_dir), keep_runs, on_end
+        self.runs: OrderedDict[str, ServedRun] = OrderedDict()
+        self._by_key: dict[str, str] = {}
+        self._seq = itertools.count()
+        self._slots = asyncio.Semaphore(limits.max_running_runs)
+        self.accepting = True
+        self._unsubscribe = runtime.subscribe_events(self._on_event)
+
+    # -- counts --
+    @property
+    def running(self) -> int:
+        return sum(1 for r in self.runs.values() if r.status == "running")
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for r in self.runs.values() if r.status == "queued")
+
+    # -- submitting --
+    def submit(self, program: str, inputs: dict[str, Any], *, priority: float | None = None,
+               metadata: Mapping[str, str] | None = None, idempotency_key: str | None = None) -> tuple[ServedRun, bool]:
+        """(the run, whether it is new). The same Idempotency-Key returns the run it made."""
+        example = self.programs.get(program)
+        if example is None:
+            raise ApiError(404, f"no program named '{program}' (loaded: {', '.join(sorted(self.programs)) or 'none'})",
+                           param="program", code="program_not_found")
+        digest = json.dumps([program, inputs, priority, dict(metadata or {})], sort_keys=True, default=repr)
+        if idempotency_key is not None:
+            existing = self.runs.get(self._by_key.get(idempotency_key, ""))
+            if existing is not None:
+                if existing.request_digest != digest:
+                    raise ApiError(422, "Idempotency-Key was used for a different request (program, inputs, "
+                                        "priority or metadata differ)", param="Idempotency-Key",
+                                   code="idempotency_key_reused")
+                return existing, False
+        if not self.accepting:
+            raise ApiError(503, "the server is shutting down and accepts no new runs", code="shutting_down")
+        full = self._check_inputs(example, inputs)
+        if self.running >= self.limits.max_running_runs and self.queued >= self.limits.max_queued_runs:
+            raise ApiError(429, f"too many runs: {self.running} running and {self.queued} queued "
+                                f"(limits max_running_runs={self.limits.max_running_runs}, "
+                                f"max_queued_runs={self.limits.max_queued_runs})", code="too_many_runs",
+                           headers={"Retry-After": str(self.limits.retry_after_s)})
+        run_id = f"run_{new_id(8)}"
+        run = ServedRun(run_id, program, full, dict(metadata or {}), float(priority or 0.0), time.time(),
+                        next(self._seq), idempotency_key, digest)
+        self.runs[run_id] = run
+        if idempotency_key is not None:
+            self._by_key[idempotency_key] = run_id
+        run.add_event("run_queued", {"program": program, "inputs": full})
+        run.task = asyncio.get_running_loop().create_task(self._run(run), name=f"agentrt-serve:{run_id}")
+        return run, True
+
+    def _check_inputs(self, example: Example, inputs: dict[str, Any]) -> dict[str, Any]:
+        schema = example.program.input_schema(example.default_inputs)
+        errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(inputs), key=lambda e: list(e.path))
+        if errors:
+            e = errors[0]
+            where = "/".join(str(p) for p in e.absolute_path)
+            raise ApiError(400, f"inputs{'.' + where if where else ''}: {e.message} (program '{example.name}' "
+                                f"takes {json.dumps(schema['properties'])})", param="inputs", code="invalid_inputs")
+        return {**example.default_inputs, **inputs}
+
+    async def _run(self, run: ServedRun) -> None:
+        try:
+            async with self._slots:
+                if run.ended:  # cancelled while queued
+                    return
+                run.status, run.started_at = "running", time.time()
+                example = self.programs[run.program]
+                run.handle = self.runtime.submit(example.program, run.inputs, run_id=run.run_id,
+                                                 priority=run.priority)
+                result = await run.handle.wait()
+        except asyncio.CancelledError:
+            if run.handle is not None:
+                run.handle.cancel()
+                result = await run.handle.wait()
+            else:
+                self._end(run, "cancelled", None, {"node": None, "message": "the run was cancelled while queued"})
+                return
+        except AgentRTError as e:  # bad program set-up (a tool missing): the run fails, the server goes on
+            self._end(run, "failed", None, {"node": None, "message": str(e)})
+            return
+        self._end(run, result.status, result.output,
+                  None if result.error is None else {"node": result.failed_node, "message": result.error})
+
+    def _end(self, run: ServedRun, status: str, output: Any, error: dict[str, Any] | None) -> None:
+        run.status, run.output, run.error, run.ended_at = status, output, error, time.time()
+        if run.handle is None:  # never started: no runtime events, so say it here
+            run.add_event("run_finished", {"status": status, "output": None, "error": error["message"],
+                                           "failed_node": None})
+        trace, records = self.runtime.trace, None
+        if run.run_id in self.runtime.programs:
+            records = trace.run_records(run.run_id)
+            try:
+                run.summary = summarize(records)
+                run.trace_path = write_records(records, self.runs_dir / f"{run.run_id}.jsonl")
+            except OSError as e:
+                log.error("could not write the trace of %s: %s", run.run_id, e)
+            del self.runtime.programs[run.run_id]
+            oldest = min([ps.start for ps in self.runtime.programs.values()] +
+                         [s.started for s in self.runtime.calls.values()], default=trace.now())
+            trace.forget([run.run_id], steps_before=oldest)
+        run._changed.set()
+        if self.on_end is not None:
+            self.on_end(run, records)
+        self._retire()
+
+    def _retire(self) -> None:
+        ended = [r for r in self.runs.values() if r.ended]
+        for run in ended[: max(0, len(ended) - self.keep_runs)]:
+            del self.runs[run.run_id]
+            if run.idempotency_key is not None:
+                self._by_key.pop(run.idempotency_key, None)
+
+    def _on_event(self, ev: RunEvent) -> None:
+        run = self.runs.get(ev.run_id)
+        if run is not None:
+            run.add_event(ev.type, {"time": round(ev.time, 6), **ev.data})
+
+    # -- reading --
+    def get(self, run_id: str) -> ServedRun:
+        run = self.runs.get(run_id)
+        if run is not None:
+            return run
+        return self._from_disk(run_id)
+
+    def _from_disk(self, run_id: str) -> ServedRun:
+        path = self.runs_dir / f"{run_id}.jsonl"
+        if "/" in run_id or run_id.startswith(".") or not path.is_file():
+            raise ApiError(404, f"no run with id '{run_id}'", param="run_id", code="run_not_found")
+        try:
+            records = read_trace(path)
+        except AgentRTError as e:
+            raise ApiError(404, f"run '{run_id}': its trace cannot be read ({e})", code="run_not_found") from None
+        summary = summarize(records)
+        prog = next(r for r in records if r["type"] == "program")
+        wall = records[0]["wall_start"]
+        return ServedRun(run_id, prog["program"], prog.get("inputs") or {}, {}, 0.0, wall + prog["start"], -1,
+                         status=prog["status"], started_at=wall + prog["start"], ended_at=wall + prog["end"],
+                         output=prog.get("output"), error=prog.get("error"), summary=summary, trace_path=path)
+
+    def live_nodes(self, run: ServedRun) -> list[dict[str, Any]]:
+        """While a run runs: each LLM/tool node's status and current phase."""
+        ps = self.runtime.programs.get(run.run_id)
+        if ps is None:
+            return []
+        now = self.runtime.trace.now()
+        return [{"node": ns.node, "kind": ns.kind, "status": ns.status, "phase": ns.log.phase,
+                 "phase_elapsed_s": round(now - ns.log.since, 6)} for ns in ps.nodes.values()]
+
+    def list(self, program: str | None, status: str | None, limit: int, cursor: str | None) -> tuple[list[ServedRun], str | None]:
+        runs = sorted(self.runs.values(), key=lambda r: r.seq, reverse=True)
+        if cursor is not None:
+            after = self.runs.get(cursor)
+            if after is None:
+                raise ApiError(400, f"cursor '{cursor}' names no run kept in memory", param="cursor")
+            runs = [r for r in runs if r.seq < after.seq]
+        runs = [r for r in runs if (program is None or r.program == program) and (status is None or r.status == status)]
+        page = runs[:limit]
+        return page, (page[-1].run_id if len(runs) > limit else None)
+
+    # -- control --
+    def cancel(self, run: ServedRun) -> None:
+        if not run.ended and run.task is not None:
+            run.task.cancel()
+
+    async def shutdown(self, grace_s: float) -> None:
+        """Stop accepting runs; give those in flight grace_s to finish, then cancel them."""
+        self.accepting = False
+        tasks = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=grace_s)
+            for t in pending:
+                t.cancel()
+            if pending:
+                await asyncio.wait(pending)
+        self._unsubscribe()

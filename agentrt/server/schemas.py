@@ -1,0 +1,273 @@
+"""Request and response bodies of the HTTP API (pydantic v2): the OpenAI-compatible chat
+completions and the programs API. Requests forbid unknown fields, so a misspelt parameter is a
+400 naming it rather than a silently ignored setting."""
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    # parts of OpenAI objects where clients send fields we do not use (a message's `name`, say)
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- OpenAI chat completions: requests ---------------------------------------------------------
+class TextPart(_Open):
+    type: Literal["text"]
+    text: str
+
+
+class FunctionCallIn(_Open):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCallIn(_Open):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ChatMessage(_Open):
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+
+    def text(self) -> str | None:
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content)
+        return self.content
+
+
+class FunctionDef(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDef(_Strict):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_Strict):
+    name: str
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(_Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(_Strict):
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: ResponseFormat | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int | None = Field(default=None, ge=1)
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    store: bool | None = None
+    # OpenAI fields the engine does not implement yet: accepted at their neutral values only
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+# ---- OpenAI chat completions: responses --------------------------------------------------------
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+    refusal: None = None
+
+
+class Choice(BaseModel):
+    index: int
+    message: AssistantMessage
+    finish_reason: str
+    logprobs: None = None
+
+
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int = 0
+
+
+class UsageOut(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = PromptTokensDetails()
+
+
+class SpecStats(BaseModel):
+    """The call's speculative decoding: drafts proposed and accepted (grammar-forced ones
+    counted among both), α = accepted / drafted, tokens emitted per target forward pass."""
+
+    drafted: int
+    accepted: int
+    forced: int
+    alpha: float | None
+    target_passes: int
+    tokens_per_pass: float | None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: UsageOut
+    system_fingerprint: str | None = None
+    agentrt: SpecStats | None = None
+
+
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta
+
+
+class Delta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int
+    delta: Delta
+    finish_reason: str | None = None
+    logprobs: None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice]
+    usage: UsageOut | None = None
+    system_fingerprint: str | None = None
+    agentrt: SpecStats | None = None
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "agentrt"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# ---- programs API --------------------------------------------------------------------------------
+class ProgramInfo(BaseModel):
+    name: str
+    description: str
+    input_schema: dict[str, Any]
+    graph: dict[str, Any]
+    tools: list[str]
+
+
+class ProgramList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ProgramInfo]
+
+
+class RunCreate(_Strict):
+    inputs: dict[str, Any] = Field(default_factory=dict)
+    priority: float | None = None  # added to the policy's priorities: smaller runs sooner
+    metadata: dict[str, str] | None = None
+
+
+class RunError(BaseModel):
+    node: str | None
+    message: str
+
+
+class RunInfo(BaseModel):
+    """A run as the API shows it. summary: while running, each node's state and phase; once
+    ended, the summary `agentrt inspect --json` prints for the run's trace (its one run)."""
+
+    run_id: str
+    program: str
+    status: Literal["queued", "running", "done", "failed", "cancelled"]
+    created_at: float  # unix seconds
+    started_at: float | None = None
+    ended_at: float | None = None
+    duration_s: float | None = None
+    inputs: dict[str, Any]
+    metadata: dict[str, str] = Field(default_factory=dict)
+    output: Any = None
+    error: RunError | None = None
+    summary: dict[str, Any] | None = None
+
+
+class RunList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[RunInfo]
+    next_cursor: str | None = None
+
+
+class RunCreated(BaseModel):
+    run_id: str
+    status: str
