@@ -72,7 +72,9 @@ def run(args: argparse.Namespace) -> BenchResult:
     console = Console(stderr=True)
     n_tokens = 32 if args.quick else 128
     repeats = 1 if args.quick else 2
-    dtype = getattr(torch, args.dtype)
+    from agentrt.engine.model_loader import parse_dtype
+
+    dtype = parse_dtype(args.dtype)
     console.print(f"[bold]bench decode[/]: {args.model} {args.dtype}, {n_tokens} new tokens, best of {repeats}")
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype))
     path = engine.loaded.source.path

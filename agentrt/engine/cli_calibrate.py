@@ -6,7 +6,8 @@ import argparse
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-tokens", type=int, default=256, help="largest step (new tokens) to time")
     p.add_argument("--repeats", type=int, default=3)

@@ -14,7 +14,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--system", default=None, help="a system message")
     p.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")

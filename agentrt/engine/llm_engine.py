@@ -35,7 +35,7 @@ from agentrt.spec.verify import verify_drafts, verify_greedy
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "smollm2-135m-instruct"
-    dtype: str = "bfloat16"  # faster than fp32 on CPUs (bench decode), AVX2-only ones included
+    dtype: str = "auto"  # bf16 where the hardware has bf16 matmuls, else fp32 (model_loader.default_dtype)
     device: str = "cpu"
     block_size: int = 16
     kv_cache_tokens: int = 32768

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrt.engine.models.layers import onednn_bf16
 from agentrt.engine.models.llama import LlamaModel
 from agentrt.engine.registry import ModelSource, resolve_model
 from agentrt.engine.tokenizer import Tokenizer
@@ -15,13 +16,26 @@ DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.f
           "float16": torch.float16, "fp16": torch.float16}
 
 
-def parse_dtype(name: str | torch.dtype) -> torch.dtype:
+def default_dtype(device: str = "cpu") -> torch.dtype:
+    """What dtype "auto" means: bf16 where the hardware multiplies bf16 natively (a CUDA GPU with
+    bf16; a CPU with AMX or AVX512 bf16 paths in oneDNN), else fp32 on CPUs (fp16 on older GPUs).
+    On an AVX2-only CPU bf16 matmuls are emulated: measured on a 2-core AMD EPYC, a 1536x576
+    linear took 0.13 ms (bf16) vs 0.21 ms (fp32) for one row but 30 vs 4 ms for 256 rows, and
+    serving four clients ran 4x faster in fp32 (agentrt bench serve --part chat --dtype ...)."""
+    if device.startswith("cuda"):
+        return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
+    return torch.bfloat16 if onednn_bf16() else torch.float32
+
+
+def parse_dtype(name: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
+    if name == "auto":
+        return default_dtype(device)
     try:
         return DTYPES[name]
     except KeyError:
-        raise ModelLoadError(f"unknown dtype {name!r}; choose one of {sorted(DTYPES)}") from None
+        raise ModelLoadError(f"unknown dtype {name!r}; choose auto or one of {sorted(DTYPES)}") from None
 
 
 @dataclass
@@ -35,8 +49,8 @@ class LoadedModel:
         return self.source.name
 
 
-def load_model(name_or_path: str, dtype: str | torch.dtype = "bfloat16", device: str = "cpu", progress: bool = True) -> LoadedModel:
-    dt = parse_dtype(dtype)
+def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", device: str = "cpu", progress: bool = True) -> LoadedModel:
+    dt = parse_dtype(dtype, device)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} was asked for but CUDA is not available")
     source = resolve_model(name_or_path, progress=progress)

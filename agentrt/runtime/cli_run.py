@@ -21,7 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="where to save the trace (default: runs/<timestamp>-<program>.jsonl)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--spec", default="template",
                    help="drafter: none | suffix | template (suffix + grammar-forced drafts) | layerskip:N | draft:PATH")
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec))
         engine = AsyncEngine(LLMEngine(config))
     backend = EngineBackend(engine, model_name=args.model)
-    meta = {"dtype": args.dtype, "device": args.device, "drafter": args.spec, "policy": args.policy}
+    dtype = str(engine.engine.model.dtype).removeprefix("torch.")
+    meta = {"dtype": dtype, "device": args.device, "drafter": args.spec, "policy": args.policy}
     try:
         result, _ = asyncio.run(run_example(example, inputs, backend, trace_path=args.trace, console=console,
                                             max_tokens=args.max_tokens, live=not args.no_live, meta=meta,

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
-    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
+                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
     p.add_argument("--device", default="cpu")
     p.add_argument("--spec", default="template",
                    help="drafter: none | suffix | template | layerskip:N | draft:PATH")
@@ -131,7 +132,8 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
     try:
         engine, backend, runtime = await _start_runtime(args, tools, model)
         state.attach(runtime)
-        print(f"agentrt serve: ready at {url}\n  model: {model} ({args.dtype}, {args.device}, spec {args.spec}, "
+        dtype = str(engine.engine.model.dtype).removeprefix("torch.")
+        print(f"agentrt serve: ready at {url}\n  model: {model} ({dtype}, {args.device}, spec {args.spec}, "
               f"policy {args.policy})\n  programs: {', '.join(sorted(programs)) or 'none'}\n"
               f"  runs stored in: {config.runs_dir}/\n  API keys: {len(config.api_keys) or 'none (loopback only)'}",
               flush=True)
@@ -176,7 +178,8 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str) -> t
         from agentrt.tools.mqtt_protocol import MqttConfig
 
         registry.add_executor("mqtt", await MqttDispatcher(MqttConfig.from_url(args.broker)).start())
-    trace = Trace(name="serve", meta={"model": model, "dtype": args.dtype, "device": args.device,
+    dtype = str(engine.engine.model.dtype).removeprefix("torch.")
+    trace = Trace(name="serve", meta={"model": model, "dtype": dtype, "device": args.device,
                                       "drafter": args.spec, "policy": args.policy})
     return engine, backend, Runtime(backend, tools=registry, trace=trace, policy=args.policy,
                                     max_tokens=args.program_max_tokens)

@@ -104,13 +104,14 @@ def _can_pack(weight: torch.Tensor) -> bool:
         and weight.dtype == torch.bfloat16
         and torch.backends.mkldnn.is_available()
         and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-        and _onednn_bf16()
+        and onednn_bf16()
     )
 
 
 @functools.cache
-def _onednn_bf16() -> bool:
-    """Whether oneDNN has a bf16 path on this CPU (AVX512-BW/VL/DQ or AVX-NE-CONVERT): without one
-    (an AVX2-only CPU) packing a bf16 weight raises, and plain F.linear is the path."""
+def onednn_bf16() -> bool:
+    """Whether oneDNN has a bf16 path on this CPU (AVX512-BW/VL/DQ or AVX-NE-CONVERT). Without one
+    (an AVX2-only CPU) packing a bf16 weight raises and bf16 matmuls run at a fixed ~15 GFLOP/s
+    whatever the rows (a 256-row prefill linear 7x slower than fp32): see default_dtype."""
     check = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
     return bool(check()) if check is not None else True
