@@ -2,7 +2,8 @@
 
 Blocks are shared by reference count (a forked sequence, later the prefix cache). A block is
 only ever written while exactly one owner holds it: growing into a shared, partly filled block
-copies it first (copy-on-write), and the copy is returned for the engine to perform.
+copies it first (copy-on-write); the engine performs the copies (`pop_copies`) before the
+forward that writes into them.
 """
 from __future__ import annotations
 
@@ -66,6 +67,7 @@ class BlockManager:
         self.allocator = BlockAllocator(num_blocks)
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}  # tokens with a reserved slot, per sequence
+        self._copies: list[tuple[int, int]] = []  # (src, dst) block copies owed before the next write
         self.prefix = None
         if prefix_caching:
             from agentrt.engine.prefix_cache import PrefixCache
@@ -116,26 +118,30 @@ class BlockManager:
         prefix cache (which keeps full blocks for later requests)."""
         return self.allocator.refcount[block] > 1 or (self.prefix is not None and self.prefix.holds(block))
 
-    def grow(self, seq_id: int, new_len: int) -> list[tuple[int, int]]:
-        """Reserve slots for positions [len, new_len). Returns (src, dst) block copies to perform."""
+    def pop_copies(self) -> list[tuple[int, int]]:
+        """The (src, dst) block copies grow() made owed since the last call (KVCache.copy_blocks)."""
+        copies, self._copies = self._copies, []
+        return copies
+
+    def grow(self, seq_id: int, new_len: int) -> None:
+        """Reserve slots for positions [len, new_len); a shared, partly filled last block is
+        replaced by a private copy (owed through pop_copies)."""
         if self.blocks_needed(seq_id, new_len) > self.num_free:
             raise OutOfBlocks(f"sequence {seq_id} needs {self.blocks_needed(seq_id, new_len)} blocks, {self.num_free} free")
         table = self.tables.setdefault(seq_id, [])
         cur = self.lengths.get(seq_id, 0)
-        copies = []
         if new_len <= cur:
-            return copies
+            return
         if cur % self.block_size:
             i = cur // self.block_size
             if self._shared(table[i]):
                 new = self.allocator.allocate()
-                copies.append((table[i], new))
+                self._copies.append((table[i], new))
                 self.allocator.decref(table[i])
                 table[i] = new
         while len(table) < self._blocks_for(new_len):
             table.append(self.allocator.allocate())
         self.lengths[seq_id] = new_len
-        return copies
 
     def slots(self, seq_id: int, start: int, end: int) -> list[int]:
         """Flat cache slots of positions [start, end) of a sequence."""

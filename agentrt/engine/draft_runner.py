@@ -25,6 +25,7 @@ def _forward_last(model: LlamaModel, kv: KVCache, blocks: BlockManager, seq_ids,
         slots += blocks.slots(sid, start, end)
         ends.append(end)
         rows.append(len(ids) - 1)
+    kv.copy_blocks(blocks.pop_copies())  # copy-on-write before this forward writes into a shared block
     positions = torch.tensor(pos, dtype=torch.long)
     meta = build_attention_metadata([len(t) for t in tokens], ends, positions, [blocks.tables[s] for s in seq_ids],
                                     blocks.block_size, model.device)

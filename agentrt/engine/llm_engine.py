@@ -195,6 +195,7 @@ class LLMEngine:
         for seq, n, d in zip(plan.seqs, plan.num_new, plan.drafts):
             if d:  # propose() kept drafts within the free KV slots
                 self.blocks.grow(seq.seq_id, seq.num_computed + n + len(d))
+        self.kv.copy_blocks(self.blocks.pop_copies())  # copy-on-write of shared, partly filled blocks
         fwd, first_row = build_forward_batch(plan, self.blocks, self.device)
         logits = self.model.forward(fwd, self.kv).logits  # [rows, vocab]
         emitted = self._sample(plan, logits, first_row, proposal)

@@ -30,11 +30,11 @@ class BlockMachine(RuleBasedStateMachine):
     def _write(self, sid: int, n: int, toks: list[int] | None = None) -> None:
         cur = self.bm.lengths.get(sid, 0)
         try:
-            copies = self.bm.grow(sid, cur + n)
+            self.bm.grow(sid, cur + n)
         except OutOfBlocks:
             assert self.bm.blocks_needed(sid, cur + n) > self.bm.num_free
             return
-        for src, dst in copies:  # what KVCache.copy_blocks does
+        for src, dst in self.bm.pop_copies():  # what KVCache.copy_blocks does
             self.cache[dst * BLOCK : (dst + 1) * BLOCK] = self.cache[src * BLOCK : (src + 1) * BLOCK]
         if toks is None:
             toks = list(range(self.next_tok, self.next_tok + n))

@@ -98,3 +98,35 @@ def test_kv_cache_layout_per_layer():
     assert len(kv.k) == len(kv.v) == 3
     assert all(t.shape == (20, 2, 8) and not t.any() for t in (*kv.k, *kv.v))
     assert len({t.data_ptr() for t in (*kv.k, *kv.v)}) == 6
+
+
+def test_a_shared_partly_filled_block_is_copied_before_it_is_written():
+    """Copy-on-write end to end: a sequence forked mid-block grows into the shared block; the
+    engine's copy (BlockManager.pop_copies -> KVCache.copy_blocks) keeps the shared positions for
+    the fork, and the original's K/V stay as they were when the fork writes its own token."""
+    from agentrt.engine.block_manager import BlockManager
+
+    cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    bm, kv = BlockManager(8, 4), KVCache(cfg, num_blocks=8, block_size=4, dtype=torch.float32)
+    bm.grow(0, 6)  # positions 0..5: block 0 full, block 1 half
+    slots = torch.tensor(bm.slots(0, 0, 6))
+    src_k = torch.arange(6 * 4, dtype=torch.float32).reshape(6, 1, 4)
+    for layer in range(2):
+        kv.write(layer, slots, src_k + layer, -src_k)
+    bm.fork(0, 1, 6)
+    assert bm.tables[1] == bm.tables[0]
+    bm.grow(1, 7)  # the fork writes position 6 into the shared half block
+    copies = bm.pop_copies()
+    assert len(copies) == 1 and copies[0][0] == bm.tables[0][1] and bm.tables[1][1] == copies[0][1]
+    assert bm.pop_copies() == []
+    kv.copy_blocks(copies)
+    new = torch.full((1, 1, 4), 99.0)
+    for layer in range(2):
+        kv.write(layer, torch.tensor(bm.slots(1, 6, 7)), new, new)
+    for layer in range(2):
+        assert torch.equal(kv.k[layer][torch.tensor(bm.slots(1, 0, 6))], src_k + layer)  # shared positions kept
+        assert torch.equal(kv.k[layer][torch.tensor(bm.slots(0, 0, 6))], src_k + layer)  # the original untouched
+        assert torch.equal(kv.v[layer][torch.tensor(bm.slots(1, 6, 7))], new)
+    bm.grow(0, 7)  # the original writing on its (now unshared) block owes no copy
+    assert bm.pop_copies() == []
