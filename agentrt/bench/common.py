@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
+
+from agentrt.tables import fmt as _fmt, print_table
 
 
 @dataclass
@@ -37,27 +38,6 @@ def machine_info() -> dict[str, Any]:
     except ImportError:
         pass
     return info
-
-
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
-    return str(v)
-
-
-def print_table(title: str, rows: list[dict[str, Any]], console: Console | None = None) -> None:
-    console = console or Console()
-    if not rows:
-        return
-    cols: list[str] = []
-    for r in rows:
-        cols += [k for k in r if k not in cols]
-    table = Table(title=title)
-    for c in cols:
-        table.add_column(c)
-    for r in rows:
-        table.add_row(*[_fmt(r.get(c, "")) for c in cols])
-    console.print(table)
 
 
 def finish(name: str, result: BenchResult, json_path: str | None) -> None:

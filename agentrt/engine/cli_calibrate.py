@@ -14,9 +14,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentrt.bench.common import print_table
     from agentrt.engine import EngineConfig, LLMEngine
     from agentrt.engine.calibration import calibrate_engine
+    from agentrt.tables import print_table
 
     engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device))
     model, report, path = calibrate_engine(engine, max_tokens=args.max_tokens, repeats=args.repeats)
