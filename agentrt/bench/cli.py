@@ -14,6 +14,7 @@ BENCHES = {
     "workload": "agentrt.bench.workload",
     "tools": "agentrt.bench.tools",
     "attention": "agentrt.bench.attention",
+    "serve": "agentrt.bench.serve",
 }
 
 

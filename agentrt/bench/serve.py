@@ -1,0 +1,326 @@
+"""`agentrt bench serve`: the server's cost over the engine, and program throughput under arrivals.
+
+Part 1, OpenAI-compatible load. C concurrent streaming clients (C in 1, 4, 16), each sending R
+chat requests one after another (greedy, max_tokens M, prompts from the bench prompt set): first
+straight to an in-process engine (AsyncEngine.stream, the same engine config), then through
+`agentrt serve` in its own process with the official openai client (AsyncOpenAI, stream=True,
+include_usage). Per side and C: time to first token p50/p99, inter-token latency p50/p99 (gaps
+between streamed pieces divided by the tokens they carry), output tokens/s over the wall time.
+
+Part 2, programs through HTTP. The three example programs (bench workload's load: seeded
+heavy-tailed tool latencies) submitted to an in-process server as a seeded Poisson process at
+increasing rates, for two policies (bench workload's a: call-level FCFS without prefix cache or
+speculation, and c: the full runtime). Per policy: the mean completion time unloaded (each
+program alone), then per rate the mean completion time (submit to end, over the HTTP API); the
+sustained rate is the highest rate whose mean stays within 2x that policy's unloaded mean.
+
+Summary: server_overhead (engine-direct tokens/s over served tokens/s at C=16; goal <= 1.10),
+ttft_p50_ms (served, C=1), sustained_rate_vs_fcfs (c's sustained rate over a's; goal >= 2.0).
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+
+from agentrt.bench.common import BenchResult
+from agentrt.bench.prompts import mixed_prompts
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--concurrency", default=None, help="comma-separated client counts (default 1,4,16)")
+    p.add_argument("--requests", type=int, default=None, help="requests per client (default 4, --quick 2)")
+    p.add_argument("--out-tokens", type=int, default=None, help="max_tokens per chat request (default 64, --quick 32)")
+    p.add_argument("--rates", default=None, help="program arrival rates per second, comma-separated "
+                                                 "(default 0.1,0.15,0.2,0.3,0.4,0.6,0.8,1.2; --quick 0.2,0.8)")
+    p.add_argument("--programs", type=int, default=None, help="programs per rate (default 12, --quick 6)")
+    p.add_argument("--part", choices=["chat", "programs", "both"], default="both")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pct(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * (len(values) - 1) + 0.5))]
+
+
+class Tally:
+    """What the clients of one (side, C) saw."""
+
+    def __init__(self) -> None:
+        self.ttft: list[float] = []
+        self.itl: list[float] = []
+        self.tokens = 0
+
+    def piece(self, t_prev: float, t_now: float, tokens: int) -> None:
+        tokens = max(1, tokens)
+        self.itl += [(t_now - t_prev) / tokens] * tokens
+
+    def row(self, side: str, c: int, wall: float) -> dict[str, Any]:
+        ms = lambda v: None if v is None else round(1000 * v, 1)  # noqa: E731
+        return {"side": side, "clients": c, "ttft_p50_ms": ms(pct(self.ttft, 0.5)), "ttft_p99_ms": ms(pct(self.ttft, 0.99)),
+                "itl_p50_ms": ms(pct(self.itl, 0.5)), "itl_p99_ms": ms(pct(self.itl, 0.99)),
+                "out_tokens": self.tokens, "tokens_per_s": round(self.tokens / wall, 2)}
+
+
+# ---- part 1: chat ------------------------------------------------------------------------------
+async def direct_load(engine: Any, prompts: list[list[dict]], c: int, r: int, out_tokens: int) -> dict[str, Any]:
+    from agentrt.engine import SamplingParams
+
+    tally = Tally()
+    params = SamplingParams(max_tokens=out_tokens, temperature=0)
+
+    async def client(i: int) -> None:
+        for j in range(r):
+            t0 = last = time.perf_counter()
+            first = True
+            async for ev in engine.stream(prompts[(i * r + j) % len(prompts)], params):
+                now = time.perf_counter()
+                n = len(ev.token_ids)
+                if ev.text and first:
+                    tally.ttft.append(now - t0)
+                    first = False
+                elif n and not first:
+                    tally.piece(last, now, n)
+                last = now if n else last
+                tally.tokens += n
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(c)))
+    return tally.row("engine", c, time.perf_counter() - t0)
+
+
+async def served_load(url: str, model: str, prompts: list[list[dict]], c: int, r: int, out_tokens: int) -> dict[str, Any]:
+    import openai
+
+    tally = Tally()
+    aclient = openai.AsyncOpenAI(base_url=url + "/v1", api_key="bench", max_retries=0)
+
+    async def client(i: int) -> None:
+        for j in range(r):
+            t0 = last = time.perf_counter()
+            first, pieces = True, []
+            stream = await aclient.chat.completions.create(
+                model=model, messages=prompts[(i * r + j) % len(prompts)], max_tokens=out_tokens, temperature=0,
+                stream=True, stream_options={"include_usage": True})
+            async for chunk in stream:
+                now = time.perf_counter()
+                text = chunk.choices[0].delta.content if chunk.choices else None
+                if text:
+                    if first:
+                        tally.ttft.append(now - t0)
+                        first = False
+                    else:
+                        pieces.append((last, now, text))
+                    last = now
+                if chunk.usage is not None:
+                    tally.tokens += chunk.usage.completion_tokens
+                    # spread the tokens over the pieces in proportion to their characters
+                    chars = sum(len(t) for _, _, t in pieces) or 1
+                    for a, b, t in pieces:
+                        tally.piece(a, b, round(chunk.usage.completion_tokens * len(t) / chars))
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(client(i) for i in range(c)))
+    wall = time.perf_counter() - t0
+    await aclient.close()
+    return tally.row("served", c, wall)
+
+
+def chat_part(args: argparse.Namespace, console: Console, levels: list[int], r: int, out_tokens: int) -> list[dict]:
+    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
+
+    prompts = mixed_prompts(64)
+    rows = []
+    console.print(f"[bold]chat[/bold]: engine-direct, C = {levels}, {r} requests each, max_tokens {out_tokens}")
+    engine = AsyncEngine(LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, spec=SpecConfig(drafter="template"))))
+    try:
+        asyncio.run(direct_load(engine, prompts, 1, 1, 4))  # warm-up: first-touch and grammar set-up
+        for c in levels:
+            rows.append(asyncio.run(direct_load(engine, prompts, c, r, out_tokens)))
+            console.print(f"  {rows[-1]}")
+    finally:
+        engine.close()
+    port = free_port()
+    log = Path(os.environ.get("TMPDIR", "/tmp")) / f"agentrt-bench-serve-{port}.log"
+    console.print(f"[bold]chat[/bold]: served (agentrt serve on port {port}, log {log})")
+    with log.open("w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "agentrt.cli", "serve", "--port", str(port), "--model", args.model,
+                                 "--dtype", args.dtype, "--spec", "template", "--no-access-log",
+                                 "--runs-dir", str(log.with_suffix(".runs"))], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            wait_ready(url, proc, log)
+            asyncio.run(served_load(url, args.model, prompts, 1, 1, 4))  # the same warm-up
+            for c in levels:
+                rows.append(asyncio.run(served_load(url, args.model, prompts, c, r, out_tokens)))
+                console.print(f"  {rows[-1]}")
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
+    return rows
+
+
+def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    import urllib.request
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"agentrt serve exited: {log.read_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(url + "/ready", timeout=1) as r:
+                if r.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"agentrt serve was not ready in {timeout_s} s")
+
+
+# ---- part 2: programs ----------------------------------------------------------------------------
+async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict, arrivals: list[float],
+                       load: list[tuple[str, dict]], latency: Any, max_tokens: int | None) -> list[float]:
+    """Completion times (submit to end, over HTTP) of programs submitted at these arrival times to a
+    fresh in-process server whose runtime follows `policy`."""
+    import aiohttp
+    from aiohttp import web
+
+    from agentrt.bench.workload import new_engine
+    from agentrt.bench.workload_load import _PROGRAM, delayed_tools
+    from agentrt.engine import AsyncEngine
+    from agentrt.runtime import EngineBackend, Runtime
+    from agentrt.server.app import create_app
+    from agentrt.server.config import Limits, ServerConfig
+
+    engine = AsyncEngine(new_engine(loaded, policy, 32768, cost_model))
+    backend = EngineBackend(engine, model_name=loaded.name)
+    tools, _ = delayed_tools([t for ex in examples.values() for t in ex.tools], latency)
+    runtime = Runtime(backend, tools=tools, policy=policy.scheduling, kv_hold=policy.kv_hold, max_tokens=max_tokens,
+                      stream_outputs=policy.stream_outputs)
+    config = ServerConfig(access_log=False, runs_dir=Path(os.environ.get("TMPDIR", "/tmp")) / "agentrt-bench-serve-runs",
+                          limits=Limits(max_running_runs=256, max_queued_runs=1024))
+
+    @web.middleware
+    async def program_index(request: web.Request, handler: Any) -> Any:
+        # the run's tasks copy this context: its tool calls draw the latencies of this program
+        _PROGRAM.set(int(request.headers.get("X-Bench-Program", "-1")))
+        return await handler(request)
+
+    app = create_app(config, loaded.name, examples, runtime)
+    app.middlewares.append(program_index)
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with aiohttp.ClientSession() as http:
+            t0 = time.monotonic()
+
+            async def one(i: int, name: str, inputs: dict) -> float:
+                await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.monotonic()))
+                start = time.monotonic()
+                async with http.post(f"{url}/v1/programs/{name}/runs", json={"inputs": inputs},
+                                     headers={"X-Bench-Program": str(i)}) as r:
+                    run_id = (await r.json())["run_id"]
+                async with http.get(f"{url}/v1/runs/{run_id}/wait", params={"timeout": "3600"}) as r:
+                    status = (await r.json())["status"]
+                if status != "done":
+                    raise RuntimeError(f"program {i} ({name}) ended {status}")
+                return time.monotonic() - start
+
+            return list(await asyncio.gather(*(one(i, n, inp) for i, (n, inp) in enumerate(load))))
+    finally:
+        await runner.cleanup()
+        await runtime.aclose()
+        await runtime.tools.aclose()
+        backend.close()
+        engine.close()
+
+
+def programs_part(args: argparse.Namespace, console: Console, rates: list[float], n: int) -> tuple[list[dict], dict]:
+    from agentrt.bench.spec import shared_cost_model
+    from agentrt.bench.workload import POLICIES
+    from agentrt.bench.workload_load import EXAMPLE_NAMES, EXAMPLES_DIR, ToolLatency, arrival_times, workload
+    from agentrt.engine.model_loader import load_model
+    from agentrt.runtime.loader import load_example
+
+    loaded = load_model(args.model, args.dtype, progress=False)
+    cost_model = shared_cost_model(loaded)
+    examples = {name: load_example(EXAMPLES_DIR / f"{name}.py") for name in EXAMPLE_NAMES}
+    latency = ToolLatency(seed=args.seed)
+    max_tokens = 96 if args.quick else None
+    policies = [POLICIES[0], POLICIES[2]]
+    rows, sustained = [], {}
+    for policy in policies:
+        alone = []
+        for i, (name, inputs) in enumerate(workload(3)):
+            alone += asyncio.run(program_load(policy, loaded, cost_model, examples, [0.0], [(name, inputs)], latency,
+                                              max_tokens))
+        unloaded = statistics.fmean(alone)
+        rows.append({"policy": policy.label, "rate_per_s": 0.0, "programs": 3, "mean_s": round(unloaded, 3),
+                     "x_unloaded": 1.0})
+        console.print(f"  {rows[-1]}")
+        sustained[policy.label] = 0.0
+        for rate in rates:
+            times = asyncio.run(program_load(policy, loaded, cost_model, examples, arrival_times(n, rate, args.seed),
+                                             workload(n), latency, max_tokens))
+            mean = statistics.fmean(times)
+            rows.append({"policy": policy.label, "rate_per_s": rate, "programs": n, "mean_s": round(mean, 3),
+                         "x_unloaded": round(mean / unloaded, 3)})
+            console.print(f"  {rows[-1]}")
+            if mean <= 2 * unloaded:
+                sustained[policy.label] = rate
+            else:
+                break  # a higher rate only loads it more
+    return rows, sustained
+
+
+def run(args: argparse.Namespace) -> BenchResult:
+    console = Console()
+    levels = [int(x) for x in (args.concurrency or ("1,4" if args.quick else "1,4,16")).split(",")]
+    r = args.requests or (2 if args.quick else 4)
+    out_tokens = args.out_tokens or (32 if args.quick else 64)
+    rates = [float(x) for x in (args.rates or ("0.2,0.8" if args.quick else "0.1,0.15,0.2,0.3,0.4,0.6,0.8,1.2")).split(",")]
+    n = args.programs or (6 if args.quick else 12)
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
+    if args.part in ("chat", "both"):
+        chat_rows = chat_part(args, console, levels, r, out_tokens)
+        rows += chat_rows
+        top = max(levels)
+        direct = next(x for x in chat_rows if x["side"] == "engine" and x["clients"] == top)
+        served = next(x for x in chat_rows if x["side"] == "served" and x["clients"] == top)
+        summary["server_overhead"] = round(direct["tokens_per_s"] / served["tokens_per_s"], 3)
+        summary["overhead_at_clients"] = top
+        summary["ttft_p50_ms"] = next(x for x in chat_rows if x["side"] == "served" and x["clients"] == min(levels))["ttft_p50_ms"]
+    if args.part in ("programs", "both"):
+        program_rows, sustained = programs_part(args, console, rates, n)
+        rows += program_rows
+        a, c = sustained["a fcfs"], sustained["c full runtime"]
+        summary["sustained_rate_a"] = a
+        summary["sustained_rate_c"] = c
+        summary["sustained_rate_vs_fcfs"] = round(c / a, 3) if a > 0 else None
+    notes = [f"load average at the end: {os.getloadavg()[0]:.2f} (2 cores: above ~0.5 before the run means "
+             f"something else was running)"]
+    config = {"concurrency": levels, "requests_per_client": r, "out_tokens": out_tokens, "rates": rates, "programs": n,
+              "seed": args.seed}
+    return BenchResult(rows, summary, notes, config)
