@@ -238,6 +238,20 @@ class Runtime:
         finally:
             del self.calls[call_id]
 
+    def release(self, run_id: str) -> list[dict[str, Any]]:
+        """A finished run's trace records (Trace.run_records), after which the runtime forgets the
+        run and the engine steps no run in flight still needs: a long-lived runtime (a server)
+        keeps only what is going on."""
+        ps = self.programs.get(run_id)
+        if ps is None or ps.result is None:
+            raise RunConfigError(f"run '{run_id}' is not a finished run of this runtime")
+        records = self.trace.run_records(run_id)
+        del self.programs[run_id]
+        oldest = min([p.start for p in self.programs.values()] + [s.started for s in self.calls.values()],
+                     default=self.trace.now())
+        self.trace.forget([run_id], steps_before=oldest)
+        return records
+
     async def aclose(self) -> None:
         """Cancel runs still going, stop listening to the engine, close the trace."""
         tasks = [ps.task for ps in self.programs.values() if ps.task is not None and not ps.task.done()]

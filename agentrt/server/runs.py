@@ -172,18 +172,13 @@ class RunManager:
         if run.handle is None:  # never started: no runtime events, so say it here
             run.add_event("run_finished", {"status": status, "output": None, "error": error["message"],
                                            "failed_node": None})
-        trace, records = self.runtime.trace, None
-        if run.run_id in self.runtime.programs:
-            records = trace.run_records(run.run_id)
+        records = self.runtime.release(run.run_id) if run.run_id in self.runtime.programs else None
+        if records is not None:
+            run.summary = summarize(records)
             try:
-                run.summary = summarize(records)
                 run.trace_path = write_records(records, self.runs_dir / f"{run.run_id}.jsonl")
             except OSError as e:
                 log.error("could not write the trace of %s: %s", run.run_id, e)
-            del self.runtime.programs[run.run_id]
-            oldest = min([ps.start for ps in self.runtime.programs.values()] +
-                         [s.started for s in self.runtime.calls.values()], default=trace.now())
-            trace.forget([run.run_id], steps_before=oldest)
         run._changed.set()
         if self.on_end is not None:
             self.on_end(run, records)
