@@ -91,8 +91,13 @@ class Scope:
         return self._item
 
     def llm(self, id: str, prompt: str, *, system: str | None = None, output: OutputSpec | None = None,
-            max_tokens: int = 512, temperature: float = 0.0, continues: Ref | None = None) -> Ref:
+            max_tokens: int = 512, temperature: float = 0.0, continues: Ref | None = None,
+            sampling: Mapping[str, Any] | None = None) -> Ref:
         """An LLM call. output: Text() (default), JsonSchema(schema) or ToolCall(tool_names).
+
+        sampling: further settings, as OpenAI and vLLM name them: top_p, top_k, seed, stop,
+        frequency_penalty, presence_penalty, repetition_penalty, min_tokens, logit_bias (e.g.
+        {"frequency_penalty": 0.5} keeps a small model from repeating itself).
 
         continues: an earlier LLM call (Text or JsonSchema output) whose conversation this call
         carries on: its messages and its reply come first and `prompt` is the next user turn, so
@@ -123,7 +128,8 @@ class Scope:
         spec = LLMSpec(node, _check_template(node, "prompt", prompt),
                        None if system is None else _check_template(node, "system", system),
                        output, max_tokens, float(temperature),
-                       continues=None if continues is None else continues.node)
+                       continues=None if continues is None else continues.node,
+                       sampling=_check_extra_sampling(node, sampling))
         return self._add(spec)
 
     def tool(self, id: str, tool: str, args: Mapping[str, Any] | Ref | None = None, *,
@@ -356,3 +362,22 @@ class Program(Scope):
     def _declare(self, spec: NodeSpec) -> Ref:
         self._decls[spec.id] = Decl(spec, len(self._decls))
         return Ref(spec.id)
+
+
+SAMPLING_FIELDS = ("top_p", "top_k", "seed", "stop", "frequency_penalty", "presence_penalty", "repetition_penalty",
+                   "min_tokens", "logit_bias")
+
+
+def _check_extra_sampling(node: str, sampling: Mapping[str, Any] | None) -> tuple[tuple[str, Any], ...]:
+    """The names are checked here; the engine checks the values when the call is made."""
+    if sampling is None:
+        return ()
+    if not isinstance(sampling, Mapping):
+        raise _fail(node, f"sampling must be a dict, got {type(sampling).__name__}")
+    unknown = sorted(set(sampling) - set(SAMPLING_FIELDS))
+    if unknown:
+        raise _fail(node, f"sampling: unknown setting(s) {', '.join(map(str, unknown))} "
+                          f"(known: {', '.join(SAMPLING_FIELDS)})")
+    frozen = {k: tuple(sorted(v.items())) if isinstance(v, Mapping) else tuple(v) if isinstance(v, list) else v
+              for k, v in sampling.items()}  # hashable, like the rest of a spec
+    return tuple(sorted(frozen.items()))

@@ -82,6 +82,7 @@ class LLMSpec:
     loop: str | None = None
     history: tuple[tuple[str, str], ...] = ()
     continues: str | None = None
+    sampling: tuple[tuple[str, Any], ...] = ()  # further sampling settings (penalties, top_p, ...), sorted
     kind: ClassVar[str] = "llm"
 
     def refs(self) -> list[RefUse]:

@@ -27,6 +27,7 @@ from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
 from agentrt.spec.grammar import GrammarCache, GrammarState, shared_grammar_cache
+from agentrt.spec.penalties import Penalties, penalize
 from agentrt.spec.sampling import process_logits, sample_from_probs
 from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions
 from agentrt.spec.verify import verify_drafts, verify_greedy
@@ -137,10 +138,23 @@ class LLMEngine:
         rid = next(self._ids)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
         seq = Sequence(rid, ids, params, priority=priority, generator=torch.Generator().manual_seed(seed), meta=meta or {})
+        seq.penalties = self._penalties(params, fmt)
         if fmt.constrained:
             seq.output_format = fmt
             seq.grammar = GrammarState(self.grammars.compile(fmt))
         return seq
+
+    def _penalties(self, params: SamplingParams, fmt: OutputFormat) -> Penalties | None:
+        if params.min_tokens and fmt.constrained:
+            raise RequestError("min_tokens cannot be combined with a constrained response_format: the grammar "
+                               "decides where the output ends")
+        vocab = self.model.cfg.vocab_size
+        out_of_vocab = [t for t, _ in params.logit_bias if t >= vocab]
+        if out_of_vocab:
+            raise RequestError(f"logit_bias: token id {out_of_vocab[0]} is outside the vocabulary (0..{vocab - 1})")
+        pen = Penalties(params.frequency_penalty, params.presence_penalty, params.repetition_penalty,
+                        params.logit_bias, params.min_tokens, tuple(dict.fromkeys(self.eos_ids + params.stop_token_ids)))
+        return pen if pen.active else None
 
     def add(self, seq: Sequence) -> int:
         """Admit a prepared sequence (engine thread only)."""
@@ -234,6 +248,14 @@ class LLMEngine:
         rows_per = [len(plan.drafts[i]) + 1 for i in sampling]
         ps = [plan.seqs[i].params for i in sampling]
         out: list[list[int]] = [[] for _ in plan.seqs]
+        if any(plan.seqs[i].penalties is not None for i in sampling):
+            with torch.inference_mode():  # the logits are the forward's inference tensor
+                row = 0
+                for i, n in zip(sampling, rows_per):  # each row penalized with its own prefix's state
+                    seq = plan.seqs[i]
+                    if seq.penalties is not None:
+                        penalize(logits[row : row + n], seq.penalties, seq.prompt_ids, seq.output_ids, plan.drafts[i])
+                    row += n
         if all(p.temperature == 0 for p in ps):
             # Exactly what masking, process_logits (one-hot rows of the first maximal index) and
             # sampling or verify_drafts return, without [rows, vocab] distributions or masking

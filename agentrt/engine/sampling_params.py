@@ -17,6 +17,12 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # besides the model's end-of-sequence tokens
     ignore_eos: bool = False
     response_format: dict | None = field(default=None, compare=False)  # structured output (OpenAI style)
+    # what was generated steers what comes next (agentrt.spec.penalties: exact under speculation)
+    frequency_penalty: float = 0.0  # OpenAI: minus this x the token's count in the output, [-2, 2]
+    presence_penalty: float = 0.0  # OpenAI: minus this once a token is in the output, [-2, 2]
+    repetition_penalty: float = 1.0  # HF/vLLM: divides (multiplies) positive (negative) logits of seen tokens
+    min_tokens: int = 0  # no end-of-sequence or stop token before this many generated tokens
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); a dict is accepted
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -43,6 +49,24 @@ class SamplingParams:
             raise RequestError(f"top_k must be an integer >= 0, got {self.top_k!r}")
         if not (0 < self.top_p <= 1):
             raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and -2.0 <= v <= 2.0):
+                raise RequestError(f"{name} must be a number in [-2, 2], got {v!r}")
+        if not (isinstance(self.repetition_penalty, (int, float)) and 0 < self.repetition_penalty <= 10):
+            raise RequestError(f"repetition_penalty must be in (0, 10] (1 = off), got {self.repetition_penalty!r}")
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise RequestError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        bias = self.logit_bias
+        pairs = list(bias.items()) if isinstance(bias, dict) else list(bias or ())
+        try:
+            pairs = [(int(t), float(b)) for t, b in pairs]
+        except (TypeError, ValueError):
+            raise RequestError(f"logit_bias: expected token id -> bias, got {bias!r}") from None
+        bad = [(t, b) for t, b in pairs if t < 0 or not -100 <= b <= 100]
+        if bad:
+            raise RequestError(f"logit_bias: token ids must be >= 0 and biases in [-100, 100], got {bad[0]}")
+        object.__setattr__(self, "logit_bias", tuple(sorted(dict(pairs).items())))
 
     @property
     def greedy(self) -> bool:

@@ -37,6 +37,7 @@ class Sequence:
     meta: dict[str, Any] = field(default_factory=dict)  # owner's annotations (program, node)
     output_format: Any = None  # agentrt.spec.structured.OutputFormat when constrained
     grammar: Any = None  # agentrt.spec.grammar.GrammarState when constrained
+    penalties: Any = None  # agentrt.spec.penalties.Penalties when the request asks for any
 
     @property
     def all_ids(self) -> list[int]:

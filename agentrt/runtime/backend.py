@@ -34,11 +34,9 @@ class LLMRequest:
     node: NodeIdentity
     priority: float = 0.0
     hints: Mapping[str, Any] = field(default_factory=dict)
-    # OpenAI's sampling fields beyond temperature (a served chat completion sets them; program
-    # nodes keep the defaults)
-    top_p: float = 1.0
-    seed: int | None = None
-    stop: tuple[str, ...] = ()
+    # further SamplingParams fields (top_p, seed, stop, penalties, logit_bias, min_tokens): what a
+    # served chat completion or a node's `sampling` asks for
+    sampling: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

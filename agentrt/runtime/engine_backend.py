@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from agentrt.errors import RequestError
 from agentrt.runtime.backend import EngineStep, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
 
 
@@ -141,9 +142,12 @@ class EngineBackend:
         from agentrt.engine.sampling_params import SamplingParams
 
         rf = dict(request.response_format)
+        fixed = {"max_tokens", "temperature", "response_format"}
+        unknown = sorted(set(request.sampling) - set(SamplingParams.__dataclass_fields__) | (set(request.sampling) & fixed))
+        if unknown:
+            raise RequestError(f"sampling: unknown or reserved field(s) {', '.join(unknown)}")
         params = SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
-                                top_p=request.top_p, seed=request.seed, stop=request.stop,
-                                response_format=None if rf.get("type", "text") == "text" else rf)
+                                response_format=None if rf.get("type", "text") == "text" else rf, **request.sampling)
         meta = {"run_id": request.node.run_id, "program": request.node.program, "node": request.node.node,
                 **request.hints}
         state = self._state()

@@ -174,7 +174,8 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     max_tokens = spec.max_tokens if rt.max_tokens is None else min(spec.max_tokens, rt.max_tokens)
     request = LLMRequest(tuple(messages), response_format, max_tokens, spec.temperature,
                          NodeIdentity(ps.run_id, ps.program.name, ns.node), priority,
-                         {"next_is_tool": follows_tool, "critical_path": ctx.critical_path})
+                         {"next_is_tool": follows_tool, "critical_path": ctx.critical_path},
+                         sampling=dict(spec.sampling))
     ns.attributes.update({
         "gen_ai.operation.name": "chat", "gen_ai.system": "agentrt", "gen_ai.request.model": rt.backend.model_name,
         "gen_ai.request.max_tokens": max_tokens, "gen_ai.request.temperature": spec.temperature,

@@ -41,18 +41,15 @@ class PreparedChat:
     response_format: dict[str, Any]
     max_tokens: int
     temperature: float
-    top_p: float
+    sampling: dict[str, Any]  # further SamplingParams fields (top_p, stop, penalties, ...)
     seed: int | None
-    stop: tuple[str, ...]
     n: int
     tools: bool  # the output may be tool calls
     parallel: bool
 
 
 def _unsupported(req: ChatCompletionRequest) -> None:
-    checks = [("logprobs", req.logprobs not in (None, False)), ("top_logprobs", req.top_logprobs not in (None, 0)),
-              ("frequency_penalty", req.frequency_penalty not in (None, 0)),
-              ("presence_penalty", req.presence_penalty not in (None, 0)), ("logit_bias", bool(req.logit_bias))]
+    checks = [("logprobs", req.logprobs not in (None, False)), ("top_logprobs", req.top_logprobs not in (None, 0))]
     for name, bad in checks:
         if bad:
             raise ApiError(400, f"{name} is not supported by this server yet", param=name, code="unsupported_parameter")
@@ -137,8 +134,17 @@ def prepare_chat(req: ChatCompletionRequest, model: str, limits: Limits) -> Prep
         raise ApiError(400, "stop: at most 4 non-empty strings", param="stop")
     rf, tools, parallel = _response_format(req, limits)
     temperature = 1.0 if req.temperature is None else req.temperature
-    return PreparedChat(_messages(req, limits), rf, asked or limits.default_max_tokens, temperature,
-                        1.0 if req.top_p is None else req.top_p, req.seed, stop, n, tools, parallel)
+    sampling: dict[str, Any] = {"stop": stop}
+    for name in ("top_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens"):
+        if getattr(req, name) is not None:
+            sampling[name] = getattr(req, name)
+    if req.logit_bias:
+        try:
+            sampling["logit_bias"] = {int(t): b for t, b in req.logit_bias.items()}
+        except ValueError:
+            raise ApiError(400, "logit_bias: keys must be token ids (integers as strings)", param="logit_bias") from None
+    return PreparedChat(_messages(req, limits), rf, asked or limits.default_max_tokens, temperature, sampling,
+                        req.seed, n, tools, parallel)
 
 
 def spec_stats(spec: dict[str, Any]) -> SpecStats:
@@ -199,7 +205,7 @@ class ChatService:
         seed = None if chat.seed is None else chat.seed + index
         return LLMRequest(chat.messages, chat.response_format, chat.max_tokens, chat.temperature,
                           NodeIdentity(f"{call_id}-{index}", "chat.completions", "completion"),
-                          top_p=chat.top_p, seed=seed, stop=chat.stop)
+                          sampling={**chat.sampling, "seed": seed})
 
     def admit(self, chat: PreparedChat) -> None:
         if self.inflight + chat.n > self.limits.max_inflight_chats:

@@ -103,12 +103,15 @@ class ChatCompletionRequest(_Strict):
     user: str | None = None
     metadata: dict[str, str] | None = None
     store: bool | None = None
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    # vLLM's extensions of the OpenAI request
+    repetition_penalty: float | None = Field(default=None, gt=0, le=10)
+    min_tokens: int | None = Field(default=None, ge=0)
     # OpenAI fields the engine does not implement yet: accepted at their neutral values only
     logprobs: bool | None = None
     top_logprobs: int | None = None
-    frequency_penalty: float | None = None
-    presence_penalty: float | None = None
-    logit_bias: dict[str, float] | None = None
 
 
 # ---- OpenAI chat completions: responses --------------------------------------------------------

@@ -113,3 +113,64 @@ def test_first_two_tokens_distribution_matches_plain_sampling(smollm2_fp32, make
     table = [[sum(1 for x in arm if x == t) for t in top] + [sum(1 for x in arm if x not in top)] for arm in (plain, spec)]
     _, pvalue, _, _ = chi2_contingency(table)
     assert pvalue > 1e-3, table
+
+
+PENALIZED = dict(frequency_penalty=0.6, presence_penalty=0.4, repetition_penalty=1.3, min_tokens=6,
+                 logit_bias={5: 2.0, 9: -3.0})
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_identity_with_penalties_every_drafter(batch, tiny_loaded, make_engine):
+    """Penalties change what is generated; speculation must not: each verified row is penalized
+    with its own prefix's counts (agentrt.spec.penalties)."""
+    loaded = tiny_loaded("smollm")
+    prompts = [REPEATY, "the the the the", "a b c d e f g"][:batch]
+    params = [SamplingParams(max_tokens=m, temperature=0, **PENALIZED) for m in (40, 23, 31)][:batch]
+    base = make_engine(loaded)
+    want = [base.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
+    plain = [base.generate([p], SamplingParams(max_tokens=sp.max_tokens, temperature=0))[0].token_ids
+             for p, sp in zip(prompts, params)]
+    assert want != plain  # the penalties do something here
+    accepted = {}
+    for spec in _drafters(loaded.source.path):
+        engine = make_engine(loaded, spec=spec)
+        rids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+        got = {}
+        while len(got) < len(rids):
+            got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
+        assert [got[r].token_ids for r in rids] == want, spec.drafter
+        accepted[spec.drafter] = sum(got[r].spec["total"]["accepted"] for r in rids)
+    # rows after accepted drafts were penalized with those drafts counted
+    assert sum(accepted.values()) > 0, accepted
+
+
+def test_sampled_distribution_with_penalties_matches_plain_sampling(tiny_loaded, make_engine):
+    """Two-sample chi-square on the joint (t1, t2) at temperature 1 with a strong presence and
+    repetition penalty (t2's distribution depends on t1 through them), layer-skip drafts of k=1
+    (a stochastic q): the 12 most frequent pairs plus "other", N = 1500 per arm, fails when
+    p < 1e-3 (seeds fixed: deterministic)."""
+    loaded = tiny_loaded("smollm")
+    n, batch = 1500, 150
+    prompt = loaded.tokenizer.encode("the cat sat")
+    pen = dict(presence_penalty=2.0, repetition_penalty=1.5, frequency_penalty=0.5)
+
+    def sample(engine, seed0):
+        pairs = []
+        for b in range(n // batch):
+            rids = [engine.add_request(list(prompt), SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True,
+                                                                    seed=seed0 + b * batch + i, **pen))
+                    for i in range(batch)]
+            got = {}
+            while len(got) < len(rids):
+                got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
+            pairs += [tuple(got[r].token_ids) for r in rids]
+        return pairs
+
+    plain = sample(make_engine(loaded, max_num_seqs=batch), 0)
+    spec = sample(make_engine(loaded, max_num_seqs=batch, spec=SpecConfig(drafter="layerskip:1", k=1)), 10**6)
+    repeats = sum(1 for a, b in plain if a == b) / n
+    assert repeats < 0.05  # the penalties act: a repeated token is rare
+    top = [p for p, _ in collections.Counter(plain + spec).most_common(12)]
+    table = [[sum(1 for x in arm if x == t) for t in top] + [sum(1 for x in arm if x not in top)] for arm in (plain, spec)]
+    _, pvalue, _, _ = chi2_contingency(table)
+    assert pvalue > 1e-3, table

@@ -149,8 +149,10 @@ def test_errors_in_openai_shape(client, server):
         client.chat.completions.create(model=MODEL, messages=ask("hi"), max_tokens=100000)
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=MODEL, messages=[])
-    with pytest.raises(openai.BadRequestError, match="frequency_penalty is not supported"):
-        client.chat.completions.create(model=MODEL, messages=ask("hi"), frequency_penalty=0.5)
+    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
+        client.chat.completions.create(model=MODEL, messages=ask("hi"), logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
+        client.chat.completions.create(model=MODEL, messages=ask("hi"), frequency_penalty=5)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
         client.chat.completions.create(model="gpt-9", messages=ask("hi"))
     with pytest.raises(openai.BadRequestError, match="context|too long|tokens"):
@@ -220,9 +222,10 @@ def test_submit_cli_and_inspect_url(server):
     assert bad.returncode == 2 and "not an input of program 'calc'" in bad.stderr
 
 
-def test_an_example_served_with_its_events(server):
-    """Each example loads; trip_planner runs to the end over HTTP with its events streamed, the
-    stream resumed once half-way (Last-Event-ID) without gaps or duplicates."""
+@pytest.mark.parametrize("example", ["trip_planner", "research", "sql_agent"])
+def test_each_example_served_with_its_events(server, example):
+    """Each example runs to the end over HTTP with its events streamed, the stream dropped after a
+    few events and resumed (Last-Event-ID) without gaps or duplicates."""
     import aiohttp
 
     url, _ = server
@@ -232,7 +235,7 @@ def test_an_example_served_with_its_events(server):
         async with aiohttp.ClientSession(headers=headers) as http:
             programs = (await (await http.get(f"{url}/v1/programs")).json())["data"]
             assert {p["name"] for p in programs} >= {"calc", "trip_planner", "research", "sql_agent"}
-            r = await http.post(f"{url}/v1/programs/trip_planner/runs", json={})
+            r = await http.post(f"{url}/v1/programs/{example}/runs", json={})
             assert r.status == 201, await r.text()
             run_id = (await r.json())["run_id"]
             seen: list[tuple[int, str]] = []
@@ -257,4 +260,23 @@ def test_an_example_served_with_its_events(server):
     seen, info = asyncio.run(main())
     assert [i for i, _ in seen] == list(range(1, len(seen) + 1))
     assert seen[-1][1] == "run_finished" and info["status"] == "done", info["error"]
-    assert {n["node"] for n in info["summary"]["runs"][0]["nodes"]} >= {"plan"}
+    assert info["summary"]["runs"][0]["nodes"]
+
+
+def test_penalties_and_logit_bias_steer_the_output(client):
+    from agentrt.engine.registry import resolve_model
+    from agentrt.engine.tokenizer import Tokenizer
+
+    msgs = ask("Write the word cat ten times.")
+    plain = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0)
+    penalized = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0,
+                                               presence_penalty=2.0, frequency_penalty=1.0)
+    assert penalized.choices[0].message.content != plain.choices[0].message.content
+    tok = Tokenizer.from_dir(resolve_model(MODEL, progress=False).path)
+    first = tok.encode(plain.choices[0].message.content)[0]
+    biased = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=4, temperature=0,
+                                            logit_bias={str(first): -100})
+    assert tok.encode(biased.choices[0].message.content)[0] != first
+    at_least = client.chat.completions.create(model=MODEL, messages=ask("Say OK."), max_tokens=12, temperature=0,
+                                              extra_body={"min_tokens": 10})
+    assert at_least.usage.completion_tokens >= 10
