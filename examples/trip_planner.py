@@ -140,8 +140,8 @@ tools = [get_weather, convert_currency, find_free_days]
 
 p = Program("trip_planner", inputs={"request": str, "home_currency": str}, tools=tools)
 plan = p.llm("plan", system="Reply only with JSON.",
-             prompt='Trip request: {request}\nGive the JSON object {{"city": "...", "month": "...", "days": 1, '
-                    '"budget": 100}} for this trip.',
+             prompt='Trip request: {request}\nGive the city, the month, the number of days and the budget of '
+                    'this trip as JSON.',
              output=JsonSchema(PLAN, name="plan"), max_tokens=64)
 weather = p.tool("weather", "get_weather", args={"city": plan["city"], "month": plan["month"]},
                  fallback={"summary": "no climate data"})
@@ -151,9 +151,11 @@ money = p.tool("money", "convert_currency", args={"amount": plan["budget"], "fro
 days = p.tool("days", "find_free_days", args={"month": plan["month"], "days": plan["days"]},
               fallback={"note": "calendar unavailable"})
 p.output(p.llm("itinerary", system="You are a concise travel assistant.",
-               prompt="Write a short itinerary for {plan.days} days in {plan.city} in {plan.month}.\n"
-                      "Weather: {weather}\nDates: {days}\nBudget: {money}",
-               max_tokens=160))
+               prompt="In three sentences, suggest what to do on a {plan.days}-day trip to {plan.city} in "
+                      "{plan.month}.\nWeather: {weather}\nDates: {days}\nBudget: {money}",
+               # a 135M model repeats itself at temperature 0 without a penalty, and after its
+               # paragraph it echoes the data it was given: one paragraph is the answer
+               max_tokens=160, sampling={"frequency_penalty": 0.5, "presence_penalty": 0.3, "stop": ["\n\n"]}))
 program = p.compile()
 
 DEFAULT_INPUTS = {"request": "Four days in Lisbon in May, budget 900 dollars.", "home_currency": "USD"}
