@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import queue
 import threading
+import time
 from typing import AsyncIterator, Callable
 
 from agentrt.engine.llm_engine import EngineConfig, LLMEngine
@@ -111,6 +112,15 @@ class AsyncEngine:
             if ev.finished:
                 return ev.result
         raise RuntimeError("stream ended without a final event")
+
+    async def warm_up(self) -> float:
+        """Pay a fresh engine's one-off costs (first touch of the weights and KV cache, the grammar
+        compiler's tokenizer tables, the kernels' first calls) on one short constrained request,
+        before any caller's request does. Returns the seconds it took."""
+        t0 = time.perf_counter()
+        await self.generate([{"role": "user", "content": "Hi"}],
+                            SamplingParams(max_tokens=2, temperature=0, response_format={"type": "json_object"}))
+        return time.perf_counter() - t0
 
     def abort(self, request_id: int) -> None:
         self._submit(lambda: self._deliver_abort(request_id))

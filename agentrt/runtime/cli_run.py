@@ -75,11 +75,15 @@ def run(args: argparse.Namespace) -> int:
     from agentrt.runtime.engine_backend import EngineBackend
 
     with console.status(f"loading {args.model} ..."):
+        t0 = time.perf_counter()
         config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec))
         engine = AsyncEngine(LLMEngine(config))
+        load_s = time.perf_counter() - t0
+        # the first call of a fresh engine pays one-off costs: not inside the program's first LLM node
+        warmup_s = asyncio.run(engine.warm_up())
     backend = EngineBackend(engine, model_name=args.model)
     dtype = str(engine.engine.model.dtype).removeprefix("torch.")
-    meta = {"dtype": dtype, "device": args.device, "drafter": args.spec, "policy": args.policy}
+    meta = {"engine_load_s": round(load_s, 3), "engine_warmup_s": round(warmup_s, 3), "dtype": dtype, "device": args.device, "drafter": args.spec, "policy": args.policy}
     try:
         result, _ = asyncio.run(run_example(example, inputs, backend, trace_path=args.trace, console=console,
                                             max_tokens=args.max_tokens, live=not args.no_live, meta=meta,

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import os
 import signal
-import time
 from pathlib import Path
 from typing import Any
 
@@ -161,7 +160,7 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
 
 async def _start_runtime(args: argparse.Namespace, tools: list, model: str) -> tuple[Any, Any, Any]:
     """Load the engine on a thread (the event loop keeps answering /health), then the runtime."""
-    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SamplingParams, SpecConfig
+    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
     from agentrt.runtime.engine_backend import EngineBackend
     from agentrt.runtime.runtime import Runtime
     from agentrt.runtime.trace import Trace
@@ -169,12 +168,8 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str) -> t
 
     config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec))
     engine = AsyncEngine(await asyncio.to_thread(LLMEngine, config))
-    # a first request pays one-off costs (first-touch of weights and KV, the grammar compiler's
-    # tokenizer tables): pay them before /ready says so, not on a client's request
-    t0 = time.perf_counter()
-    await engine.generate([{"role": "user", "content": "Hi"}],
-                          SamplingParams(max_tokens=2, temperature=0, response_format={"type": "json_object"}))
-    print(f"agentrt serve: engine warmed up in {time.perf_counter() - t0:.1f} s", flush=True)
+    # before /ready says so, not on a client's request
+    print(f"agentrt serve: engine warmed up in {await engine.warm_up():.1f} s", flush=True)
     backend = EngineBackend(engine, model_name=model)
     registry = ToolRegistry()
     for t in tools:

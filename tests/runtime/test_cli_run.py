@@ -168,3 +168,19 @@ async def test_live_progress_shows_calls_and_stalls(scripted):
         assert (await handle).status == "done"
     text = buf.getvalue()
     assert "gated" in text and "0/2 calls" in text and "after waits on g (tool_running" in text
+
+
+def test_agentrt_run_warms_the_engine_up_before_the_program(tmp_path):
+    """The one-off costs of a fresh engine are paid before the program's first LLM call, and the
+    trace says how long loading and warming up took."""
+    import json
+    import subprocess
+    import sys
+
+    trace = tmp_path / "r.jsonl"
+    out = subprocess.run([sys.executable, "-m", "agentrt.cli", "run", str(EXAMPLES / "trip_planner.py"), "--no-live",
+                          "--max-tokens", "24", "--trace", str(trace)], capture_output=True, text=True, timeout=300)
+    assert out.returncode in (0, 1), out.stderr
+    meta = json.loads(trace.read_text().splitlines()[0])["meta"]
+    assert meta["engine_load_s"] > 0 and meta["engine_warmup_s"] > 0
+    assert meta["dtype"] in ("bfloat16", "float32")
