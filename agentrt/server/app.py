@@ -208,8 +208,7 @@ async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
     kv = await state.kv_blocks() if state.kv_blocks is not None else {}
     runs = {"running": state.runs.running, "queued": state.runs.queued} if state.runs is not None else {}
-    state.metrics.watch(lambda: kv, lambda: runs)
-    return web.Response(body=state.metrics.render(), headers={"Content-Type": state.metrics.content_type})
+    return web.Response(body=state.metrics.render(kv, runs), headers={"Content-Type": state.metrics.content_type})
 
 
 async def models(request: web.Request) -> web.Response:

@@ -8,7 +8,7 @@ route and status, with durations.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -56,12 +56,6 @@ class ServerMetrics:
         self.http = Counter("agentrt_http_requests", "HTTP requests, by route and status", ["route", "status"], registry=r)
         self.http_time = Histogram("agentrt_http_request_duration_seconds", "HTTP request duration, by route",
                                    ["route"], buckets=LATENCY_BUCKETS, registry=r)
-        self._kv: Callable[[], Mapping[str, int]] | None = None
-        self._runs: Callable[[], Mapping[str, int]] | None = None
-
-    def watch(self, kv_blocks: Callable[[], Mapping[str, int]] | None, runs: Callable[[], Mapping[str, int]]) -> None:
-        """Gauges read at scrape time: KV blocks by state, runs by state."""
-        self._kv, self._runs = kv_blocks, runs
 
     def on_step(self, step: EngineStep) -> None:
         self.steps.inc()
@@ -95,11 +89,10 @@ class ServerMetrics:
         self.http.labels(route, str(status)).inc()
         self.http_time.labels(route).observe(seconds)
 
-    def render(self) -> bytes:
-        if self._kv is not None:
-            for state, n in self._kv().items():
-                self.kv_blocks.labels(state).set(n)
-        if self._runs is not None:
-            for state, n in self._runs().items():
-                self.runs_active.labels(state).set(n)
+    def render(self, kv_blocks: Mapping[str, int], runs: Mapping[str, int]) -> bytes:
+        """The exposition text; the gauges read at scrape time (KV blocks and runs by state) first."""
+        for state, n in kv_blocks.items():
+            self.kv_blocks.labels(state).set(n)
+        for state, n in runs.items():
+            self.runs_active.labels(state).set(n)
         return generate_latest(self.registry)

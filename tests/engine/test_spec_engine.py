@@ -28,6 +28,15 @@ def _drafters(model_dir) -> list[SpecConfig]:
     ]
 
 
+def _batched(engine, prompts, params) -> list:
+    """The results of these requests run together in one batch, in request order."""
+    rids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
+    got = {}
+    while len(got) < len(rids):
+        got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
+    return [got[r] for r in rids]
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_identity_tiny(batch, tiny_loaded, make_engine):
     loaded = tiny_loaded("smollm")
@@ -37,11 +46,7 @@ def test_greedy_identity_tiny(batch, tiny_loaded, make_engine):
     want = [base.generate([p], sp)[0].token_ids for p, sp in zip(prompts, params)]
     for spec in _drafters(loaded.source.path):
         engine = make_engine(loaded, spec=spec)
-        rids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-        got = {}
-        while len(got) < len(rids):
-            got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
-        assert [got[r].token_ids for r in rids] == want, spec.drafter
+        assert [r.token_ids for r in _batched(engine, prompts, params)] == want, spec.drafter
         assert engine.blocks.num_free == engine.blocks.allocator.num_blocks
 
 
@@ -133,13 +138,9 @@ def test_greedy_identity_with_penalties_every_drafter(batch, tiny_loaded, make_e
     assert want != plain  # the penalties do something here
     accepted = {}
     for spec in _drafters(loaded.source.path):
-        engine = make_engine(loaded, spec=spec)
-        rids = [engine.add_request(p, sp) for p, sp in zip(prompts, params)]
-        got = {}
-        while len(got) < len(rids):
-            got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
-        assert [got[r].token_ids for r in rids] == want, spec.drafter
-        accepted[spec.drafter] = sum(got[r].spec["total"]["accepted"] for r in rids)
+        got = _batched(make_engine(loaded, spec=spec), prompts, params)
+        assert [r.token_ids for r in got] == want, spec.drafter
+        accepted[spec.drafter] = sum(r.spec["total"]["accepted"] for r in got)
     # rows after accepted drafts were penalized with those drafts counted
     assert sum(accepted.values()) > 0, accepted
 
@@ -174,3 +175,26 @@ def test_sampled_distribution_with_penalties_matches_plain_sampling(tiny_loaded,
     table = [[sum(1 for x in arm if x == t) for t in top] + [sum(1 for x in arm if x not in top)] for arm in (plain, spec)]
     _, pvalue, _, _ = chi2_contingency(table)
     assert pvalue > 1e-3, table
+
+
+def test_logprobs_are_the_model_rows_with_and_without_speculation(tiny_loaded, make_engine):
+    """Per generated token its log-probability and top alternatives from the model's own row at
+    that position: greedy picks the top one, and drafting changes nothing (fp32, tolerance for
+    the batch shape)."""
+    import math
+
+    loaded = tiny_loaded("smollm")
+    params = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=3)
+    [plain] = make_engine(loaded).generate([REPEATY], params)
+    assert plain.logprobs is not None and [lp.token_id for lp in plain.logprobs] == plain.token_ids
+    for lp in plain.logprobs:
+        assert lp.logprob <= 0 and len(lp.top) == 3 and lp.top[0][0] == lp.token_id
+        assert [v for _, v in lp.top] == sorted((v for _, v in lp.top), reverse=True)
+        assert math.isclose(lp.top[0][1], lp.logprob, abs_tol=1e-6)
+    for spec in _drafters(loaded.source.path)[:1] + _drafters(loaded.source.path)[3:]:
+        [got] = make_engine(loaded, spec=spec).generate([REPEATY], params)
+        assert got.token_ids == plain.token_ids and got.spec["total"]["accepted"] > 0, spec.drafter
+        for a, b in zip(got.logprobs, plain.logprobs):
+            assert a.token_id == b.token_id and math.isclose(a.logprob, b.logprob, abs_tol=1e-4)
+    [none] = make_engine(loaded).generate([REPEATY], SamplingParams(max_tokens=4, temperature=0))
+    assert none.logprobs is None
