@@ -17,7 +17,7 @@ import torch
 from agentrt.engine.block_manager import BlockManager
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.model_loader import LoadedModel, load_model
-from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent
+from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent, TokenLogprob
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.scheduler import Scheduler, SchedulerConfig
 from agentrt.engine.sequence import Sequence
@@ -212,9 +212,10 @@ class LLMEngine:
         self.kv.copy_blocks(self.blocks.pop_copies())  # copy-on-write of shared, partly filled blocks
         fwd, first_row = build_forward_batch(plan, self.blocks, self.device)
         logits = self.model.forward(fwd, self.kv).logits  # [rows, vocab]
+        raw = self._raw_logprobs(plan, logits)  # before penalties and masks touch the logits
         emitted = self._sample(plan, logits, first_row, proposal)
         duration = time.monotonic() - t0
-        events = self._advance(plan, emitted)
+        events = self._advance(plan, emitted, self._token_logprobs(plan, raw, emitted))
         record = StepRecord(
             step=self._step_no,
             start=t0,
@@ -299,10 +300,37 @@ class LLMEngine:
             out[i] = toks[j][: int(res.num_emitted[j])]
         return out
 
-    def _advance(self, plan: StepPlan, emitted: list[list[int]]) -> list[TokenEvent]:
+    def _raw_logprobs(self, plan: StepPlan, logits: torch.Tensor) -> dict[int, torch.Tensor]:
+        """Per sampling sequence that asked for logprobs (by plan index), log-softmax of its rows
+        [k + 1, vocab]: the model's own distribution at each verified position."""
+        out, row = {}, 0
+        if all(seq.params.logprobs is None for seq in plan.seqs):
+            return out
+        for i, s in enumerate(plan.samples):
+            if not s:
+                continue
+            n = len(plan.drafts[i]) + 1
+            if plan.seqs[i].params.logprobs is not None:
+                out[i] = torch.log_softmax(logits[row : row + n].float(), dim=-1)
+            row += n
+        return out
+
+    @staticmethod
+    def _token_logprobs(plan: StepPlan, raw: dict[int, torch.Tensor],
+                        emitted: list[list[int]]) -> list[list[TokenLogprob] | None]:
+        out: list[list[TokenLogprob] | None] = [None] * len(plan.seqs)
+        for i, lp in raw.items():
+            toks, top_n = emitted[i], plan.seqs[i].params.logprobs
+            top = lp[: len(toks)].topk(top_n, dim=-1) if top_n else None
+            out[i] = [TokenLogprob(t, float(lp[j, t]), tuple(zip(top.indices[j].tolist(), top.values[j].tolist()))
+                                   if top is not None else ()) for j, t in enumerate(toks)]
+        return out
+
+    def _advance(self, plan: StepPlan, emitted: list[list[int]],
+                 logprobs: list[list[TokenLogprob] | None]) -> list[TokenEvent]:
         events = []
         now = time.monotonic()
-        for seq, n, draft, toks in zip(plan.seqs, plan.num_new, plan.drafts, emitted):
+        for seq, n, draft, toks, lps in zip(plan.seqs, plan.num_new, plan.drafts, emitted, logprobs):
             if seq.finished:  # aborted while the step ran
                 continue
             if not toks:  # a prefill chunk that did not reach the prompt's end
@@ -318,13 +346,17 @@ class LLMEngine:
                 self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)  # siblings reuse the prompt
             kept, text, reason = self._stops[seq.seq_id].apply(toks)
             self.spec.on_verified(seq, draft, len(toks) - 1, kept)
+            kept_lps = None if lps is None else lps[: len(kept)]
+            if kept_lps is not None:
+                seq.logprobs += kept_lps
             if reason is not None:
-                events.append(self._finish(seq, reason, kept, text))
+                events.append(self._finish(seq, reason, kept, text, logprobs=kept_lps))
             else:
-                events.append(TokenEvent(seq.seq_id, kept, text))
+                events.append(TokenEvent(seq.seq_id, kept, text, logprobs=kept_lps))
         return events
 
-    def _finish(self, seq: Sequence, reason: str, kept: list[int] = (), text: str = "", error: str | None = None) -> TokenEvent:
+    def _finish(self, seq: Sequence, reason: str, kept: list[int] = (), text: str = "", error: str | None = None,
+                logprobs: list[TokenLogprob] | None = None) -> TokenEvent:
         self.scheduler.finish(seq)
         seq.finish_reason = reason
         stop = self._stops.pop(seq.seq_id)
@@ -342,9 +374,11 @@ class LLMEngine:
             num_preemptions=seq.num_preemptions,
             prompt_token_ids=list(seq.prompt_ids),
             cached_tokens=seq.cached_tokens,
+            logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
         )
         del self._seqs[seq.seq_id]
-        return TokenEvent(seq.seq_id, list(kept), text, finished=True, finish_reason=reason, error=error, result=result)
+        return TokenEvent(seq.seq_id, list(kept), text, finished=True, finish_reason=reason, error=error, result=result,
+                          logprobs=logprobs)
 
     @staticmethod
     def _structured(seq: Sequence, reason: str, text: str, error: str | None) -> tuple[object, str | None]:

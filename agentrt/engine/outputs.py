@@ -5,6 +5,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model and the top alternatives."""
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()  # (token id, logprob), most likely first
+
+
 @dataclass
 class TokenEvent:
     """New tokens of one request from one engine step (several when drafts were accepted)."""
@@ -16,6 +25,7 @@ class TokenEvent:
     finish_reason: str | None = None
     error: str | None = None
     result: "GenerationResult | None" = None  # on the final event
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when the request asked for them
 
 
 @dataclass
@@ -32,6 +42,7 @@ class GenerationResult:
     num_preemptions: int = 0
     prompt_token_ids: list[int] = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
 
 
 @dataclass

@@ -23,6 +23,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # HF/vLLM: divides (multiplies) positive (negative) logits of seen tokens
     min_tokens: int = 0  # no end-of-sequence or stop token before this many generated tokens
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias in [-100, 100]); a dict is accepted
+    # per generated token its log-probability under the model (raw logits: before penalties,
+    # temperature and grammar masks, as vLLM reports them) and this many top alternatives (0-20)
+    logprobs: int | None = None
 
     def __post_init__(self) -> None:
         stop = self.stop
@@ -57,6 +60,9 @@ class SamplingParams:
             raise RequestError(f"repetition_penalty must be in (0, 10] (1 = off), got {self.repetition_penalty!r}")
         if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
             raise RequestError(f"min_tokens must be an integer in [0, max_tokens={self.max_tokens}], got {self.min_tokens!r}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            raise RequestError(f"logprobs must be None or an integer in [0, 20], got {self.logprobs!r}")
         bias = self.logit_bias
         pairs = list(bias.items()) if isinstance(bias, dict) else list(bias or ())
         try:

@@ -38,6 +38,7 @@ class Sequence:
     output_format: Any = None  # agentrt.spec.structured.OutputFormat when constrained
     grammar: Any = None  # agentrt.spec.grammar.GrammarState when constrained
     penalties: Any = None  # agentrt.spec.penalties.Penalties when the request asks for any
+    logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked for
 
     @property
     def all_ids(self) -> list[int]:

@@ -82,6 +82,9 @@ class LLMResponse:
     request_id: Any = None
     error: str | None = None
     sent_messages: tuple[Mapping[str, Any], ...] | None = None
+    # when sampling asked for logprobs: per generated token, OpenAI's shape ({"token", "logprob",
+    # "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]})
+    logprobs: tuple[Mapping[str, Any], ...] | None = None
 
 
 @dataclass(frozen=True)

@@ -184,7 +184,16 @@ class EngineBackend:
             request_id=result.request_id, error=result.error,
             prompt_token_ids=tuple(result.prompt_token_ids), token_ids=tuple(result.token_ids),
             sent_messages=self._sent_messages(messages, params.response_format),
+            logprobs=None if result.logprobs is None else tuple(self._logprob_entry(lp) for lp in result.logprobs),
         )
+
+    def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
+        # one token decoded alone: a piece of a multi-byte character comes out as U+FFFD
+        text = self.engine.tokenizer.decode([token_id], skip_special_tokens=False)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    def _logprob_entry(self, lp: Any) -> dict[str, Any]:
+        return {**self._token(lp.token_id, lp.logprob), "top_logprobs": [self._token(t, v) for t, v in lp.top]}
 
     def _sent_messages(self, messages: list[dict[str, Any]], response_format: Any) -> tuple[dict[str, Any], ...] | None:
         """The messages as the engine encoded them (LLMEngine.format_messages); None when it added

@@ -25,7 +25,7 @@ from agentrt.runtime.trace import new_id
 from agentrt.server.config import Limits
 from agentrt.server.errors import ApiError
 from agentrt.server.schemas import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
-                                    Choice, ChunkChoice, Delta, FunctionCallDelta, FunctionCallOut,
+                                    Choice, ChoiceLogprobs, ChunkChoice, TokenLogprobOut, Delta, FunctionCallDelta, FunctionCallOut,
                                     PromptTokensDetails, SpecStats, ToolCallDelta, ToolCallOut, UsageOut)
 from agentrt.server.tool_stream import ToolCallStream
 from agentrt.spec.structured import dumps
@@ -48,11 +48,16 @@ class PreparedChat:
     parallel: bool
 
 
-def _unsupported(req: ChatCompletionRequest) -> None:
-    checks = [("logprobs", req.logprobs not in (None, False)), ("top_logprobs", req.top_logprobs not in (None, 0))]
-    for name, bad in checks:
-        if bad:
-            raise ApiError(400, f"{name} is not supported by this server yet", param=name, code="unsupported_parameter")
+def _logprobs(req: ChatCompletionRequest) -> int | None:
+    """SamplingParams.logprobs from OpenAI's logprobs / top_logprobs."""
+    if req.top_logprobs and not req.logprobs:
+        raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
+    if not req.logprobs:
+        return None
+    if req.stream:
+        raise ApiError(400, "logprobs with stream=true is not supported by this server yet", param="logprobs",
+                       code="unsupported_parameter")
+    return req.top_logprobs or 0
 
 
 def _messages(req: ChatCompletionRequest, limits: Limits) -> tuple[dict[str, Any], ...]:
@@ -122,7 +127,6 @@ def prepare_chat(req: ChatCompletionRequest, model: str, limits: Limits) -> Prep
     if req.model != model:
         raise ApiError(404, f"the model '{req.model}' does not exist here (this server serves '{model}')",
                        param="model", code="model_not_found")
-    _unsupported(req)
     n = req.n or 1
     if n > limits.max_n:
         raise ApiError(400, f"n={n}: over the limit max_n={limits.max_n}", param="n")
@@ -138,6 +142,8 @@ def prepare_chat(req: ChatCompletionRequest, model: str, limits: Limits) -> Prep
     for name in ("top_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens"):
         if getattr(req, name) is not None:
             sampling[name] = getattr(req, name)
+    if _logprobs(req) is not None:
+        sampling["logprobs"] = _logprobs(req)
     if req.logit_bias:
         try:
             sampling["logit_bias"] = {int(t): b for t, b in req.logit_bias.items()}
@@ -239,7 +245,8 @@ class ChatService:
                     for c in calls])
             else:
                 message = AssistantMessage(content=r.text)
-            choices.append(Choice(index=i, message=message, finish_reason=_finish_reason(r, calls)))
+            logprobs = None if r.logprobs is None else ChoiceLogprobs(content=[TokenLogprobOut(**e) for e in r.logprobs])
+            choices.append(Choice(index=i, message=message, finish_reason=_finish_reason(r, calls), logprobs=logprobs))
         return ChatCompletion(id=call_id, created=int(time.time()), model=self.model, choices=choices,
                               usage=_usage(responses), agentrt=_sum_spec(responses))
 

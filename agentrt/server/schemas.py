@@ -109,9 +109,8 @@ class ChatCompletionRequest(_Strict):
     # vLLM's extensions of the OpenAI request
     repetition_penalty: float | None = Field(default=None, gt=0, le=10)
     min_tokens: int | None = Field(default=None, ge=0)
-    # OpenAI fields the engine does not implement yet: accepted at their neutral values only
     logprobs: bool | None = None
-    top_logprobs: int | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
 # ---- OpenAI chat completions: responses --------------------------------------------------------
@@ -133,11 +132,26 @@ class AssistantMessage(BaseModel):
     refusal: None = None
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprobOut(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprobOut] | None
+    refusal: None = None
+
+
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
     finish_reason: str
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class PromptTokensDetails(BaseModel):

@@ -149,8 +149,10 @@ def test_errors_in_openai_shape(client, server):
         client.chat.completions.create(model=MODEL, messages=ask("hi"), max_tokens=100000)
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=MODEL, messages=[])
-    with pytest.raises(openai.BadRequestError, match="logprobs is not supported"):
-        client.chat.completions.create(model=MODEL, messages=ask("hi"), logprobs=True)
+    with pytest.raises(openai.BadRequestError, match="logprobs with stream=true is not supported"):
+        client.chat.completions.create(model=MODEL, messages=ask("hi"), logprobs=True, stream=True)
+    with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
+        client.chat.completions.create(model=MODEL, messages=ask("hi"), top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
         client.chat.completions.create(model=MODEL, messages=ask("hi"), frequency_penalty=5)
     with pytest.raises(openai.NotFoundError, match="does not exist"):
@@ -280,3 +282,33 @@ def test_penalties_and_logit_bias_steer_the_output(client):
     at_least = client.chat.completions.create(model=MODEL, messages=ask("Say OK."), max_tokens=12, temperature=0,
                                               extra_body={"min_tokens": 10})
     assert at_least.usage.completion_tokens >= 10
+
+
+def test_metrics_of_the_real_engine(server, client):
+    import urllib.request
+
+    for _ in range(2):  # the second one's prompt comes from the prefix cache
+        client.chat.completions.create(model=MODEL, messages=ask("Give JSON for a cat."), max_tokens=16,
+                                       temperature=0, response_format={"type": "json_object"})
+    req = urllib.request.Request(f"{server[0]}/metrics", headers={"Authorization": f"Bearer {KEY}"})
+    with urllib.request.urlopen(req) as r:
+        text = r.read().decode()
+    values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
+              if line and not line.startswith("#")}
+    assert values['agentrt_kv_blocks{state="total"}'] > 0
+    assert values["agentrt_engine_steps_total"] > 0 and values["agentrt_output_tokens_total"] > 0
+    assert values["agentrt_prompt_tokens_total"] >= values["agentrt_prefix_cache_hit_tokens_total"] > 0
+    assert any(k.startswith("agentrt_spec_drafted_tokens_total{drafter=") for k in values)
+
+
+def test_logprobs(client):
+    r = client.chat.completions.create(model=MODEL, messages=ask("Name a fruit."), max_tokens=8, temperature=0,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    assert "".join(c.token for c in content).startswith(r.choices[0].message.content[:3])
+    for c in content:
+        assert c.logprob <= 0 and len(c.top_logprobs) == 3 and bytes(c.bytes).decode("utf-8", "replace") == c.token
+        assert c.top_logprobs[0].token == c.token  # greedy: the chosen token is the most likely one
+    plain = client.chat.completions.create(model=MODEL, messages=ask("Name a fruit."), max_tokens=8, temperature=0)
+    assert plain.choices[0].logprobs is None
