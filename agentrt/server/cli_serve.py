@@ -117,7 +117,8 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
 
         provider = otlp_provider(args.otlp_endpoint)
     app = create_app(config, model, programs, tracer_provider=provider)
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # a client that goes away cancels its handler, so its engine requests are aborted, not finished
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, config.host, config.port)
     await site.start()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agentrt.runtime.runtime import Runtime
@@ -122,5 +123,27 @@ async def test_cors_only_when_enabled():
     try:
         r = await client.get("/v1/models", headers={"Origin": "http://console.example"})
         assert "Access-Control-Allow-Origin" not in r.headers
+    finally:
+        await client.close()
+
+
+async def test_a_client_that_goes_away_aborts_its_generation():
+    import asyncio
+
+    import aiohttp
+
+    client, backend = await make_client("word " * 3000)  # ~3000 steps of 1 ms
+    try:
+        body = {"model": "m", "messages": [{"role": "user", "content": "talk"}], "max_tokens": 4000}
+        for stream in (False, True):
+            with pytest.raises((asyncio.TimeoutError, aiohttp.ClientError)):
+                async with client.session.post(client.make_url("/v1/chat/completions"), json={**body, "stream": stream},
+                                               timeout=aiohttp.ClientTimeout(total=0.3)) as r:
+                    await r.read()
+            for _ in range(100):
+                if len(backend.aborted) == (2 if stream else 1):
+                    break
+                await asyncio.sleep(0.02)
+            assert backend.aborted == ["completion"] * (2 if stream else 1)
     finally:
         await client.close()
