@@ -138,7 +138,10 @@ class EngineBackend:
 
     async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
                        on_start: Callable[[Any], None] | None = None,
-                       on_text: Callable[[str], None] | None = None) -> LLMResponse:
+                       on_text: Callable[[str], None] | None = None,
+                       on_logprobs: Callable[[list[dict[str, Any]]], None] | None = None) -> LLMResponse:
+        """on_logprobs (when sampling asked for logprobs): each engine event's token logprobs,
+        in LLMResponse.logprobs' shape, before on_text gets that event's text."""
         from agentrt.engine.sampling_params import SamplingParams
 
         rf = dict(request.response_format)
@@ -166,6 +169,8 @@ class EngineBackend:
         try:
             async for ev in self.engine.stream(messages, params, priority=request.priority,
                                                meta=meta, on_start=started):
+                if on_logprobs is not None and ev.logprobs:
+                    on_logprobs([self._logprob_entry(lp) for lp in ev.logprobs])
                 if on_text is not None and ev.text:
                     on_text(ev.text)
                 if ev.finished:

@@ -201,11 +201,13 @@ class Runtime:
             raise
 
     async def complete(self, request: LLMRequest, *, on_text: Callable[[str], None] | None = None,
-                       on_step: Callable[[LLMStepEvent], None] | None = None) -> LLMResponse:
+                       on_step: Callable[[LLMStepEvent], None] | None = None,
+                       on_logprobs: Callable[[list[dict[str, Any]]], None] | None = None) -> LLMResponse:
         """One LLM call outside any program (a served chat completion). To the scheduling policy it
         is a one-node program: its priority comes from the policy, and it is re-prioritized as it
         is served, so chat requests and program runs share the engine on the policy's terms.
-        request.node.run_id names the call; request.priority is ignored."""
+        request.node.run_id names the call; request.priority is ignored. on_logprobs goes to
+        backends that report token logprobs as they stream (EngineBackend)."""
         call_id = request.node.run_id
         if call_id in self.calls or call_id in self.programs:
             raise RunConfigError(f"call id '{call_id}' is already used in this runtime")
@@ -233,8 +235,9 @@ class Runtime:
         self.calls[call_id] = stats
         stats.llm_in_flight = 1
         try:
+            extra = {"on_logprobs": on_logprobs} if on_logprobs is not None else {}
             return await self.backend.complete(replace(request, priority=priority), on_step=stepped,
-                                               on_start=started, on_text=on_text)
+                                               on_start=started, on_text=on_text, **extra)
         finally:
             del self.calls[call_id]
 

@@ -54,9 +54,6 @@ def _logprobs(req: ChatCompletionRequest) -> int | None:
         raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
     if not req.logprobs:
         return None
-    if req.stream:
-        raise ApiError(400, "logprobs with stream=true is not supported by this server yet", param="logprobs",
-                       code="unsupported_parameter")
     return req.top_logprobs or 0
 
 
@@ -219,10 +216,11 @@ class ChatService:
                                 f"max_inflight_chats={self.limits.max_inflight_chats})", code="too_many_requests",
                            headers={"Retry-After": str(self.limits.retry_after_s)})
 
-    async def _complete(self, request: LLMRequest, on_text: Callable[[str], None] | None = None) -> LLMResponse:
+    async def _complete(self, request: LLMRequest, on_text: Callable[[str], None] | None = None,
+                        on_logprobs: Callable[[list[dict[str, Any]]], None] | None = None) -> LLMResponse:
         self.inflight += 1
         try:
-            response = await self.runtime.complete(request, on_text=on_text)
+            response = await self.runtime.complete(request, on_text=on_text, on_logprobs=on_logprobs)
         except AgentRTError as e:  # the engine refused it (prompt too long for the context, say)
             raise ApiError(400, str(e), param="messages", code="invalid_request") from None
         finally:
@@ -254,46 +252,58 @@ class ChatService:
         """The chunks of a streamed completion (the caller writes them as SSE, then [DONE])."""
         call_id, created = f"chatcmpl-{new_id(12)}", int(time.time())
         self.admit(chat)
-        queue: asyncio.Queue[tuple[int, Delta | None, LLMResponse | None, BaseException | None]] = asyncio.Queue()
+        # (choice, delta, its tokens' logprobs, the final response, an error)
+        queue: asyncio.Queue[tuple[int, Delta | None, list | None, LLMResponse | None, BaseException | None]] = \
+            asyncio.Queue()
 
         def chunk(choices: list[ChunkChoice], **extra: Any) -> ChatCompletionChunk:
             return ChatCompletionChunk(id=call_id, created=created, model=self.model, choices=choices, **extra)
 
         async def one(index: int) -> None:
             deltas = _DeltaMaker(chat, lambda: f"call_{new_id(12)}")
+            pending: list[dict[str, Any]] = []  # logprobs of tokens whose text has not gone out yet
+
+            def on_logprobs(entries: list[dict[str, Any]]) -> None:
+                pending.extend(entries)
 
             def on_text(text: str) -> None:
                 for d in deltas.feed(text):
-                    queue.put_nowait((index, d, None, None))
+                    lps = None
+                    if d.content and pending:  # OpenAI reports logprobs of content tokens
+                        lps = list(pending)
+                        pending.clear()
+                    queue.put_nowait((index, d, lps, None, None))
 
             try:
-                response = await self._complete(self._request(chat, call_id, index), on_text)
+                response = await self._complete(self._request(chat, call_id, index), on_text,
+                                                on_logprobs if chat.sampling.get("logprobs") is not None else None)
                 for d in deltas.end():
-                    queue.put_nowait((index, d, None, None))
-                queue.put_nowait((index, None, response, None))
+                    queue.put_nowait((index, d, None, None, None))
+                queue.put_nowait((index, None, None, response, None))
             except BaseException as e:  # noqa: BLE001 - handed to the streaming side, which raises it
-                queue.put_nowait((index, None, None, e))
+                queue.put_nowait((index, None, None, None, e))
 
         tasks = [asyncio.get_running_loop().create_task(one(i)) for i in range(chat.n)]
         try:
             # the role chunks wait for the first piece of output: a request the engine refuses (a
             # prompt too long for the context) is then still answered with a plain 4xx
             item = await queue.get()
-            if item[3] is not None:
-                raise item[3]
+            if item[4] is not None:
+                raise item[4]
             for i in range(chat.n):
                 yield chunk([ChunkChoice(index=i, delta=Delta(role="assistant", content=""))])
             responses: dict[int, LLMResponse] = {}
             tool_calls_seen: set[int] = set()
             while len(responses) < chat.n:
-                index, delta, response, error = item if item is not None else await queue.get()
+                index, delta, lps, response, error = item if item is not None else await queue.get()
                 item = None
                 if error is not None:
                     raise error
                 if delta is not None:
                     if delta.tool_calls:
                         tool_calls_seen.add(index)
-                    yield chunk([ChunkChoice(index=index, delta=delta)])
+                    logprobs = None if lps is None else ChoiceLogprobs(content=[TokenLogprobOut(**e) for e in lps])
+                    yield chunk([ChunkChoice(index=index, delta=delta, logprobs=logprobs)])
                     continue
                 assert response is not None
                 responses[index] = response

@@ -210,7 +210,7 @@ class ChunkChoice(BaseModel):
     index: int
     delta: Delta
     finish_reason: str | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionChunk(BaseModel):

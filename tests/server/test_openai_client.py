@@ -149,8 +149,6 @@ def test_errors_in_openai_shape(client, server):
         client.chat.completions.create(model=MODEL, messages=ask("hi"), max_tokens=100000)
     with pytest.raises(openai.BadRequestError, match="messages"):
         client.chat.completions.create(model=MODEL, messages=[])
-    with pytest.raises(openai.BadRequestError, match="logprobs with stream=true is not supported"):
-        client.chat.completions.create(model=MODEL, messages=ask("hi"), logprobs=True, stream=True)
     with pytest.raises(openai.BadRequestError, match="top_logprobs needs logprobs"):
         client.chat.completions.create(model=MODEL, messages=ask("hi"), top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="frequency_penalty"):
@@ -312,3 +310,7 @@ def test_logprobs(client):
         assert c.top_logprobs[0].token == c.token  # greedy: the chosen token is the most likely one
     plain = client.chat.completions.create(model=MODEL, messages=ask("Name a fruit."), max_tokens=8, temperature=0)
     assert plain.choices[0].logprobs is None
+    streamed = list(client.chat.completions.create(model=MODEL, messages=ask("Name a fruit."), max_tokens=8,
+                                                   temperature=0, logprobs=True, top_logprobs=3, stream=True))
+    entries = [e for c in streamed if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert [(e.token, round(e.logprob, 4)) for e in entries] == [(c.token, round(c.logprob, 4)) for c in content]
