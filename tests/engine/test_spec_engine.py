@@ -37,6 +37,16 @@ def _batched(engine, prompts, params) -> list:
     return [got[r] for r in rids]
 
 
+def _first_two_tokens(engine, prompt: list[int], n: int, batch: int, seed0: int, **params) -> list[tuple[int, ...]]:
+    """n samples of the first two tokens at temperature 1, `batch` requests at a time, seeded."""
+    pairs = []
+    for b in range(n // batch):
+        sps = [SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True, seed=seed0 + b * batch + i, **params)
+               for i in range(batch)]
+        pairs += [tuple(r.token_ids) for r in _batched(engine, [list(prompt)] * batch, sps)]
+    return pairs
+
+
 @pytest.mark.parametrize("batch", [1, 4])
 def test_greedy_identity_tiny(batch, tiny_loaded, make_engine):
     loaded = tiny_loaded("smollm")
@@ -100,20 +110,9 @@ def test_first_two_tokens_distribution_matches_plain_sampling(smollm2_fp32, make
     n, batch = 1200, 100
     prompt = smollm2_fp32.tokenizer.encode("My favourite food is")
 
-    def sample(engine, seed0):
-        pairs = []
-        for b in range(n // batch):
-            rids = [engine.add_request(list(prompt), SamplingParams(max_tokens=2, temperature=1.0, seed=seed0 + b * batch + i, ignore_eos=True))
-                    for i in range(batch)]
-            got = {}
-            while len(got) < len(rids):
-                got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
-            pairs += [tuple(got[r].token_ids) for r in rids]
-        return pairs
-
-    plain = sample(make_engine(smollm2_fp32, max_num_seqs=batch, kv_cache_tokens=8192), 0)
+    plain = _first_two_tokens(make_engine(smollm2_fp32, max_num_seqs=batch, kv_cache_tokens=8192), prompt, n, batch, 0)
     spec_engine = make_engine(smollm2_fp32, max_num_seqs=batch, kv_cache_tokens=8192, spec=SpecConfig(drafter="layerskip:20", k=1))
-    spec = sample(spec_engine, 10**6)
+    spec = _first_two_tokens(spec_engine, prompt, n, batch, 10**6)
     top = [p for p, _ in collections.Counter(plain + spec).most_common(12)]
     table = [[sum(1 for x in arm if x == t) for t in top] + [sum(1 for x in arm if x not in top)] for arm in (plain, spec)]
     _, pvalue, _, _ = chi2_contingency(table)
@@ -155,20 +154,9 @@ def test_sampled_distribution_with_penalties_matches_plain_sampling(tiny_loaded,
     prompt = loaded.tokenizer.encode("the cat sat")
     pen = dict(presence_penalty=2.0, repetition_penalty=1.5, frequency_penalty=0.5)
 
-    def sample(engine, seed0):
-        pairs = []
-        for b in range(n // batch):
-            rids = [engine.add_request(list(prompt), SamplingParams(max_tokens=2, temperature=1.0, ignore_eos=True,
-                                                                    seed=seed0 + b * batch + i, **pen))
-                    for i in range(batch)]
-            got = {}
-            while len(got) < len(rids):
-                got.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
-            pairs += [tuple(got[r].token_ids) for r in rids]
-        return pairs
-
-    plain = sample(make_engine(loaded, max_num_seqs=batch), 0)
-    spec = sample(make_engine(loaded, max_num_seqs=batch, spec=SpecConfig(drafter="layerskip:1", k=1)), 10**6)
+    plain = _first_two_tokens(make_engine(loaded, max_num_seqs=batch), prompt, n, batch, 0, **pen)
+    spec = _first_two_tokens(make_engine(loaded, max_num_seqs=batch, spec=SpecConfig(drafter="layerskip:1", k=1)),
+                             prompt, n, batch, 10**6, **pen)
     repeats = sum(1 for a, b in plain if a == b) / n
     assert repeats < 0.05  # the penalties act: a repeated token is rare
     top = [p for p, _ in collections.Counter(plain + spec).most_common(12)]
