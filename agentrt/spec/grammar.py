@@ -62,7 +62,9 @@ class GrammarCache:
                 return self._compiled[key]
         try:
             json_grammar = xgr.Grammar.from_json_schema(fmt.schema, any_whitespace=False, separators=SEPARATORS)
-            if fmt.kind == "tool_call" and fmt.allow_text:
+            if fmt.kind == "tool_call" and fmt.tool_choice == "none":
+                grammar = xgr.Grammar.from_ebnf('root ::= [^\\[{ \\t\\n] [^]*')  # text only
+            elif fmt.kind == "tool_call" and fmt.allow_text:
                 # Either the call (a list of calls), or text that does not start like one: with
                 # parallel calls not like a lone call object either, which would pass as text.
                 first = "[^\\[{ \\t\\n]" if fmt.parallel else "[^{ \\t\\n]"

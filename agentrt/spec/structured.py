@@ -34,8 +34,9 @@ class OutputFormat:
     tools: tuple = ()  # openai tool dicts (tool_call)
     allow_text: bool = False
     # "none" (OpenAI's tool_choice): the prompt describes the tools as a tool_call turn does, but
-    # the answer is free text. The last step of an agent loop answers so: its prompt then starts
-    # with exactly the tokens of the steps before it, whose KV is cached.
+    # the answer is text, which the grammar keeps from starting like a call (a small model shown
+    # calls otherwise writes one as its answer). The last step of an agent loop answers so: its
+    # prompt then starts with exactly the tokens of the steps before it, whose KV is cached.
     tool_choice: str = "auto"
     parallel: bool = False  # tool_call: a list of calls
 
@@ -55,11 +56,11 @@ class OutputFormat:
 
     @property
     def constrained(self) -> bool:
-        """A grammar enforces the output."""
-        return self.kind != "text" and self.tool_choice != "none"
+        """A grammar enforces the output (with tool_choice "none": text that does not start like a call)."""
+        return self.kind != "text"
 
     def cache_key(self) -> str:
-        return json.dumps([self.kind, self.schema, self.allow_text, self.parallel], sort_keys=True)
+        return json.dumps([self.kind, self.schema, self.allow_text, self.parallel, self.tool_choice], sort_keys=True)
 
 
 def _tool_function(t: Any) -> dict:

@@ -158,3 +158,20 @@ def test_parallel_grammar_takes_a_list_or_text_and_nothing_else():
     assert not m.accept_token(vocab.index("{"))  # a lone call object is neither a list nor text
     m = xgr.GrammarMatcher(compiled)
     assert m.accept_token(vocab.index("Hi"))  # text
+
+
+def test_tool_choice_none_takes_text_that_does_not_start_like_a_call():
+    import xgrammar as xgr
+
+    from agentrt.spec.grammar import GrammarCache
+
+    vocab = ["[", "{", "]", "}", '"', "Hi", " there", ",", ":", " "] + [f"<tok{i}>" for i in range(6)]
+    info = xgr.TokenizerInfo(vocab, stop_token_ids=[len(vocab) - 1])
+    none = parse_response_format({"type": "tool_call", "tools": [WEATHER], "tool_choice": "none"})
+    auto = parse_response_format({"type": "tool_call", "tools": [WEATHER], "allow_text": True})
+    assert none.constrained and none.cache_key() != auto.cache_key()
+    cache = GrammarCache(info)
+    for tok, ok in (("Hi", True), ("{", False), ("[", False), (" ", False)):
+        assert xgr.GrammarMatcher(cache.compile(none)).accept_token(vocab.index(tok)) == ok, tok
+    assert xgr.GrammarMatcher(cache.compile(auto)).accept_token(vocab.index("{"))  # auto: a call is fine
+    assert parse_output(none, "It is sunny.") is None
