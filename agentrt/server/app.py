@@ -173,23 +173,36 @@ async def access_middleware(request: web.Request, handler: Callable) -> web.Stre
             access_log.info("%s %s %d %.1fms run=%s", request.method, route, status, 1000 * seconds, run_id)
 
 
+def _allowed_origin(request: web.Request, origins: tuple[str, ...]) -> str | None:
+    origin = request.headers.get("Origin")
+    return origin if origin and ("*" in origins or origin in origins) else None
+
+
 def cors_middleware(origins: tuple[str, ...]) -> Callable:
+    """Answers preflight requests of allowed origins (the headers go on through cors_headers)."""
+
     @web.middleware
     async def cors(request: web.Request, handler: Callable) -> web.StreamResponse:
-        origin = request.headers.get("Origin")
-        allowed = origin if origin and ("*" in origins or origin in origins) else None
-        if request.method == "OPTIONS" and allowed:
-            response: web.StreamResponse = web.Response(status=204)
-        else:
-            response = await handler(request)
-        if allowed and not response.prepared:
+        if request.method == "OPTIONS" and _allowed_origin(request, origins):
+            return web.Response(status=204)
+        return await handler(request)
+
+    return cors
+
+
+def cors_headers(origins: tuple[str, ...]) -> Callable:
+    """An on_response_prepare hook: CORS headers on every response to an allowed origin, event
+    streams included (their headers go out before the handler returns)."""
+
+    async def add(request: web.Request, response: web.StreamResponse) -> None:
+        allowed = _allowed_origin(request, origins)
+        if allowed:
             response.headers.update({
                 "Access-Control-Allow-Origin": allowed, "Vary": "Origin",
                 "Access-Control-Allow-Headers": "Authorization, Content-Type, Idempotency-Key, Last-Event-ID",
                 "Access-Control-Allow-Methods": "GET, POST, OPTIONS"})
-        return response
 
-    return cors
+    return add
 
 
 # ---- service routes ------------------------------------------------------------------------------
@@ -392,6 +405,8 @@ def create_app(config: ServerConfig, model: str, programs: Mapping[str, Example]
     app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=middlewares)
     state = ServerState(config, model, dict(programs), ServerMetrics(), tracer_provider=tracer_provider)
     app[STATE] = state
+    if config.cors_origins:
+        app.on_response_prepare.append(cors_headers(config.cors_origins))
     if runtime is not None:
         state.attach(runtime)
     app.router.add_get("/health", health)

@@ -117,6 +117,12 @@ async def test_cors_only_when_enabled():
         assert r.status == 204 and r.headers["Access-Control-Allow-Origin"] == "http://console.example"
         r = await client.get("/v1/models", headers={"Origin": "http://evil.example"})
         assert "Access-Control-Allow-Origin" not in r.headers
+        r = await client.post("/v1/chat/completions", headers={"Origin": "http://console.example"},
+                              json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True})
+        assert r.headers["Access-Control-Allow-Origin"] == "http://console.example"  # an event stream too
+        assert (await r.text()).rstrip().endswith("[DONE]")
+        r = await client.post("/v1/chat/completions", headers={"Origin": "http://console.example"}, json={})
+        assert r.status == 400 and r.headers["Access-Control-Allow-Origin"] == "http://console.example"  # errors too
     finally:
         await client.close()
     client, _ = await make_client("ok")
