@@ -139,8 +139,9 @@ def prepare_chat(req: ChatCompletionRequest, model: str, limits: Limits) -> Prep
     for name in ("top_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens"):
         if getattr(req, name) is not None:
             sampling[name] = getattr(req, name)
-    if _logprobs(req) is not None:
-        sampling["logprobs"] = _logprobs(req)
+    logprobs = _logprobs(req)
+    if logprobs is not None:
+        sampling["logprobs"] = logprobs
     if req.logit_bias:
         try:
             sampling["logit_bias"] = {int(t): b for t, b in req.logit_bias.items()}

@@ -33,6 +33,13 @@ async def make_client(tmp_path, **config) -> tuple[TestClient, ScriptedBackend]:
     return client, backend
 
 
+async def submit(client: TestClient, **inputs) -> str:
+    """Start a calc run with these inputs; its run id."""
+    r = await client.post("/v1/programs/calc/runs", json={"inputs": inputs})
+    assert r.status == 201, await r.text()
+    return (await r.json())["run_id"]
+
+
 def parse_sse(text: str) -> list[dict]:
     events = []
     for block in text.strip().split("\n\n"):
@@ -86,7 +93,7 @@ async def test_programs_list_and_run_to_end(tmp_path):
 async def test_events_are_ordered_and_resume_without_gaps(tmp_path):
     client, _ = await make_client(tmp_path)
     try:
-        run_id = (await (await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 0.05}})).json())["run_id"]
+        run_id = await submit(client, delay=0.05)
         full = parse_sse(await (await client.get(f"/v1/runs/{run_id}/events")).text())
         ids = [int(e["id"]) for e in full]
         assert ids == list(range(1, len(ids) + 1))
@@ -109,7 +116,7 @@ async def test_events_are_ordered_and_resume_without_gaps(tmp_path):
 async def test_cancel_mid_run(tmp_path):
     client, _ = await make_client(tmp_path)
     try:
-        run_id = (await (await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 30}})).json())["run_id"]
+        run_id = await submit(client, delay=30)
         for _ in range(200):  # until the slow tool runs
             info = await (await client.get(f"/v1/runs/{run_id}")).json()
             if any(n["node"] == "sum" and n["status"] == "running" for n in info["summary"]["nodes"]):
@@ -229,7 +236,7 @@ async def test_fuzzed_bodies_never_give_a_5xx(tmp_path, seed):
 async def test_metrics_and_health(tmp_path):
     client, _ = await make_client(tmp_path)
     try:
-        run_id = (await (await client.post("/v1/programs/calc/runs", json={})).json())["run_id"]
+        run_id = await submit(client)
         await client.get(f"/v1/runs/{run_id}/wait")
         text = await (await client.get("/metrics")).text()
         assert 'agentrt_runs_total{status="done"} 1.0' in text
@@ -255,7 +262,7 @@ async def test_run_spans_exported_through_opentelemetry(tmp_path):
     client = TestClient(TestServer(app))
     await client.start_server()
     try:
-        run_id = (await (await client.post("/v1/programs/calc/runs", json={})).json())["run_id"]
+        run_id = await submit(client)
         await client.get(f"/v1/runs/{run_id}/wait")
         trace = [json.loads(x) for x in (await (await client.get(f"/v1/runs/{run_id}/trace")).text()).splitlines()]
     finally:
@@ -277,7 +284,7 @@ async def test_run_spans_exported_through_opentelemetry(tmp_path):
 async def test_event_stream_cap(tmp_path):
     client, _ = await make_client(tmp_path, limits=Limits(max_sse_connections=1))
     try:
-        run_id = (await (await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 30}})).json())["run_id"]
+        run_id = await submit(client, delay=30)
         first = await client.get(f"/v1/runs/{run_id}/events")
         assert first.status == 200
         second = await client.get(f"/v1/runs/{run_id}/events")
@@ -295,8 +302,8 @@ async def test_shutdown_lets_short_runs_finish_and_cancels_the_rest(tmp_path):
 
     client, _ = await make_client(tmp_path)
     try:
-        quick = (await (await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 0.05}})).json())["run_id"]
-        slow = (await (await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 30}})).json())["run_id"]
+        quick = await submit(client, delay=0.05)
+        slow = await submit(client, delay=30)
         state = client.server.app[STATE]
         await state.runs.shutdown(grace_s=1.0)
         assert state.runs.get(quick).status == "done"
