@@ -84,7 +84,7 @@ def new_engine(loaded, spec, max_len: int, cost_model=None):
     if cost_model is not None:
         # One cost model for every engine of a run: loading it per engine would re-read (or
         # re-measure) the machine's rates each time.
-        engine.spec._cost_model = cost_model
+        engine.spec.cost_model = cost_model
     return engine
 
 

@@ -112,7 +112,7 @@ def new_engine(loaded, policy: Policy, kv_tokens: int, cost_model):
     if not policy.counting_drafts and engine.spec.drafter is not None:
         getattr(engine.spec.drafter, "suffix", engine.spec.drafter).digits = None
     if cost_model is not None:
-        engine.spec._cost_model = cost_model  # one cost model for every engine (see bench spec)
+        engine.spec.cost_model = cost_model  # one cost model for every engine (see bench spec)
     return engine
 
 

@@ -56,10 +56,7 @@ class AsyncEngine:
                 self._deliver(ev)
 
     def _fail_running(self, message: str) -> list[TokenEvent]:
-        events = []
-        for seq in list(self.engine.scheduler.running) + list(self.engine.scheduler.waiting):
-            events.append(self.engine._finish(seq, "error", error=message))
-        return events
+        return [self.engine.fail(seq, message) for seq in self.engine.unfinished()]
 
     def _deliver(self, ev: TokenEvent) -> None:
         target = self._streams.get(ev.request_id)
@@ -73,7 +70,8 @@ class AsyncEngine:
         except RuntimeError:  # the caller's loop is gone
             pass
 
-    def _submit(self, fn: Callable[[], None]) -> None:
+    def submit(self, fn: Callable[[], None]) -> None:
+        """Run fn() on the engine thread between steps (the only place engine state may change)."""
         self._commands.put(fn)
         self._wake.set()
 
@@ -91,7 +89,7 @@ class AsyncEngine:
         seq = self.engine.prepare(prompt, params, priority, meta)
         q: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._streams[seq.seq_id] = (asyncio.get_running_loop(), q)
-        self._submit(lambda: self.engine.add(seq))
+        self.submit(lambda: self.engine.add(seq))
         if on_start:
             on_start(seq.seq_id)
         try:
@@ -123,7 +121,7 @@ class AsyncEngine:
         return time.perf_counter() - t0
 
     def abort(self, request_id: int) -> None:
-        self._submit(lambda: self._deliver_abort(request_id))
+        self.submit(lambda: self._deliver_abort(request_id))
 
     def _deliver_abort(self, request_id: int) -> None:
         ev = self.engine.abort(request_id)
@@ -131,7 +129,7 @@ class AsyncEngine:
             self._deliver(ev)
 
     def set_priority(self, request_id: int, priority: float) -> None:
-        self._submit(lambda: self.engine.set_priority(request_id, priority))
+        self.submit(lambda: self.engine.set_priority(request_id, priority))
 
     def close(self) -> None:
         self._closed = True

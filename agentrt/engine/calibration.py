@@ -91,5 +91,5 @@ def calibrate_engine(engine, max_tokens: int = 256, kv_values=(128, 512, 2048), 
     model, _, report = calibrate(fastest, grid, repeats=repeats, progress=progress, prior=prior)
     path = model_cost_path(engine)
     model.save(path)
-    engine.spec._cost_model = model
+    engine.spec.cost_model = model
     return model, report, path

@@ -46,6 +46,7 @@ class LayerSkipRunner:
         self.engine = engine
         self.num_layers = num_layers
         self.vocab_size = engine.model.cfg.vocab_size
+        self.relative_cost = num_layers / engine.model.num_layers
         # Draft positions written past the target's computed prefix during the current step.
         # Outside that step the target's own prefix is the truth (it may have been truncated,
         # or freed by preemption, since).
@@ -53,14 +54,14 @@ class LayerSkipRunner:
 
     def cached_len(self, seq_id: int) -> int:
         step, n = self._len.get(seq_id, (-1, 0))
-        return n if step == self.engine._step_no else self.engine.sequence(seq_id).num_computed
+        return n if step == self.engine.step_no else self.engine.sequence(seq_id).num_computed
 
     def forward(self, seq_ids: list[int], tokens: list[list[int]]) -> torch.Tensor:
         starts = [self.cached_len(s) for s in seq_ids]
         e = self.engine
         logits = _forward_last(e.model, e.kv, e.blocks, seq_ids, starts, tokens, self.num_layers)
         for s, st, t in zip(seq_ids, starts, tokens):
-            self._len[s] = (e._step_no, st + len(t))
+            self._len[s] = (e.step_no, st + len(t))
         return logits
 
     def truncate(self, seq_id: int, length: int) -> None:
@@ -72,9 +73,11 @@ class LayerSkipRunner:
 
 
 class SeparateModelRunner:
-    def __init__(self, model: LlamaModel, kv_cache_tokens: int, block_size: int = 16):
+    def __init__(self, model: LlamaModel, kv_cache_tokens: int, block_size: int = 16, relative_cost: float = 1.0):
+        """relative_cost: the draft model's parameters as a share of the target's."""
         self.model = model
         self.vocab_size = model.cfg.vocab_size
+        self.relative_cost = relative_cost
         n = max(1, kv_cache_tokens // block_size)
         self.blocks = BlockManager(n, block_size)
         self.kv = KVCache(model.cfg, n, block_size, model.dtype, model.device)

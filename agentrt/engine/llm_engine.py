@@ -1,8 +1,9 @@
 """The synchronous engine core: requests in, one batched forward per step, tokens out.
 
-engine -> scheduler -> block manager -> sequence, one way. The asyncio wrapper lives in
-async_engine.py; speculative decoding plugs in through `SpecRunner` (drafts before the forward,
-exact verification after it).
+engine -> scheduler -> block manager -> sequence, one way. A step is a list of StepRows, one per
+scheduled sequence (step_rows.py); speculative decoding fills their drafts (SpecRunner),
+grammar constraints their masks (constraints.py), the sampler what they emit (step_sampler.py).
+The asyncio wrapper lives in async_engine.py.
 """
 from __future__ import annotations
 
@@ -21,16 +22,18 @@ from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent, Tok
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.scheduler import Scheduler, SchedulerConfig
 from agentrt.engine.sequence import Sequence
-from agentrt.engine.spec_runner import SpecConfig, SpecRunner
-from agentrt.engine.step_inputs import StepPlan, build_forward_batch
+from agentrt.engine.calibration import load_or_estimate_cost_model
+from agentrt.engine.constraints import Constraints
+from agentrt.engine.spec_runner import DraftStep, SpecConfig, SpecRunner, build_drafter
+from agentrt.engine.step_rows import (StepRow, build_forward_batch, fit_drafts_to_kv, limit_drafts, reserve_draft_kv,
+                                      rows_of)
+from agentrt.engine.step_sampler import sample_rows
 from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
-from agentrt.spec.grammar import GrammarCache, GrammarState, shared_grammar_cache
-from agentrt.spec.penalties import Penalties, penalize
-from agentrt.spec.sampling import process_logits, sample_from_probs
+from agentrt.spec.grammar import GrammarCache
+from agentrt.spec.penalties import Penalties
 from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions
-from agentrt.spec.verify import verify_drafts, verify_greedy
 
 
 @dataclass(frozen=True)
@@ -68,15 +71,16 @@ class LLMEngine:
             self.blocks, step_cost=self._prefill_step_cost)
         self.max_model_len = min(config.max_model_len or self.model.cfg.max_position_embeddings, num_blocks * config.block_size)
         self.eos_ids = tuple(self.tokenizer.eos_token_ids)
-        self.spec = SpecRunner(config.spec, self)
+        self.constraints = Constraints(self.tokenizer, self.model.cfg.vocab_size, self.eos_ids)
+        self.spec = SpecRunner(config.spec, build_drafter(config.spec.drafter, self) if config.spec.enabled else None,
+                               cost_model=lambda: load_or_estimate_cost_model(self))
         self._ids = itertools.count()
         self._seed_gen = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[int, Sequence] = {}
         self._stops: dict[int, StopChecker] = {}
         self.step_log: deque[StepRecord] = deque(maxlen=100_000)
         self.step_listeners: list[Callable[[StepRecord], None]] = []
-        self._step_no = 0
-        self._grammars: GrammarCache | None = None
+        self.step_no = 0  # steps taken so far (the next step's number)
 
     def _prefill_step_cost(self, num_tokens: int) -> float | None:
         """A step's predicted seconds for the scheduler's prefill grouping; None unless the cost
@@ -86,9 +90,15 @@ class LLMEngine:
 
     @property
     def grammars(self) -> GrammarCache:
-        if self._grammars is None:  # on first use; shared by the engines of one loaded model
-            self._grammars = shared_grammar_cache(self.tokenizer, self.model.cfg.vocab_size, list(self.eos_ids))
-        return self._grammars
+        return self.constraints.grammars
+
+    @property
+    def block_size(self) -> int:
+        return self.blocks.block_size
+
+    @property
+    def prefix_caching(self) -> bool:
+        return self.blocks.prefix is not None
 
     # ---- requests -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
@@ -141,7 +151,7 @@ class LLMEngine:
         seq.penalties = self._penalties(params, fmt)
         if fmt.constrained:
             seq.output_format = fmt
-            seq.grammar = GrammarState(self.grammars.compile(fmt))
+            seq.grammar = self.constraints.state(fmt)
         return seq
 
     def _penalties(self, params: SamplingParams, fmt: OutputFormat) -> Penalties | None:
@@ -199,161 +209,85 @@ class LLMEngine:
 
     # ---- one step -------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
+        """schedule -> draft -> mask -> forward -> sample/verify -> advance, over one row per
+        scheduled sequence (docs/architecture.md, "Data flow of one engine step")."""
         t0 = time.monotonic()
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
-        samples = [s.num_computed + n == s.num_tokens for s, n in zip(batch.seqs, batch.num_new)]
-        proposal = self.spec.propose(batch.seqs, batch.num_new, samples)
-        plan = StepPlan(batch.seqs, batch.num_new, proposal.tokens, samples)
-        for seq, n, d in zip(plan.seqs, plan.num_new, plan.drafts):
-            if d:  # propose() kept drafts within the free KV slots
-                self.blocks.grow(seq.seq_id, seq.num_computed + n + len(d))
+        rows = rows_of(batch.seqs, batch.num_new)
+        limit_drafts(rows, self.blocks, self.max_model_len)
+        drafting = self.spec.propose(rows)
+        fit_drafts_to_kv(rows, self.blocks)
+        masks = self.constraints.step_masks(rows)
+        reserve_draft_kv(rows, self.blocks)
         self.kv.copy_blocks(self.blocks.pop_copies())  # copy-on-write of shared, partly filled blocks
-        fwd, first_row = build_forward_batch(plan, self.blocks, self.device)
-        logits = self.model.forward(fwd, self.kv).logits  # [rows, vocab]
-        raw = self._raw_logprobs(plan, logits)  # before penalties and masks touch the logits
-        emitted = self._sample(plan, logits, first_row, proposal)
+        logits = self.model.forward(build_forward_batch(rows, self.blocks, self.device), self.kv).logits  # [rows, vocab]
+        sample_rows(rows, logits, masks)
         duration = time.monotonic() - t0
-        events = self._advance(plan, emitted, self._token_logprobs(plan, raw, emitted))
+        events = [ev for r in rows if (ev := self._advance(r)) is not None]
+        self._record(rows, batch.preempted, drafting, t0, duration)
+        return events
+
+    def _advance(self, row: StepRow) -> TokenEvent | None:
+        """Keep what the row's sequence emitted: the KV of fed tokens and accepted drafts stays
+        (the last emitted token's is written next step), stop checks, the event."""
+        seq = row.seq
+        if seq.finished:  # aborted while the step ran
+            return None
+        if not row.emitted:  # a prefill chunk that did not reach the prompt's end
+            seq.num_computed += row.num_new
+            self.blocks.truncate(seq.seq_id, seq.num_computed)
+            self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
+            return None
+        seq.num_computed += row.num_new + len(row.emitted) - 1
+        self.blocks.truncate(seq.seq_id, seq.num_computed)
+        if seq.first_token_time is None:
+            seq.first_token_time = time.monotonic()
+            self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)  # siblings reuse the prompt
+        kept, text, reason = self._stops[seq.seq_id].apply(row.emitted)
+        self.constraints.commit(seq, kept)
+        self.spec.on_verified(row, kept, self.step_no)
+        logprobs = None if row.logprobs is None else row.logprobs[: len(kept)]
+        if logprobs is not None:
+            seq.logprobs += logprobs
+        if reason is not None:
+            return self._finish(seq, reason, kept, text, logprobs=logprobs)
+        return TokenEvent(seq.seq_id, kept, text, logprobs=logprobs)
+
+    def _record(self, rows: list[StepRow], preempted: list[Sequence], drafting: DraftStep, t0: float,
+                duration: float) -> None:
         record = StepRecord(
-            step=self._step_no,
+            step=self.step_no,
             start=t0,
             duration_s=duration,
-            batch_size=len(plan.seqs),
-            num_tokens=plan.num_tokens,
-            num_prefill_tokens=sum(n for n in plan.num_new if n > 1),
-            kv_tokens=sum(s.num_computed + n + len(d) for s, n, d in zip(plan.seqs, plan.num_new, plan.drafts)),
-            request_ids=[s.seq_id for s in plan.seqs],
-            num_new=list(plan.num_new),
-            k=[len(d) for d in plan.drafts],
-            forced=[sum(f) for f in proposal.forced],
-            accepted=[max(0, len(e) - 1) if d else 0 for e, d in zip(emitted, plan.drafts)],
-            expected_accepted=proposal.expected_accepted,
-            predicted_s=proposal.predicted_s,
-            draft_s=proposal.draft_s,
-            preempted=[s.seq_id for s in batch.preempted],
+            batch_size=len(rows),
+            num_tokens=sum(r.num_new + r.k for r in rows),
+            num_prefill_tokens=sum(r.num_new for r in rows if r.num_new > 1),
+            kv_tokens=sum(r.end for r in rows),
+            request_ids=[r.seq.seq_id for r in rows],
+            num_new=[r.num_new for r in rows],
+            k=[r.k for r in rows],
+            forced=[sum(r.forced) for r in rows],
+            accepted=[r.accepted for r in rows],
+            expected_accepted=[r.expected_accepted for r in rows],
+            predicted_s=drafting.predicted_s,
+            draft_s=drafting.draft_s,
+            preempted=[s.seq_id for s in preempted],
         )
-        self._step_no += 1
+        self.step_no += 1
         self.step_log.append(record)
         self.spec.observe(record)
         for fn in self.step_listeners:
             fn(record)
-        return events
 
-    def _sample(self, plan: StepPlan, logits: torch.Tensor, first_row: list[int], proposal) -> list[list[int]]:
-        """Per scheduled sequence, the tokens this step emits ([] while prefilling)."""
-        sampling = [i for i, s in enumerate(plan.samples) if s]
-        if not sampling:
-            return [[] for _ in plan.seqs]
-        rows_per = [len(plan.drafts[i]) + 1 for i in sampling]
-        ps = [plan.seqs[i].params for i in sampling]
-        out: list[list[int]] = [[] for _ in plan.seqs]
-        if any(plan.seqs[i].penalties is not None for i in sampling):
-            with torch.inference_mode():  # the logits are the forward's inference tensor
-                row = 0
-                for i, n in zip(sampling, rows_per):  # each row penalized with its own prefix's state
-                    seq = plan.seqs[i]
-                    if seq.penalties is not None:
-                        penalize(logits[row : row + n], seq.penalties, seq.prompt_ids, seq.output_ids, plan.drafts[i])
-                    row += n
-        if all(p.temperature == 0 for p in ps):
-            # Exactly what masking, process_logits (one-hot rows of the first maximal index) and
-            # sampling or verify_drafts return, without [rows, vocab] distributions or masking
-            # rows whose top token the grammar allows: ~1 ms of a 10-16 ms batch-1 step, more
-            # with drafts.
-            best = self.spec.greedy_tokens(proposal, logits)  # [rows]
-            if proposal.any:
-                ks = [len(plan.drafts[i]) for i in sampling]
-                draft_tokens = torch.tensor([t for i in sampling for t in plan.drafts[i]], dtype=torch.long)
-                res = verify_greedy(best, draft_tokens, torch.tensor([0] + list(itertools.accumulate(ks))))
-                toks = res.output_tokens.tolist()
-                for j, i in enumerate(sampling):
-                    out[i] = toks[j][: int(res.num_emitted[j])]
-            else:
-                for j, t in enumerate(best.tolist()):
-                    out[sampling[j]] = [t]
-            return out
-        self.spec.mask_logits(proposal, logits)
-        rep = lambda vals: torch.tensor(vals).repeat_interleave(torch.tensor(rows_per))  # noqa: E731
-        probs = process_logits(
-            logits,
-            rep([p.temperature for p in ps]).float(),
-            rep([p.top_k for p in ps]).long(),
-            rep([p.top_p for p in ps]).float(),
-        )  # [rows, vocab]
-        if not proposal.any:
-            u = torch.stack([torch.rand((), generator=plan.seqs[i].generator) for i in sampling])
-            toks = sample_from_probs(probs, u).tolist()
-            for j, i in enumerate(sampling):
-                out[i] = [toks[j]]
-            return out
-        ks = [len(plan.drafts[i]) for i in sampling]
-        draft_tokens = torch.tensor([t for i in sampling for t in plan.drafts[i]], dtype=torch.long)
-        cu = torch.tensor([0] + list(itertools.accumulate(ks)), dtype=torch.long)
-        u_acc = torch.cat([torch.rand(k, generator=plan.seqs[i].generator) for i, k in zip(sampling, ks)])
-        u_smp = torch.stack([torch.rand((), generator=plan.seqs[i].generator) for i in sampling])
-        q = self.spec.draft_probs(proposal, sampling, probs.shape[-1])
-        res = verify_drafts(probs, draft_tokens, cu, q, u_acc, u_smp)
-        toks = res.output_tokens.tolist()
-        for j, i in enumerate(sampling):
-            out[i] = toks[j][: int(res.num_emitted[j])]
-        return out
+    def fail(self, seq: Sequence, message: str) -> TokenEvent:
+        """End a request with finish_reason "error" (the async engine's answer to a failed step)."""
+        return self._finish(seq, "error", error=message)
 
-    def _raw_logprobs(self, plan: StepPlan, logits: torch.Tensor) -> dict[int, torch.Tensor]:
-        """Per sampling sequence that asked for logprobs (by plan index), log-softmax of its rows
-        [k + 1, vocab]: the model's own distribution at each verified position."""
-        out, row = {}, 0
-        if all(seq.params.logprobs is None for seq in plan.seqs):
-            return out
-        for i, s in enumerate(plan.samples):
-            if not s:
-                continue
-            n = len(plan.drafts[i]) + 1
-            if plan.seqs[i].params.logprobs is not None:
-                out[i] = torch.log_softmax(logits[row : row + n].float(), dim=-1)
-            row += n
-        return out
-
-    @staticmethod
-    def _token_logprobs(plan: StepPlan, raw: dict[int, torch.Tensor],
-                        emitted: list[list[int]]) -> list[list[TokenLogprob] | None]:
-        out: list[list[TokenLogprob] | None] = [None] * len(plan.seqs)
-        for i, lp in raw.items():
-            toks, top_n = emitted[i], plan.seqs[i].params.logprobs
-            top = lp[: len(toks)].topk(top_n, dim=-1) if top_n else None
-            out[i] = [TokenLogprob(t, float(lp[j, t]), tuple(zip(top.indices[j].tolist(), top.values[j].tolist()))
-                                   if top is not None else ()) for j, t in enumerate(toks)]
-        return out
-
-    def _advance(self, plan: StepPlan, emitted: list[list[int]],
-                 logprobs: list[list[TokenLogprob] | None]) -> list[TokenEvent]:
-        events = []
-        now = time.monotonic()
-        for seq, n, draft, toks, lps in zip(plan.seqs, plan.num_new, plan.drafts, emitted, logprobs):
-            if seq.finished:  # aborted while the step ran
-                continue
-            if not toks:  # a prefill chunk that did not reach the prompt's end
-                seq.num_computed += n
-                self.blocks.truncate(seq.seq_id, seq.num_computed)
-                self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
-                continue
-            # The real tokens and the accepted drafts are in the cache; the last emitted is not.
-            seq.num_computed += n + len(toks) - 1
-            self.blocks.truncate(seq.seq_id, seq.num_computed)
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-                self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)  # siblings reuse the prompt
-            kept, text, reason = self._stops[seq.seq_id].apply(toks)
-            self.spec.on_verified(seq, draft, len(toks) - 1, kept)
-            kept_lps = None if lps is None else lps[: len(kept)]
-            if kept_lps is not None:
-                seq.logprobs += kept_lps
-            if reason is not None:
-                events.append(self._finish(seq, reason, kept, text, logprobs=kept_lps))
-            else:
-                events.append(TokenEvent(seq.seq_id, kept, text, logprobs=kept_lps))
-        return events
+    def unfinished(self) -> list[Sequence]:
+        """Every admitted request that has not finished, running ones first."""
+        return list(self.scheduler.running) + list(self.scheduler.waiting)
 
     def _finish(self, seq: Sequence, reason: str, kept: list[int] = (), text: str = "", error: str | None = None,
                 logprobs: list[TokenLogprob] | None = None) -> TokenEvent:

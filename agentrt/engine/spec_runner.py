@@ -2,26 +2,25 @@
 controller, account α per request and drafter.
 
 The spec package holds the pieces (drafters, verification, controller, cost model); this class
-wires them to the engine's sequences, so the engine step reads schedule -> propose -> forward ->
-verify -> advance.
+wires them to the engine's step rows. It holds no engine: each step hands it the rows (with the
+drafts each may feed, from the KV it can take and the context left) and the step number.
+`build_drafter` makes a drafter for an engine from its name.
 """
 from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass, field
-
-import torch
+from dataclasses import dataclass
+from typing import Callable
 
 from agentrt.engine.outputs import StepRecord
 from agentrt.engine.sequence import Sequence
+from agentrt.engine.step_rows import StepRow
 from agentrt.errors import SpecConfigError
-from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.acceptance import AcceptanceCalibration
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
 from agentrt.spec.controller import KController, SeqDraftState, StepPrefill
 from agentrt.spec.cost_model import PredictionTracker, StepCostModel
-from agentrt.spec.grammar import apply_masks, masked_argmax
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
 
@@ -46,42 +45,31 @@ class SpecConfig:
         return "off" if not self.enabled else ("adaptive" if self.k is None else "fixed")
 
 
-@dataclass
-class Proposal:
-    tokens: list[list[int]]  # per scheduled sequence, the drafts it feeds (maybe empty)
-    probs: list[torch.Tensor | None] = field(default_factory=list)  # per sequence [k, V] q, or None
-    expected_accepted: list[float] = field(default_factory=list)
-    forced: list[list[bool]] = field(default_factory=list)  # per sequence, grammar-forced drafts
+@dataclass(frozen=True)
+class DraftStep:
+    """What drafting cost this step and what the controller predicted the step would cost."""
+
     predicted_s: float | None = None
     draft_s: float = 0.0
-    bitmask: torch.Tensor | None = None  # [logit rows, words] grammar masks, when any is constrained
-    masked_rows: list[int] = field(default_factory=list)
-
-    @property
-    def any(self) -> bool:
-        return any(self.tokens)
-
-    def cut(self, i: int, k: int) -> None:
-        """Keep only the first k drafts of sequence i."""
-        self.tokens[i] = self.tokens[i][:k]
-        self.forced[i] = self.forced[i][:k]
-        if self.probs[i] is not None:
-            self.probs[i] = self.probs[i][:k]
 
 
 class SpecRunner:
-    def __init__(self, config: SpecConfig, engine):
+    """Handed per step the rows that sample (each with the drafts it may feed); gives them drafts
+    sized by the k controller, and after verification accounts α per request and drafter."""
+
+    def __init__(self, config: SpecConfig, drafter: Drafter | None, cost_model: Callable[[], StepCostModel]):
+        """cost_model() builds the step-cost model on first use (a fitted one or the analytic
+        estimate: engine.calibration.load_or_estimate_cost_model)."""
         self.config = config
-        self.engine = engine
-        self.drafter: Drafter | None = build_drafter(config.drafter, engine) if config.enabled else None
+        self.drafter = drafter if config.enabled else None
         self.kind = config.drafter.split(":", 1)[0]
         self.alpha = AlphaRegistry(priors=PRIORS)
         self._seq_alpha: dict[int, OnlineAlpha] = {}
         self._stats: dict[int, RequestSpecStats] = {}
-        self._forced: dict[int, list[bool]] = {}  # this step's forced flags, per sequence
         # score -> P(accept), learned from this engine's verifications (spec.acceptance)
         self.calibration = AcceptanceCalibration()
         self._scores: dict[int, list[float | None]] = {}  # this step's free-position scores, per sequence
+        self._build_cost_model = cost_model
         self._cost_model: StepCostModel | None = None
         self.tracker = PredictionTracker(window=256)
         self._draft_cost_per_token: float | None = None  # measured online (EMA), s per drafted token
@@ -90,10 +78,12 @@ class SpecRunner:
     @property
     def cost_model(self) -> StepCostModel:
         if self._cost_model is None:
-            from agentrt.engine.calibration import load_or_estimate_cost_model
-
-            self._cost_model = load_or_estimate_cost_model(self.engine)
+            self._cost_model = self._build_cost_model()
         return self._cost_model
+
+    @cost_model.setter
+    def cost_model(self, model: StepCostModel) -> None:
+        self._cost_model = model
 
     @property
     def controller(self) -> KController:
@@ -104,7 +94,7 @@ class SpecRunner:
         self._stats[seq.seq_id] = RequestSpecStats(seq.seq_id)
         if self.drafter is not None:
             self.drafter.start(seq.seq_id, seq.prompt_ids)
-            if seq.grammar is not None and hasattr(self.drafter, "attach"):
+            if seq.grammar is not None:
                 self.drafter.attach(seq.seq_id, seq.grammar)
             self._seq_alpha[seq.seq_id] = self.alpha.new_sequence(self.kind)
 
@@ -119,125 +109,53 @@ class SpecRunner:
         return stats.to_dict() if stats else {}
 
     # ---- per step -------------------------------------------------------------------------
-    def _kmax(self, seq: Sequence, free_slots: int) -> int:
-        # Drafts past max_tokens or the context can never be emitted; drafts beyond the free KV
-        # slots would need blocks that others hold.
-        left = min(seq.params.max_tokens - len(seq.output_ids), self.engine.max_model_len - seq.num_tokens)
-        reserved = len(self.engine.blocks.tables.get(seq.seq_id, ())) * self.engine.blocks.block_size - seq.num_tokens
-        return max(0, min(self.config.kmax, left - 1, reserved + free_slots))
-
-    def propose(self, seqs: list[Sequence], num_new: list[int], samples: list[bool]) -> Proposal:
-        n = len(seqs)
-        proposal = Proposal(tokens=[[] for _ in seqs], probs=[None] * n, expected_accepted=[0.0] * n,
-                            forced=[[] for _ in seqs])
-        if self.drafter is not None:
-            self._draft(seqs, num_new, samples, proposal)
-            self._fit_kv(seqs, num_new, proposal)
-        self._grammar_masks(seqs, samples, proposal)
-        return proposal
-
-    def _fit_kv(self, seqs: list[Sequence], num_new: list[int], proposal: Proposal) -> None:
-        """Drafts only get KV slots that are free (in turn): cut them rather than preempt anyone."""
-        blocks, free = self.engine.blocks, self.engine.blocks.num_free
-        for i, seq in enumerate(seqs):
-            k = len(proposal.tokens[i])
-            base = seq.num_computed + num_new[i]
-            while k and blocks.blocks_needed(seq.seq_id, base + k) > free:
-                k -= 1
-            if k < len(proposal.tokens[i]):
-                proposal.cut(i, k)
-            free -= blocks.blocks_needed(seq.seq_id, base + k)
-
-    def _draft(self, seqs: list[Sequence], num_new: list[int], samples: list[bool], proposal: Proposal) -> None:
-        n = len(seqs)
+    def propose(self, rows: list[StepRow]) -> DraftStep:
+        """Fill each sampling row's draft (at most min(kmax, row.max_draft) tokens) with its q,
+        forced marks and expected accepted count."""
+        if self.drafter is None:
+            return DraftStep()
         t0 = time.monotonic()
-        blocks = self.engine.blocks
-        share = blocks.num_free * blocks.block_size // max(1, sum(samples))
-        kmax = {i: self._kmax(seqs[i], share) for i in range(n) if samples[i]}
-        live = [i for i in kmax if kmax[i] > 0]  # none: the controller still predicts the step's time
-        reqs = {i: self._request(seqs[i], kmax[i]) for i in live}
+        live = [r for r in rows if r.samples and min(self.config.kmax, r.max_draft) > 0]
+        reqs = {r: self._request(r.seq, min(self.config.kmax, r.max_draft)) for r in live}
         if self.drafter.deterministic:
             # Model-free drafts are nearly free: draft as deep as allowed, then let the controller
             # decide how much of each to verify, using the drafter's per-token confidence.
-            offered = dict(zip(live, self.drafter.propose([reqs[i] for i in live]))) if live else {}
-            scores = {i: self._scores_of(seqs[i], offered[i]) for i in live}
-            accept = {i: [1.0 if x is None else self.calibration(x) for x in scores[i]] for i in live}
+            offered = dict(zip(live, self.drafter.propose([reqs[r] for r in live]))) if live else {}
+            scores = {r: self._scores_of(r.seq, offered[r]) for r in live}
+            accept = {r: [1.0 if x is None else self.calibration(x) for x in scores[r]] for r in live}
         else:
             offered = {}
-            accept = {i: self._seq_alpha[seqs[i].seq_id].accept_probs(reqs[i].max_k) for i in live}
-        # Every scheduled sequence enters the step-time model; those not drafting offer nothing.
+            accept = {r: self._seq_alpha[r.seq.seq_id].accept_probs(reqs[r].max_k) for r in live}
+        # Every scheduled row enters the step-time model (none live: it still predicts the step's
+        # time); rows not drafting offer nothing.
         draft_cost = self._initial_draft_cost() if self._draft_cost_per_token is None else self._draft_cost_per_token
         alloc = self.controller.choose([
-            SeqDraftState(s.seq_id, accept.get(i, []), draft_cost, s.num_tokens) for i, s in enumerate(seqs)
-        ], _prefill_of(seqs, num_new))
-        ks = dict(enumerate(alloc.k))
+            SeqDraftState(r.seq.seq_id, accept.get(r, []), draft_cost, r.seq.num_tokens) for r in rows
+        ], _prefill_of(rows))
+        ks = dict(zip(rows, alloc.k))
         if not self.drafter.deterministic:
-            want = [i for i in live if ks[i] > 0]
-            got = self.drafter.propose([_with_k(reqs[i], ks[i]) for i in want]) if want else []
-            offered = dict(zip(want, got))
-        for i in live:
-            d = offered.get(i)
-            if d is None or ks[i] == 0:
+            want = [r for r in live if ks[r] > 0]
+            offered = dict(zip(want, self.drafter.propose([_with_k(reqs[r], ks[r]) for r in want]) if want else []))
+        for r in live:
+            d = offered.get(r)
+            if d is None or ks[r] == 0:
                 continue
-            d = d.truncated(ks[i])
-            proposal.tokens[i] = d.tokens
-            proposal.probs[i] = d.probs
-            proposal.forced[i] = d.forced or [False] * len(d.tokens)
-            proposal.expected_accepted[i] = _expected_accepted(accept[i][: len(d.tokens)])
-            self._forced[seqs[i].seq_id] = proposal.forced[i]
+            d = d.truncated(ks[r])
+            r.draft, r.q, r.forced = d.tokens, d.probs, d.forced or [False] * len(d.tokens)
+            r.expected_accepted = _expected_accepted(accept[r][: len(d.tokens)])
             if self.drafter.deterministic:  # what verification will tell the calibration about
-                self._scores[seqs[i].seq_id] = scores[i][: len(d.tokens)]
-        proposal.predicted_s = alloc.predicted_step_s
-        proposal.draft_s = time.monotonic() - t0
-        drafted = sum(len(t) for t in proposal.tokens)
+                self._scores[r.seq.seq_id] = scores[r][: len(d.tokens)]
+        step = DraftStep(alloc.predicted_step_s, time.monotonic() - t0)
+        drafted = sum(r.k for r in rows)
         if drafted and not self.drafter.deterministic:
-            per_token = proposal.draft_s / drafted
+            per_token = step.draft_s / drafted
             old = self._draft_cost_per_token
             self._draft_cost_per_token = per_token if old is None else 0.8 * old + 0.2 * per_token
-
-    def _grammar_masks(self, seqs: list[Sequence], samples: list[bool], proposal: Proposal) -> None:
-        """Masks for every verified row of constrained sequences; drafts are cut at the first
-        token their grammar forbids (its masked p is 0: it could never be accepted)."""
-        rows, parts = 0, []
-        for i, seq in enumerate(seqs):
-            if not samples[i]:
-                continue
-            if seq.grammar is not None:
-                d = proposal.tokens[i]
-                bm = self.engine.grammars.new_bitmask(len(d) + 1)
-                m = seq.grammar.fill_masks(d, bm, 0)
-                if m < len(d):
-                    proposal.cut(i, m)
-                parts.append((rows, bm[: m + 1]))
-            rows += len(proposal.tokens[i]) + 1
-        if parts:
-            full = self.engine.grammars.new_bitmask(rows)  # all tokens allowed
-            for start, bm in parts:
-                full[start : start + bm.shape[0]] = bm
-                proposal.masked_rows += range(start, start + bm.shape[0])
-            proposal.bitmask = full
-
-    def mask_logits(self, proposal: Proposal, logits: torch.Tensor) -> None:
-        if proposal.bitmask is not None:
-            apply_masks(logits, proposal.bitmask, proposal.masked_rows)
-
-    def greedy_tokens(self, proposal: Proposal, logits: torch.Tensor) -> torch.Tensor:
-        """argmax of every row under its grammar mask, [rows] int64 (logits left as they are)."""
-        if proposal.bitmask is None:
-            return argmax_rows(logits)
-        return masked_argmax(logits, proposal.bitmask, proposal.masked_rows)
+        return step
 
     def _initial_draft_cost(self) -> float:
-        """Before any draft was timed: model-free drafters cost ~nothing; a model drafter costs one
-        forward of its share of the target's parameters per token."""
-        if self.drafter is None or self.drafter.deterministic:
-            return 0.0
-        runner = getattr(self.drafter, "runner", None)
-        target = self.engine.model
-        draft = getattr(runner, "model", target)
-        share = getattr(runner, "num_layers", draft.num_layers) / target.num_layers if draft is target else \
-            draft.cfg.num_params() / target.cfg.num_params()
-        return share * self.cost_model.predict(1, 256)
+        """Before any draft was timed: one forward of the drafter's share of the target."""
+        return self.drafter.relative_cost * self.cost_model.predict(1, 256) if self.drafter.relative_cost else 0.0
 
     def _request(self, seq: Sequence, max_k: int) -> DraftRequest:
         p = seq.params
@@ -251,37 +169,25 @@ class SpecRunner:
         forced = draft.forced or [False] * len(draft.tokens)
         return [None if f else math.sqrt(max(c, 0.0) * a) for c, f in zip(draft.confidence, forced)]
 
-    def draft_probs(self, proposal: Proposal, sampling: list[int], vocab: int) -> torch.Tensor | None:
-        """[sum k, V] q for verification, or None when every draft is deterministic."""
-        rows = [(proposal.tokens[i], proposal.probs[i]) for i in sampling if proposal.tokens[i]]
-        if all(q is None for _, q in rows):
-            return None
-        parts = []
-        for toks, q in rows:
-            if q is None:
-                q = torch.nn.functional.one_hot(torch.tensor(toks), vocab).float()
-            parts.append(q.float())
-        return torch.cat(parts)
-
-    def on_verified(self, seq: Sequence, draft: list[int], accepted: int, kept: list[int]) -> None:
+    def on_verified(self, row: StepRow, kept: list[int], step: int) -> None:
+        """The row's sequence kept these tokens (emitted, maybe cut by a stop) at engine step `step`."""
+        seq = row.seq
         stats = self._stats.get(seq.seq_id)
         if stats is None:
             return
-        k = len(draft)
-        accepted = min(accepted, len(kept))
-        forced = sum(forced_flags[:accepted]) if (forced_flags := self._forced.pop(seq.seq_id, None)) else 0
+        k = row.k
+        accepted = min(row.accepted, len(kept))
+        forced = sum(row.forced[:accepted])
         if (scores := self._scores.pop(seq.seq_id, None)) is not None and k:
             # the verified draft's free positions (observe() censors them at the first rejection)
             self.calibration.observe([x for x in scores[:k] if x is not None],
                                      sum(x is not None for x in scores[:accepted]))
-        if seq.grammar is not None:
-            seq.grammar.commit(kept)
         if self.drafter is not None:
             self.drafter.on_verified(seq.seq_id, accepted, kept)
             alpha = self._seq_alpha[seq.seq_id]
             alpha.update(k, accepted, forced) if k else alpha.tick()
         stats.record(SpecStepEvent(
-            step=self.engine._step_no, time=time.monotonic(), seq_id=seq.seq_id,
+            step=step, time=time.monotonic(), seq_id=seq.seq_id,
             drafter=self.kind if k else "none", k=k, accepted=accepted, emitted=len(kept), forced=forced,
         ))
 
@@ -290,12 +196,13 @@ class SpecRunner:
             self.tracker.record(record.predicted_s, record.duration_s)
 
 
-def _prefill_of(seqs: list[Sequence], num_new: list[int]) -> StepPrefill:
+def _prefill_of(rows: list[StepRow]) -> StepPrefill:
     """The step's prompt rows beyond one per sequence, and their attention pairs beyond each
     sequence's context (a chunk of n rows after c computed tokens attends to ~n*c + n(n+1)/2)."""
     return StepPrefill(
-        tokens=sum(n - 1 for n in num_new),
-        pairs=sum(max(0, n * s.num_computed + n * (n + 1) // 2 - s.num_tokens) for s, n in zip(seqs, num_new)),
+        tokens=sum(r.num_new - 1 for r in rows),
+        pairs=sum(max(0, r.num_new * r.seq.num_computed + r.num_new * (r.num_new + 1) // 2 - r.seq.num_tokens)
+                  for r in rows),
     )
 
 
@@ -341,6 +248,7 @@ def build_drafter(spec: str, engine) -> Drafter:
         draft = load_model(arg, engine.model.dtype, engine.config.device, progress=False)
         if draft.model.cfg.vocab_size != engine.model.cfg.vocab_size or draft.tokenizer.encode("Hello, world!") != engine.tokenizer.encode("Hello, world!"):
             raise SpecConfigError(f"drafter {spec!r}: the draft model's tokenizer differs from the target's")
-        return ModelDrafter(SeparateModelRunner(draft.model, engine.config.kv_cache_tokens, engine.config.block_size),
+        share = draft.model.cfg.num_params() / engine.model.cfg.num_params()
+        return ModelDrafter(SeparateModelRunner(draft.model, engine.config.kv_cache_tokens, engine.config.block_size, share),
                             name="draft", seed=engine.config.seed)
     raise SpecConfigError(f"unknown drafter {spec!r}; choose none, suffix, template, layerskip:N or draft:PATH")

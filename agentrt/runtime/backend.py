@@ -109,6 +109,17 @@ class EngineStep:
         return dict(self.__dict__)
 
 
+@dataclass
+class KVPin:
+    """One KV hold: the tokens whose cached blocks were pinned, for how long, and how many
+    blocks the engine pinned (None until it has done so)."""
+
+    request_id: Any
+    tokens: tuple[int, ...]
+    ttl_s: float
+    blocks: int | None = None
+
+
 StepCallback = Callable[[LLMStepEvent], None]
 
 
@@ -133,4 +144,20 @@ class LLMBackend(Protocol):
 
     def subscribe_steps(self, fn: Callable[[EngineStep], None]) -> Callable[[], None]:
         """Call fn(EngineStep) on this event loop after each engine step; returns unsubscribe."""
+        ...
+
+    def pin(self, response: LLMResponse, ttl_s: float,
+            on_pinned: Callable[[KVPin], None] | None = None) -> KVPin | None:
+        """Hold the KV of this call's prompt and output for ttl_s seconds (its program waits on a
+        tool and will send them again); on_pinned(pin) follows on this loop once pin.blocks is
+        known. None: the backend keeps no reusable KV for this response."""
+        ...
+
+    def reuse(self, pin: KVPin, response: LLMResponse) -> tuple[int, int]:
+        """(reusable, reused) prompt tokens of a later call against a hold: what its prompt
+        shares with the held tokens in whole blocks, and what the engine took from its cache."""
+        ...
+
+    async def kv_blocks(self) -> Mapping[str, int] | None:
+        """KV cache blocks by state (total, free, used, cached, pinned); None without a KV cache."""
         ...

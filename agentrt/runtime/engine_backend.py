@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from agentrt.errors import RequestError
-from agentrt.runtime.backend import EngineStep, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
+from agentrt.runtime.backend import EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
 
 
 @dataclass(frozen=True)
@@ -28,17 +28,6 @@ class EngineResponse(LLMResponse):
 
     prompt_token_ids: tuple[int, ...] = ()
     token_ids: tuple[int, ...] = ()
-
-
-@dataclass
-class KVPin:
-    """One KV hold: the tokens whose cached blocks were pinned, for how long, and how many
-    blocks the engine pinned (None until the engine thread has done it)."""
-
-    request_id: Any
-    tokens: tuple[int, ...]
-    ttl_s: float
-    blocks: int | None = None
 
 
 @dataclass
@@ -211,7 +200,7 @@ class EngineBackend:
     # -- KV holds --
     @property
     def block_size(self) -> int:
-        return self.engine.engine.blocks.block_size
+        return self.engine.engine.block_size
 
     def pin(self, response: LLMResponse, ttl_s: float,
             on_pinned: Callable[[KVPin], None] | None = None) -> KVPin | None:
@@ -219,7 +208,7 @@ class EngineBackend:
         tool and will send them again). Runs on the engine thread between steps; on_pinned(pin)
         follows on this loop once pin.blocks is known. None: not an engine response, or the
         engine keeps no prefix cache."""
-        if not isinstance(response, EngineResponse) or self.engine.engine.blocks.prefix is None:
+        if not isinstance(response, EngineResponse) or not self.engine.engine.prefix_caching:
             return None
         pin = KVPin(response.request_id, response.prompt_token_ids + response.token_ids, float(ttl_s))
         loop = asyncio.get_running_loop()
@@ -236,7 +225,7 @@ class EngineBackend:
             except RuntimeError:  # the caller's loop is gone
                 pass
 
-        self.engine._submit(on_engine_thread)
+        self.engine.submit(on_engine_thread)
         return pin
 
     def reuse(self, pin: KVPin, response: LLMResponse) -> tuple[int, int]:
@@ -267,7 +256,7 @@ class EngineBackend:
             except RuntimeError:  # the caller's loop is gone
                 pass
 
-        self.engine._submit(on_engine_thread)
+        self.engine.submit(on_engine_thread)
         return await future
 
     def subscribe_steps(self, fn: Callable[[EngineStep], None]) -> Callable[[], None]:

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from agentrt.runtime.backend import EngineStep, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
+from agentrt.runtime.backend import EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
 
 Reply = Any  # str | dict | list | LLMResponse | BaseException | Callable[[LLMRequest], Reply]
 
@@ -114,6 +114,16 @@ class ScriptedBackend:
     def subscribe_steps(self, fn: Callable[[EngineStep], None]) -> Callable[[], None]:
         self._lanes.append(fn)
         return lambda: self._lanes.remove(fn) if fn in self._lanes else None
+
+    def pin(self, response: LLMResponse, ttl_s: float,
+            on_pinned: Callable[[KVPin], None] | None = None) -> KVPin | None:
+        return None  # the simulation keeps no KV cache
+
+    def reuse(self, pin: KVPin, response: LLMResponse) -> tuple[int, int]:
+        return 0, 0
+
+    async def kv_blocks(self) -> Mapping[str, int] | None:
+        return None
 
     async def aclose(self) -> None:
         """Stop the simulated engine's task (requests still active are cancelled)."""

@@ -62,7 +62,7 @@ class ServerState:
                                self.config.keep_runs, on_end=self._run_ended)
         self.chat = ChatService(runtime, self.model, self.config.limits, on_response=self.metrics.on_response)
         runtime.backend.subscribe_steps(self.metrics.on_step)
-        self.kv_blocks = getattr(runtime.backend, "kv_blocks", None)
+        self.kv_blocks = runtime.backend.kv_blocks
 
     def _run_ended(self, run: ServedRun, records: list[dict[str, Any]] | None) -> None:
         self.metrics.on_run_end(run.status, run.summary)
@@ -219,7 +219,7 @@ async def ready(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
-    kv = await state.kv_blocks() if state.kv_blocks is not None else {}
+    kv = (await state.kv_blocks() if state.kv_blocks is not None else None) or {}
     runs = {"running": state.runs.running, "queued": state.runs.queued} if state.runs is not None else {}
     return web.Response(body=state.metrics.render(kv, runs), headers={"Content-Type": state.metrics.content_type})
 

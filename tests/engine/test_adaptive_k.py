@@ -23,7 +23,7 @@ MAX_TOKENS = 16
 
 def _engine(make_engine, loaded):
     engine = make_engine(loaded, spec=SpecConfig(drafter="suffix", k=None), max_num_seqs=len(OTHERS) + 1)
-    engine.spec._cost_model = RIDGE_AT_4
+    engine.spec.cost_model = RIDGE_AT_4
     return engine
 
 

@@ -3,6 +3,7 @@
 Lifecycle of one request, as the engine drives it:
 
     start(seq_id, prompt_ids)                          once, before the first propose
+    attach(seq_id, cursor)                             once after start, for a constrained request
     loop:  propose([DraftRequest(seq_id, context, max_k), ...])  -> [Draft, ...]
            (target verifies)  on_verified(seq_id, num_accepted, emitted)
     finish(seq_id, output_ids)                         once, when the request completes normally
@@ -80,13 +81,43 @@ class Draft:
         return Draft(tokens=self.tokens[:k], probs=probs, confidence=self.confidence[:k], forced=self.forced[:k])
 
 
+class GrammarCursor(Protocol):
+    """A constrained request's place in its grammar, as a drafter may read it (the engine owns
+    the state and commits what was emitted; spec.grammar.GrammarState implements this)."""
+
+    @property
+    def terminated(self) -> bool:
+        """The grammar accepted a stop token: nothing may follow."""
+        ...
+
+    def forced_string(self) -> str:
+        """The text the grammar forces next, whatever the model would choose ("" when free)."""
+        ...
+
+    def try_advance(self, tokens: list[int]) -> int:
+        """Advance through as many of tokens as the grammar allows; returns how many. The
+        caller rolls them back before returning its draft."""
+        ...
+
+    def rollback(self, n: int) -> None: ...
+
+
 @runtime_checkable
 class Drafter(Protocol):
     name: str  # short, stable: used as the key of statistics and trace events
     deterministic: bool  # True: every Draft has probs None (q is a point mass)
+    # What drafting one token costs, as a share of one target forward of a single token: 0 for
+    # model-free drafters, the draft model's share of the target's parameters otherwise. The k
+    # controller prices drafts with it until it has timed some.
+    relative_cost: float
 
     def start(self, seq_id: int, prompt_ids: Sequence[int]) -> None:
         """Begin a request. Per-request state is keyed by seq_id, which must not be in use."""
+        ...
+
+    def attach(self, seq_id: int, cursor: GrammarCursor) -> None:
+        """The request's output is constrained by a grammar: drafts that follow it are the only
+        ones that can be accepted. Drafters that do not read grammars ignore this."""
         ...
 
     def propose(self, reqs: list[DraftRequest]) -> list[Draft]:

@@ -13,12 +13,14 @@ from typing import Protocol
 
 import torch
 
-from agentrt.spec.drafters.base import Draft, DraftRequest
+from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor
 from agentrt.spec.sampling import process_logits, sample_from_probs
 
 
 class DraftModelRunner(Protocol):
     vocab_size: int
+    relative_cost: float  # a draft token's forward as a share of one target forward
+
 
     def cached_len(self, seq_id: int) -> int:
         """Tokens of the sequence whose draft-model K/V is already cached."""
@@ -44,8 +46,15 @@ class ModelDrafter:
         self._gen: dict[int, torch.Generator] = {}
         self._context_len: dict[int, int] = {}
 
+    @property
+    def relative_cost(self) -> float:
+        return self.runner.relative_cost
+
     def start(self, seq_id: int, prompt_ids: Sequence[int]) -> None:
         self._gen[seq_id] = torch.Generator().manual_seed(self._seed * 1_000_003 + seq_id)
+
+    def attach(self, seq_id: int, cursor: GrammarCursor) -> None:
+        pass  # q is the draft model's own; the target's masked p decides (drafts it forbids are rejected)
 
     def propose(self, reqs: list[DraftRequest]) -> list[Draft]:
         drafts = [Draft.empty() for _ in reqs]

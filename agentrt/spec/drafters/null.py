@@ -3,14 +3,18 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentrt.spec.drafters.base import Draft, DraftRequest
+from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor
 
 
 class NullDrafter:
     name = "null"
     deterministic = True
+    relative_cost = 0.0
 
     def start(self, seq_id: int, prompt_ids: Sequence[int]) -> None:
+        pass
+
+    def attach(self, seq_id: int, cursor: GrammarCursor) -> None:
         pass
 
     def propose(self, reqs: list[DraftRequest]) -> list[Draft]:

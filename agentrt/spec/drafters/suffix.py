@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentrt.errors import SpecError
-from agentrt.spec.drafters.base import Draft, DraftRequest
+from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor
 from agentrt.spec.drafters.progression import ProgressionConfig, progression_draft
 
 DOC_SEPARATOR = -1  # separates documents in a trie's text; never a token, so matches stop there
@@ -248,6 +248,7 @@ class SuffixDrafter:
 
     name = "suffix"
     deterministic = True
+    relative_cost = 0.0
 
     def __init__(self, config: SuffixConfig | None = None, digits: dict[int, int] | None = None,
                  progression: ProgressionConfig = ProgressionConfig(), **overrides: int | float) -> None:
@@ -263,6 +264,9 @@ class SuffixDrafter:
         trie = SuffixTrie(self.config.max_depth)
         trie.extend(prompt_ids)
         self._requests[seq_id] = trie
+
+    def attach(self, seq_id: int, cursor: GrammarCursor) -> None:
+        pass  # copies follow the context; the template drafter adds the grammar
 
     def propose(self, reqs: list[DraftRequest]) -> list[Draft]:
         return [self._propose_one(req) for req in reqs]

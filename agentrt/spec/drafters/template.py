@@ -16,9 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from agentrt.spec.drafters.base import Draft, DraftRequest
+from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor
 from agentrt.spec.drafters.suffix import SuffixDrafter
-from agentrt.spec.grammar import GrammarState
 
 
 QUOTED_SPAN = re.compile(r"(?<![A-Za-z0-9])'([^'\n]{2,80})'(?![A-Za-z0-9])")
@@ -29,19 +28,20 @@ QUOTED_CONFIDENCE = 0.5
 class TemplateDrafter:
     name = "template"
     deterministic = True
+    relative_cost = 0.0
 
     def __init__(self, suffix: SuffixDrafter, encode: Callable[[str], list[int]],
                  decode: Callable[[list[int]], str] | None = None):
         self.suffix = suffix
         self.encode = encode
         self.decode = decode
-        self._grammar: dict[int, GrammarState] = {}
+        self._grammar: dict[int, GrammarCursor] = {}
         self._prompt_len: dict[int, int] = {}
         self._quoted: dict[int, list[str]] = {}
 
-    def attach(self, seq_id: int, state: GrammarState) -> None:
-        """Constrain a request: drafts for it follow its grammar state (owned by the engine)."""
-        self._grammar[seq_id] = state
+    def attach(self, seq_id: int, cursor: GrammarCursor) -> None:
+        """Constrain a request: drafts for it follow its grammar (the engine owns the state)."""
+        self._grammar[seq_id] = cursor
 
     def start(self, seq_id: int, prompt_ids: Sequence[int]) -> None:
         self.suffix.start(seq_id, prompt_ids)
@@ -109,7 +109,7 @@ class TemplateDrafter:
             state.rollback(advanced)
         return Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced)
 
-    def _quoted_value(self, req: DraftRequest, pending: list[int], state: GrammarState,
+    def _quoted_value(self, req: DraftRequest, pending: list[int], state: GrammarCursor,
                       room: int) -> tuple[list[int], list[bool]]:
         """At the start of a free string value, a span the request quoted ('Report') that the
         output has not used yet, as _close_string spells it; else ([], [])."""
@@ -135,7 +135,7 @@ class TemplateDrafter:
             spans = self._quoted[req.seq_id] = QUOTED_SPAN.findall(tail)
         return spans
 
-    def _close_quoted_value(self, state: GrammarState, token: int, room: int) -> tuple[list[int], list[bool]]:
+    def _close_quoted_value(self, state: GrammarCursor, token: int, room: int) -> tuple[list[int], list[bool]]:
         """Requests quote the values they mean ('Report', 'Where is the station?'), and a draft
         copying one from the prompt runs into the closing ' where the JSON string closes with ".
         When `token` spells that quote, its text up to the quote as _close_string spells it;
@@ -147,7 +147,7 @@ class TemplateDrafter:
             return [], []
         return self._close_string(state, piece[: piece.index("'")], room)
 
-    def _close_string(self, state: GrammarState, value: str, room: int) -> tuple[list[int], list[bool]]:
+    def _close_string(self, state: GrammarCursor, value: str, room: int) -> tuple[list[int], list[bool]]:
         """`value`, a closing " and the skeleton the grammar forces after it, as tokens advanced
         in `state`, with which of them lie wholly in the skeleton; ([], []) with `state` as it was
         when the grammar does not let the string end with `value` there. They are tokenized

@@ -1,0 +1,104 @@
+"""The package layering stated in docs/architecture.md holds in the imports.
+
+The documented line (`kernels <- spec <- engine; dag <- runtime -> engine, tools; server ->
+runtime.`) is parsed, so the doc and this test cannot drift apart: every import of one agentrt
+package by another, at module level or inside a function, must follow the arrows (directly or
+through packages in between). errors.py and tables.py are leaves any package may use; the CLI
+entry point and the benchmarks sit above everything and nothing imports them.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "agentrt"
+LEAVES = {"errors", "tables"}
+TOP = {"cli", "bench", "__init__"}
+
+
+def documented_arrows() -> dict[str, set[str]]:
+    """package -> the packages it may import directly, from docs/architecture.md."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    line = re.search(r"dependencies run one way: (.+?)\.\n", text)
+    assert line, "docs/architecture.md no longer states the dependency line"
+    deps: dict[str, set[str]] = {}
+    for chain in line.group(1).split(";"):
+        parts = re.split(r"\s*(<-|->)\s*", chain.strip())
+        for i in range(1, len(parts) - 1, 2):
+            left = [p.strip() for p in parts[i - 1].split(",")]
+            right = [p.strip() for p in parts[i + 1].split(",")]
+            users, used = (left, right) if parts[i] == "->" else (right, left)
+            for u in users:
+                deps.setdefault(u, set()).update(used)
+                for d in used:
+                    deps.setdefault(d, set())
+    return deps
+
+
+def allowed(deps: dict[str, set[str]]) -> dict[str, set[str]]:
+    """The transitive closure: a package may use what the packages it uses may use."""
+    closure = {p: set(d) for p, d in deps.items()}
+    changed = True
+    while changed:
+        changed = False
+        for p, reach in closure.items():
+            more = set().union(*(closure[d] for d in reach)) - reach
+            if more:
+                reach |= more
+                changed = True
+    return closure
+
+
+def agentrt_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, top-level agentrt package) for every import of agentrt.X in a file."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module]
+        out += [(node.lineno, n.split(".")[1]) for n in names if n.startswith("agentrt.")]
+    return out
+
+
+def owner(path: Path) -> str:
+    rel = path.relative_to(PACKAGE)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def test_the_documented_line_parses_to_the_known_packages():
+    deps = documented_arrows()
+    assert deps["engine"] == {"spec"} and deps["spec"] == {"kernels"} and deps["server"] == {"runtime"}
+    assert deps["runtime"] == {"dag", "engine", "tools"}
+    assert allowed(deps)["server"] >= {"runtime", "engine", "spec", "kernels", "dag", "tools"}
+
+
+def test_imports_follow_the_documented_arrows():
+    reach = allowed(documented_arrows())
+    packages = {owner(p) for p in PACKAGE.rglob("*.py")}
+    undocumented = packages - set(reach) - LEAVES - TOP
+    assert not undocumented, f"packages missing from docs/architecture.md's dependency line: {sorted(undocumented)}"
+    wrong = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        src = owner(path)
+        if src in TOP:
+            continue
+        for line, dst in agentrt_imports(path):
+            ok = dst == src or dst in LEAVES or (src not in LEAVES and dst in reach.get(src, set()))
+            if not ok:
+                wrong.append(f"{path.relative_to(ROOT)}:{line}: {src} imports {dst}")
+    assert not wrong, "imports against the documented direction:\n" + "\n".join(wrong)
+
+
+@pytest.mark.parametrize("package", ["dag", "tools"])
+def test_packages_without_a_model_import_no_torch(package):
+    for path in (PACKAGE / package).rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not any(m == "torch" or m.startswith("torch.") for m in mods), f"{path} imports torch"
