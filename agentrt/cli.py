@@ -12,6 +12,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "models": ("agentrt.engine.cli_models", "list known models and their cache state"),
     "calibrate": ("agentrt.engine.cli_calibrate", "measure the engine's step-cost model"),
     "run": ("agentrt.runtime.cli_run", "run an agent program (examples/*.py)"),
+    "resume": ("agentrt.runtime.cli_resume", "go on with a stored run that did not end (agentrt run --db)"),
+    "runs": ("agentrt.runtime.cli_runs", "list or prune the runs in a run store"),
     "inspect": ("agentrt.runtime.cli_inspect", "re-render a saved run trace"),
     "worker": ("agentrt.tools.cli_worker", "serve a module's tools over MQTT"),
     "serve": ("agentrt.server.cli_serve", "serve agent programs and OpenAI-compatible chat over HTTP"),

@@ -51,6 +51,10 @@ class ProgramRunError(AgentRTError):
         super().__init__(f"{node}: {reason}")
 
 
+class InputValueError(AgentRTError, ValueError):
+    """A value given to a waiting wait_for node does not meet its schema; the run keeps waiting."""
+
+
 class RunConfigError(AgentRTError, ValueError):
     """A program cannot be run as configured: a tool it declares has no implementation, an input
     value does not parse as its declared type, an example file lacks `program`, a bad trace file."""

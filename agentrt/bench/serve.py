@@ -14,8 +14,12 @@ speculation, and c: the full runtime). Per policy: the mean completion time unlo
 program alone), then per rate the mean completion time (submit to end, over the HTTP API); the
 sustained rate is the highest rate whose mean stays within 2x that policy's unloaded mean.
 
+Part 3, durability (serve_durability.py): program completion with the SQLite run store on vs
+off under the same arrivals, and the time a restarted server takes to resume 100 stored runs.
+
 Summary: server_overhead (engine-direct tokens/s over served tokens/s at C=16; goal <= 1.10),
-ttft_p50_ms (served, C=1), sustained_rate_vs_fcfs (c's sustained rate over a's; goal >= 2.0).
+ttft_p50_ms (served, C=1), sustained_rate_vs_fcfs (c's sustained rate over a's; goal >= 2.0),
+durable_vs_memory (mean completion with the store over without; goal <= 1.05), resume_s.
 """
 from __future__ import annotations
 
@@ -45,7 +49,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rates", default=None, help="program arrival rates per second, comma-separated "
                                                  "(default 0.1,0.15,0.2,0.3,0.4,0.6,0.8,1.2; --quick 0.2,0.8)")
     p.add_argument("--programs", type=int, default=None, help="programs per rate (default 12, --quick 6)")
-    p.add_argument("--part", choices=["chat", "programs", "both"], default="both")
+    p.add_argument("--part", choices=["chat", "programs", "both", "durability", "all"], default="both",
+                   help="both: chat and programs; all: and durability")
+    p.add_argument("--durability-rate", type=float, default=0.2, help="arrivals per second of the durability part")
+    p.add_argument("--resume-runs", type=int, default=100, help="stored runs the durability part resumes")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -197,9 +204,10 @@ def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 1
 
 # ---- part 2: programs ----------------------------------------------------------------------------
 async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict, arrivals: list[float],
-                       load: list[tuple[str, dict]], latency: Any, max_tokens: int | None) -> list[float]:
+                       load: list[tuple[str, dict]], latency: Any, max_tokens: int | None,
+                       store: Any = None) -> list[float]:
     """Completion times (submit to end, over HTTP) of programs submitted at these arrival times to a
-    fresh in-process server whose runtime follows `policy`."""
+    fresh in-process server whose runtime follows `policy` (and records runs in `store`)."""
     import aiohttp
     from aiohttp import web
 
@@ -214,7 +222,7 @@ async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict
     backend = EngineBackend(engine, model_name=loaded.name)
     tools, _ = delayed_tools([t for ex in examples.values() for t in ex.tools], latency)
     runtime = Runtime(backend, tools=tools, policy=policy.scheduling, kv_hold=policy.kv_hold, max_tokens=max_tokens,
-                      stream_outputs=policy.stream_outputs)
+                      stream_outputs=policy.stream_outputs, store=store)
     config = ServerConfig(access_log=False, runs_dir=Path(os.environ.get("TMPDIR", "/tmp")) / "agentrt-bench-serve-runs",
                           limits=Limits(max_running_runs=256, max_queued_runs=1024))
 
@@ -303,7 +311,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     n = args.programs or (6 if args.quick else 12)
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {}
-    if args.part in ("chat", "both"):
+    if args.part in ("chat", "both", "all"):
         chat_rows = chat_part(args, console, levels, r, out_tokens)
         rows += chat_rows
         top = max(levels)
@@ -312,13 +320,20 @@ def run(args: argparse.Namespace) -> BenchResult:
         summary["server_overhead"] = round(direct["tokens_per_s"] / served["tokens_per_s"], 3)
         summary["overhead_at_clients"] = top
         summary["ttft_p50_ms"] = next(x for x in chat_rows if x["side"] == "served" and x["clients"] == min(levels))["ttft_p50_ms"]
-    if args.part in ("programs", "both"):
+    if args.part in ("programs", "both", "all"):
         program_rows, sustained = programs_part(args, console, rates, n)
         rows += program_rows
         a, c = sustained["a fcfs"], sustained["c full runtime"]
         summary["sustained_rate_a"] = a
         summary["sustained_rate_c"] = c
         summary["sustained_rate_vs_fcfs"] = round(c / a, 3) if a > 0 else None
+    if args.part in ("durability", "all"):
+        from agentrt.bench.serve_durability import durability_part
+
+        durable_rows, durable = durability_part(args, console, args.durability_rate, n, 1 if args.quick else 2,
+                                                args.resume_runs)
+        rows += durable_rows
+        summary.update(durable)
     notes = [f"load average at the end: {os.getloadavg()[0]:.2f} (2 cores: above ~0.5 before the run means "
              f"something else was running)"]
     config = {"concurrency": levels, "requests_per_client": r, "out_tokens": out_tokens, "rates": rates, "programs": n,

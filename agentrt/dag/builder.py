@@ -25,6 +25,7 @@ _ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _LABEL = re.compile(r"^[A-Za-z0-9_-]+$")
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 ITEM = "item"  # the local name of a fan-out branch's item
+INPUT_TOOL = "(input)"  # what a wait_for node is called where a tool name is shown
 
 
 class _NoFallback:
@@ -163,6 +164,32 @@ class Scope:
             _check_json_value(node, "fallback", fallback)
         has_fallback = fallback is not NO_FALLBACK
         return self._add(ToolSpec(node, tool, args, has_fallback, fallback if has_fallback else None))
+
+    def wait_for(self, id: str, schema: Mapping[str, Any], *, prompt: str | None = None) -> Ref:
+        """A value from outside the program: a person's approval, a webhook's payload. The run
+        waits (status "waiting", nothing running for it) until the value is given, valid against
+        the JSON schema `schema`: `POST /v1/runs/RUN_ID/input/NODE` on `agentrt serve`, or
+        `Runtime.provide_input` in Python. `prompt`, a template over earlier outputs, says what
+        is asked. A waiting run survives restarts of a server with a run store.
+
+        >>> p = Program("demo", inputs={"sql": str})
+        >>> ok = p.wait_for("approval", {"type": "object", "properties": {"approved": {"type": "boolean"}},
+        ...                              "required": ["approved"]}, prompt="Run {sql}?")
+        >>> p.output(ok["approved"])
+        >>> run = p.compile().start({"sql": "DELETE FROM orders"})
+        >>> run.ready(), run.spec("approval").is_input
+        (['approval'], True)
+        >>> run.complete("approval", {"approved": False})
+        []
+        >>> run.result
+        False
+        """
+        node = self._new_id(id)
+        problems = schema_problems(schema)
+        if problems:
+            raise _fail(node, f"schema is not a valid JSON schema: {problems[0]}")
+        args = {} if prompt is None else {"prompt": _check_template(node, "prompt", prompt)}
+        return self._add(ToolSpec(node, INPUT_TOOL, args, awaits_input=dict(schema)))
 
     def fan_out(self, id: str, over: Ref, body: Callable[[Scope], Ref]) -> Ref:
         """Run `body` once per item of the list `over`, in parallel; the output is the list of the

@@ -111,7 +111,7 @@ def _resolve_names(spec: NodeSpec, decls: Mapping[str, Decl], problems: Problems
 def _attach_tools(spec: NodeSpec, tools: Mapping[str, ToolDef], problems: Problems) -> NodeSpec:
     declared = ", ".join(tools) or "none"
     if isinstance(spec, ToolSpec):
-        if spec.tool not in tools:
+        if spec.tool not in tools and not spec.is_input:
             problems.append((spec.id, f"unknown tool '{spec.tool}' (declared tools: {declared})"))
         return spec
     names = spec.output.tools if isinstance(spec, LLMSpec) and isinstance(spec.output, ToolCall) else \

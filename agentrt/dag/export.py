@@ -22,6 +22,8 @@ def describe(attrs: Mapping[str, Any]) -> str:
     if kind == "llm":
         step = f" (step {spec.id.rsplit('#', 1)[1].split('.')[0]})" if spec.loop else ""
         return f"llm -> {spec.output.describe()}{step}"
+    if kind == "tool" and spec.is_input:
+        return "waits for input"
     if kind == "tool":
         return f"tool {spec.tool}" + (" (fallback)" if spec.has_fallback else "")
     if kind == "item":

@@ -104,7 +104,9 @@ class ToolSpec:
     """One tool call. `args` is a dict of values (Ref, Template, literal, nested) or one Ref to the
     whole argument dict; `args_from_call` marks a Ref to a ToolCall output (its "arguments").
     `has_fallback`: a failure makes `fallback` the output. `errors_to_output` (agent-loop steps):
-    a failure makes {"error": message} the output, for the model to read."""
+    a failure makes {"error": message} the output, for the model to read. `awaits_input`: the
+    node calls no tool but waits for a value from outside the program, valid against this JSON
+    schema (Program.wait_for; its args hold the prompt shown to whoever answers)."""
 
     id: str
     tool: str
@@ -114,6 +116,7 @@ class ToolSpec:
     args_from_call: bool = False
     errors_to_output: bool = False
     loop: str | None = None
+    awaits_input: Mapping[str, Any] | None = None
     kind: ClassVar[str] = "tool"
 
     def refs(self) -> list[RefUse]:
@@ -124,6 +127,10 @@ class ToolSpec:
             else:
                 uses.extend(template_refs(where, item))
         return uses
+
+    @property
+    def is_input(self) -> bool:
+        return self.awaits_input is not None
 
     def renamed(self, rename: Rename) -> ToolSpec:
         return replace(self, id=rename(self.id), args=map_args(self.args, lambda v: v.renamed(rename)),

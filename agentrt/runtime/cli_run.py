@@ -1,16 +1,20 @@
-"""`agentrt run examples/X.py [--input key=value ...] [--trace PATH]`: run an agent program on the
-embedded engine with a live progress display, then print its output, the α table, the stall
-totals and a timeline; the trace is saved as JSON lines (`agentrt inspect` re-renders it)."""
+"""`agentrt run examples/X.py [--input key=value ...] [--trace PATH] [--db PATH]`: run an agent
+program on the embedded engine with a live progress display, then print its output, the α table,
+the stall totals and a timeline; the trace is saved as JSON lines (`agentrt inspect` re-renders
+it). With --db the run is recorded in a run store as it goes, and `agentrt resume RUN_ID` picks it
+up after a crash without running its finished nodes again."""
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from rich.console import Console
 
+from agentrt.errors import AgentRTError, RunConfigError
 from agentrt.runtime.loader import Example, load_example, resolve_inputs
 
 
@@ -18,6 +22,58 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("program", help="a Python file defining `program` (and `tools`, `DEFAULT_INPUTS`)")
     p.add_argument("--input", "-i", action="append", default=[], metavar="KEY=VALUE",
                    help="a program input (repeatable); typed by the program's declared inputs")
+    p.add_argument("--db", default=None, metavar="PATH",
+                   help="record the run in this SQLite run store (resumable with `agentrt resume RUN_ID --db PATH`)")
+    add_engine_arguments(p)
+
+
+def parse_answers(pairs: Sequence[str]) -> dict[str, Any]:
+    """--answer NODE=JSON pairs -> {node: value}."""
+    answers = {}
+    for pair in pairs:
+        node, sep, raw = pair.partition("=")
+        if not sep:
+            raise RunConfigError(f"--answer {pair!r}: write NODE=JSON, e.g. approval='{{\"approved\": true}}'")
+        try:
+            answers[node.strip()] = json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise RunConfigError(f"--answer {node.strip()}: the value is not JSON ({e.msg})") from None
+    return answers
+
+
+def answer_inputs(runtime: Any, answers: Mapping[str, Any], console: Console) -> Callable[[], None]:
+    """Give wait_for nodes their values as they ask: from --answer, else typed at the terminal;
+    with neither (not a terminal) the run is stopped, saying how to give the value."""
+    import sys
+
+    def on_event(ev: Any) -> None:
+        if ev.type != "input_wanted":
+            return
+        node = ev.data["node"]
+        if node in answers:
+            runtime.provide_input(ev.run_id, node, answers[node])
+        elif sys.stdin.isatty():
+            asyncio.get_running_loop().create_task(ask(ev.run_id, node, ev.data))
+        else:
+            console.print(f"[red]node {node} waits for input (schema {json.dumps(ev.data['schema'])}); give it "
+                          f"with --answer {node}=JSON, or serve the program (agentrt serve)[/red]")
+            runtime.interrupt(ev.run_id)
+
+    async def ask(run_id: str, node: str, data: Mapping[str, Any]) -> None:
+        console.print(f"[bold]{node}[/bold]: {data.get('prompt') or 'a value'} (JSON for {json.dumps(data['schema'])})")
+        while True:
+            raw = await asyncio.to_thread(input, f"{node}> ")
+            try:
+                runtime.provide_input(run_id, node, json.loads(raw))
+                return
+            except (json.JSONDecodeError, AgentRTError) as e:
+                console.print(f"[red]{e}[/red]")
+
+    return runtime.subscribe_events(on_event)
+
+
+def add_engine_arguments(p: argparse.ArgumentParser) -> None:
+    """What a run is executed with: model, drafter, policy, trace and display."""
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="where to save the trace (default: runs/<timestamp>-<program>.jsonl)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
@@ -30,6 +86,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="las", choices=["las", "fcfs"],
                    help="engine priorities: least attained service per program (las) or first come first served")
     p.add_argument("--no-live", action="store_true", help="no live progress display")
+    p.add_argument("--answer", action="append", default=[], metavar="NODE=JSON",
+                   help="the value a wait_for node asks for (repeatable); else it is asked at the terminal")
 
 
 def default_trace_path(program: str) -> Path:
@@ -38,9 +96,12 @@ def default_trace_path(program: str) -> Path:
 
 async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any, *, trace_path: str | Path | None = None,
                       console: Console | None = None, max_tokens: int | None = None, live: bool = True,
-                      meta: Mapping[str, Any] | None = None, policy: str = "las") -> tuple[Any, Path]:
+                      meta: Mapping[str, Any] | None = None, policy: str = "las", store: Any = None,
+                      run_id: str | None = None, resume: Any = None,
+                      answers: Mapping[str, Any] | None = None) -> tuple[Any, Path]:
     """Run one example program on `backend`, print the report, save the trace. Returns
-    (RunResult, trace path)."""
+    (RunResult, trace path). store: a RunStore the run is recorded in (resume: what it recorded
+    of run_id, to go on from there)."""
     from agentrt.runtime.live import LiveProgress
     from agentrt.runtime.runtime import Runtime
     from agentrt.runtime.summary import summarize
@@ -50,13 +111,22 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
     console = console or Console()
     trace = Trace(name=example.name, meta={"model": backend.model_name, "example": str(example.path),
                                            "max_tokens_cap": max_tokens, **(meta or {})})
-    runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens, policy=policy)
+    runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens, policy=policy, store=store)
+    answer_inputs(runtime, answers or {}, console)
+    stored = {}
+    if store is not None:
+        from agentrt.runtime.store import file_hash
+
+        run_id = run_id or f"{example.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+        stored = {"run_id": run_id, "resume": resume, "program_hash": file_hash(example.path),
+                  "metadata": {"path": str(Path(example.path).resolve())}}
+        console.print(f"run {run_id} recorded in {store.path}" + (" (resumed)" if resume is not None else ""))
     try:
         if live:
             async with LiveProgress(runtime, console):
-                result = await runtime.run(example.program, inputs)
+                result = await runtime.run(example.program, inputs, **stored)
         else:
-            result = await runtime.run(example.program, inputs)
+            result = await runtime.run(example.program, inputs, **stored)
     finally:
         await runtime.aclose()
         await runtime.tools.aclose()
@@ -70,6 +140,21 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
 def run(args: argparse.Namespace) -> int:
     example = load_example(args.program)
     inputs = resolve_inputs(example, args.input)
+    store = None
+    if args.db:
+        from agentrt.runtime.store import SQLiteRunStore
+
+        store = SQLiteRunStore(args.db)
+    try:
+        return run_on_engine(args, example, inputs, store)
+    finally:
+        if store is not None:
+            store.close()
+
+
+def run_on_engine(args: argparse.Namespace, example: Example, inputs: Mapping[str, Any], store: Any = None,
+                  run_id: str | None = None, resume: Any = None) -> int:
+    """Load the engine the arguments name and run the example on it (agentrt run and resume)."""
     console = Console()
     from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
     from agentrt.runtime.engine_backend import EngineBackend
@@ -87,7 +172,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         result, _ = asyncio.run(run_example(example, inputs, backend, trace_path=args.trace, console=console,
                                             max_tokens=args.max_tokens, live=not args.no_live, meta=meta,
-                                            policy=args.policy))
+                                            policy=args.policy, store=store, run_id=run_id, resume=resume,
+                                            answers=parse_answers(args.answer)))
     finally:
         backend.close()
         engine.close()

@@ -10,6 +10,7 @@ from typing import Any
 PHASE_COLORS = {
     "waiting": "#d9d9d9", "queued": "#f2c14e", "prefill": "#b05fd0", "decode": "#3fa34d", "preempted": "#e4572e",
     "tool_running": "#2e86ab", "tool_retried": "#f18f01", "tool_backoff": "#f6bd8b", "tool_failed": "#c0392b",
+    "input_wait": "#8e7cc3",
 }
 LABEL_W, LANE_H, GAP, AXIS_H, PLOT_W = 260, 18, 4, 28, 1000
 

@@ -5,6 +5,9 @@ engine error, output that is not JSON, a tool that raised or timed out); cancell
 """
 from __future__ import annotations
 
+import asyncio
+import random
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import networkx as nx
@@ -15,9 +18,10 @@ from agentrt.dag.partial_json import JsonMembers
 from agentrt.dag.refs import as_text
 from agentrt.dag.specs import LLMSpec, ToolSpec
 from agentrt.errors import AgentRTError, ProgramRunError
-from agentrt.runtime.backend import LLMRequest, LLMStepEvent, NodeIdentity
+from agentrt.runtime.backend import LLMRequest, LLMResponse, LLMStepEvent, NodeIdentity
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.policy import NodeContext, ProgramStats
+from agentrt.runtime.store import args_hash
 from agentrt.runtime.trace import new_id
 from agentrt.runtime.values import OutputParseError, node_value
 
@@ -26,6 +30,15 @@ if TYPE_CHECKING:
 
 
 PREVIEW_CHARS = 300
+
+
+@dataclass
+class InputWait:
+    """A wait_for node waiting: the schema its value must meet, the prompt, where it goes."""
+
+    schema: dict[str, Any]
+    prompt: str | None
+    future: asyncio.Future
 HOLD_COUNTERS = {"hit": "kv_hold_hits", "miss": "kv_hold_misses", "unused": "kv_hold_unused"}
 
 
@@ -93,8 +106,7 @@ def tool_stall_s(rt: Runtime, ps: ProgramState, node: str, spec: LLMSpec, value:
 def hold_kv(rt: Runtime, ps: ProgramState, ns: NodeState, spec: LLMSpec, value: Any, response: Any) -> None:
     """Pin this call's KV while the program waits on the tool(s) that follow it, with a
     time-to-live from their observed latency (see KVHoldPolicy)."""
-    pin_fn = getattr(rt.backend, "pin", None)
-    if rt.kv_hold is None or pin_fn is None:
+    if rt.kv_hold is None:
         return
     stall = tool_stall_s(rt, ps, ns.node, spec, value)
     if stall is None:
@@ -105,7 +117,7 @@ def hold_kv(rt: Runtime, ps: ProgramState, ns: NodeState, spec: LLMSpec, value: 
         ps.stats.kv_held_blocks += pin.blocks or 0
         ns.attributes["agentrt.kv.hold_blocks"] = pin.blocks
 
-    pin = pin_fn(response, ttl, pinned)
+    pin = rt.backend.pin(response, ttl, pinned)
     if pin is None:
         return
     ps.stats.kv_holds += 1
@@ -158,36 +170,56 @@ def spec_attributes(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
-    spec: LLMSpec = ps.run.spec(ns.node)
-    trace = rt.trace
-    try:
-        messages = render_prompt(spec, ps.run.values, ps.run.spec, ps.sent)
-        response_format = spec.output.to_response_format()
-    except (ProgramRunError, ValueError) as e:
-        return Outcome.failed(str(e), "invalid_prompt")
-    follows_tool = next_is_tool(ps, ns.node, spec)
-    ctx = NodeContext(ps.run_id, ns.node, ps.run.critical_path_length(ns.node), follows_tool,
-                      *path_service(ps, ns.node))
-    priority = rt.policy.priority(ps.stats, ctx) + ps.priority
-    dynamic = getattr(rt.policy, "dynamic", False)
-    max_tokens = spec.max_tokens if rt.max_tokens is None else min(spec.max_tokens, rt.max_tokens)
-    request = LLMRequest(tuple(messages), response_format, max_tokens, spec.temperature,
-                         NodeIdentity(ps.run_id, ps.program.name, ns.node), priority,
-                         {"next_is_tool": follows_tool, "critical_path": ctx.critical_path},
-                         sampling=dict(spec.sampling))
-    ns.attributes.update({
-        "gen_ai.operation.name": "chat", "gen_ai.system": "agentrt", "gen_ai.request.model": rt.backend.model_name,
-        "gen_ai.request.max_tokens": max_tokens, "gen_ai.request.temperature": spec.temperature,
-        "gen_ai.output.type": "text" if response_format["type"] == "text" else "json",
-        "agentrt.output_spec": spec.output.describe(), "agentrt.priority": priority,
-        "agentrt.next_is_tool": follows_tool,
-    })
+class LLMCall:
+    """One LLM node's call on the backend: the request (priority from the policy, hints for the
+    scheduler) and what follows it while it runs: each engine step moves the node's phases, is
+    charged to the program and may re-prioritize the call; each piece of text becomes a run event
+    and, for JSON outputs, final top-level members streamed to the nodes that wait on them."""
 
-    def on_step(ev: LLMStepEvent) -> None:
-        nonlocal priority
+    def __init__(self, rt: Runtime, ps: ProgramState, ns: NodeState, spec: LLMSpec, response_format: dict[str, Any]):
+        self.rt, self.ps, self.ns = rt, ps, ns
+        self.follows_tool = next_is_tool(ps, ns.node, spec)
+        self.ctx = NodeContext(ps.run_id, ns.node, ps.run.critical_path_length(ns.node), self.follows_tool,
+                               *path_service(ps, ns.node))
+        self.priority = rt.policy.priority(ps.stats, self.ctx) + ps.priority
+        self.dynamic = getattr(rt.policy, "dynamic", False)
+        self.members = JsonMembers() if response_format["type"] == "json_schema" and rt.stream_outputs else None
+
+    def request(self, spec: LLMSpec, messages: list[dict[str, Any]], response_format: dict[str, Any]) -> LLMRequest:
+        rt, ps, ns = self.rt, self.ps, self.ns
+        max_tokens = spec.max_tokens if rt.max_tokens is None else min(spec.max_tokens, rt.max_tokens)
+        ns.attributes.update({
+            "gen_ai.operation.name": "chat", "gen_ai.system": "agentrt", "gen_ai.request.model": rt.backend.model_name,
+            "gen_ai.request.max_tokens": max_tokens, "gen_ai.request.temperature": spec.temperature,
+            "gen_ai.output.type": "text" if response_format["type"] == "text" else "json",
+            "agentrt.output_spec": spec.output.describe(), "agentrt.priority": self.priority,
+            "agentrt.next_is_tool": self.follows_tool,
+        })
+        return LLMRequest(tuple(messages), response_format, max_tokens, spec.temperature,
+                          NodeIdentity(ps.run_id, ps.program.name, ns.node), self.priority,
+                          {"next_is_tool": self.follows_tool, "critical_path": self.ctx.critical_path},
+                          sampling=dict(spec.sampling))
+
+    async def send(self, request: LLMRequest) -> LLMResponse:
+        rt, ps, ns = self.rt, self.ps, self.ns
+        ns.log.enter("queued", rt.trace.now())
+        rt.emit(ps.run_id, "node_phase", node=ns.node, phase="queued")
+        ps.stats.llm_calls += 1
+        ps.stats.llm_in_flight += 1
+        try:
+            return await rt.backend.complete(request, on_step=self.on_step, on_start=self.on_start,
+                                             on_text=self.on_text if self.members is not None or rt.watched else None)
+        finally:
+            ps.stats.llm_in_flight -= 1
+
+    def on_start(self, handle: Any) -> None:
+        self.ns.handle = handle
+        self.ns.attributes["agentrt.engine.request_id"] = handle
+
+    def on_step(self, ev: LLMStepEvent) -> None:
+        rt, ps, ns = self.rt, self.ps, self.ns
         phase = ns.log.phase
-        ns.on_llm_step(ev, trace.at(ev.start))
+        ns.on_llm_step(ev, rt.trace.at(ev.start))
         if rt.watched:
             if ns.log.phase != phase:
                 rt.emit(ps.run_id, "node_phase", node=ns.node, phase=ns.log.phase)
@@ -195,41 +227,24 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
                 rt.emit(ps.run_id, "step", node=ns.node, step=ev.step, batch_size=ev.batch_size, num_new=ev.num_new,
                         k=ev.k, accepted=ev.accepted)
         charge(ps.stats, ns.node, ev)
-        if dynamic and ns.handle is not None:
-            new = rt.policy.priority(ps.stats, ctx) + ps.priority
-            if new != priority:
-                priority = new
+        if self.dynamic and ns.handle is not None:
+            new = rt.policy.priority(ps.stats, self.ctx) + ps.priority
+            if new != self.priority:
+                self.priority = new
                 rt.backend.set_priority(ns.handle, new)
                 ns.attributes["agentrt.priority.last"] = new
 
-    def on_start(handle: Any) -> None:
-        ns.handle = handle
-        ns.attributes["agentrt.engine.request_id"] = handle
-
-    members = JsonMembers() if response_format["type"] == "json_schema" and rt.stream_outputs else None
-
-    def on_text(delta: str) -> None:
-        rt.emit(ps.run_id, "token", node=ns.node, text=delta)
-        if members is None:
+    def on_text(self, delta: str) -> None:
+        self.rt.emit(self.ps.run_id, "token", node=self.ns.node, text=delta)
+        if self.members is None:
             return
-        final = members.feed(delta)
-        if final and ps.run.status == "running":
-            ps.run.stream(ns.node, final)
-            rt.start_streamed(ps, ns.node)
+        final = self.members.feed(delta)
+        if final and self.ps.run.status == "running":
+            self.ps.run.stream(self.ns.node, final)
+            self.rt.start_streamed(self.ps, self.ns.node)
 
-    ns.log.enter("queued", trace.now())
-    rt.emit(ps.run_id, "node_phase", node=ns.node, phase="queued")
-    ps.stats.llm_calls += 1
-    ps.stats.llm_in_flight += 1
-    try:
-        response = await rt.backend.complete(request, on_step=on_step, on_start=on_start,
-                                             on_text=on_text if members is not None or rt.watched else None)
-    except AgentRTError as e:
-        return Outcome.failed(f"the engine rejected the request: {e}", "invalid_request")
-    except Exception as e:  # noqa: BLE001 - a broken backend fails this node, not the process
-        return Outcome.failed(f"the LLM backend raised {type(e).__name__}: {e}", type(e).__name__)
-    finally:
-        ps.stats.llm_in_flight -= 1
+
+def record_response(ps: ProgramState, ns: NodeState, response: LLMResponse) -> None:
     ns.attributes.update({
         "gen_ai.usage.input_tokens": response.usage.input_tokens,
         "gen_ai.usage.output_tokens": response.usage.output_tokens,
@@ -238,9 +253,10 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
         **spec_attributes(dict(response.spec)),
     })
     ps.stats.cached_tokens += response.usage.cached_input_tokens
-    if is_continued(ps, ns.node):
-        ps.sent[ns.node] = response.sent_messages or messages
-    settle_holds(rt, ps, ns, response)
+
+
+def response_outcome(ns: NodeState, response_format: dict[str, Any], response: LLMResponse) -> Outcome:
+    """The node's value from the response, or why it failed."""
     if response.error is not None or response.finish_reason == "error":
         return Outcome.failed(f"the engine failed: {response.error or 'unknown error'}", "engine_error")
     if response.finish_reason == "abort":  # not by us: cancelling the node task never gets here
@@ -253,14 +269,100 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     if isinstance(value, dict) and value.get("name") is not None and response_format["type"] == "tool_call":
         ns.attributes["agentrt.tool_call"] = value["name"]
     ns.attributes["agentrt.value"] = preview(value)
-    if follows_tool:
-        hold_kv(rt, ps, ns, spec, value, response)
     return Outcome(True, value)
+
+
+async def run_recorded(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
+    """A resumed run's node whose outcome the store recorded: that outcome, without running it."""
+    rec = ps.recorded.outcomes[ns.node]
+    ns.attributes["agentrt.replayed"] = True
+    if rec.sent is not None:
+        ps.sent[ns.node] = rec.sent
+    rt.emit(ps.run_id, "node_phase", node=ns.node, phase="replayed")
+    return Outcome(True, rec.value) if rec.ok else Outcome.failed(rec.error or "failed", rec.error_type or "error")
+
+
+def sampling_seed(rt: Runtime, ps: ProgramState, ns: NodeState, spec: LLMSpec) -> int | None:
+    """With a store, a sampled LLM node draws with a seed it records, so that a resume that
+    generates it again draws the same tokens; the seed it recorded when it was interrupted."""
+    if rt.store is None or spec.temperature == 0:
+        return None
+    if ps.recorded is not None and ns.node in ps.recorded.seeds:
+        return ps.recorded.seeds[ns.node]
+    seed = dict(spec.sampling).get("seed")
+    return int(seed) if seed is not None else random.getrandbits(62)
+
+
+async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
+    """render the prompt -> send the call -> record usage and α -> keep what a later call replays
+    and settle KV holds -> the value -> hold KV across the tool that follows."""
+    spec: LLMSpec = ps.run.spec(ns.node)
+    try:
+        messages = render_prompt(spec, ps.run.values, ps.run.spec, ps.sent)
+        response_format = spec.output.to_response_format()
+    except (ProgramRunError, ValueError) as e:
+        return Outcome.failed(str(e), "invalid_prompt")
+    seed = sampling_seed(rt, ps, ns, spec)
+    if rt.store is not None:
+        rt.store.node_started(ps.run_id, ns.node, "llm", seed=seed)
+    call = LLMCall(rt, ps, ns, spec, response_format)
+    try:
+        request = call.request(spec, messages, response_format)
+        if seed is not None:
+            request = replace(request, sampling={**request.sampling, "seed": seed})
+        response = await call.send(request)
+    except AgentRTError as e:
+        return Outcome.failed(f"the engine rejected the request: {e}", "invalid_request")
+    except Exception as e:  # noqa: BLE001 - a broken backend fails this node, not the process
+        return Outcome.failed(f"the LLM backend raised {type(e).__name__}: {e}", type(e).__name__)
+    record_response(ps, ns, response)
+    if is_continued(ps, ns.node):
+        ps.sent[ns.node] = response.sent_messages or messages
+    settle_holds(rt, ps, ns, response)
+    outcome = response_outcome(ns, response_format, response)
+    outcome.sent = ps.sent.get(ns.node)
+    if outcome.ok and call.follows_tool:
+        hold_kv(rt, ps, ns, spec, outcome.value, response)
+    return outcome
+
+
+async def run_input(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
+    """A wait_for node: wait (nothing running) until Runtime.provide_input gives its value."""
+    spec: ToolSpec = ps.run.spec(ns.node)
+    try:
+        prompt = tool_arguments(spec, ps.run.known).get("prompt")
+    except ProgramRunError as e:
+        return Outcome.failed(str(e), "invalid_arguments")
+    future = asyncio.get_running_loop().create_future()
+    ps.waiting[ns.node] = InputWait(dict(spec.awaits_input), prompt, future)
+    ns.log.enter("input_wait", rt.trace.now())
+    if rt.store is not None:
+        rt.store.node_started(ps.run_id, ns.node, "input")
+    rt.emit(ps.run_id, "node_phase", node=ns.node, phase="input_wait")
+    rt.emit(ps.run_id, "input_wanted", node=ns.node, schema=dict(spec.awaits_input), prompt=prompt)
+    try:
+        value = await future
+    finally:
+        ps.waiting.pop(ns.node, None)
+    rt.emit(ps.run_id, "input_given", node=ns.node)
+    return Outcome(True, value)
+
+
+def interrupted_tool(rt: Runtime, ps: ProgramState, ns: NodeState, spec: ToolSpec) -> Outcome | None:
+    """A resumed run's tool node that was running when the process stopped: it runs again only
+    if the tool is idempotent; otherwise it may or may not have taken effect, and it fails."""
+    if ps.recorded is None or ns.node not in ps.recorded.interrupted or rt.tools.get(spec.tool).idempotent:
+        return None
+    return Outcome.failed(f"tool '{spec.tool}' was running when the run was interrupted (the process stopped); "
+                          "it may or may not have run, and it is not declared idempotent, so it is not run again",
+                          "interrupted")
 
 
 async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     spec: ToolSpec = ps.run.spec(ns.node)
     trace = rt.trace
+    if (stopped := interrupted_tool(rt, ps, ns, spec)) is not None:
+        return stopped
     call_id = new_id()
     ns.attributes.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": spec.tool,
                           "gen_ai.tool.call.id": call_id})
@@ -272,18 +374,26 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     except ProgramRunError as e:
         return Outcome.failed(str(e), "invalid_arguments")
     ns.attributes["gen_ai.tool.call.arguments"] = preview(args)
+    digest = args_hash(args) if rt.store is not None else None
+    if rt.store is not None:
+        rt.store.node_started(ps.run_id, ns.node, "tool", args_hash=digest)
     ns.log.enter("tool_running", dispatched)
     rt.emit(ps.run_id, "node_phase", node=ns.node, phase="tool_running")
     ps.stats.tool_calls += 1
     ps.stats.tools_in_flight += 1
 
     def on_attempt(attempt: Any) -> None:
+        if rt.store is not None:
+            rt.store.tool_attempt(ps.run_id, ns.node, attempt.index, "finished" if attempt.ok else "failed",
+                                  args_hash=digest, started=attempt.started, finished=attempt.finished,
+                                  error_kind=attempt.error_kind, error=attempt.error)
         if not attempt.ok:
             rt.emit(ps.run_id, "node_retried", node=ns.node, attempt=attempt.index, error_kind=attempt.error_kind,
                     error=attempt.error)
 
     try:
-        result = await rt.tools.call(spec.tool, args, call_id=call_id, on_attempt=on_attempt if rt.watched else None)
+        result = await rt.tools.call(spec.tool, args, call_id=call_id,
+                                     on_attempt=on_attempt if rt.watched or rt.store is not None else None)
     finally:
         ps.stats.tools_in_flight -= 1
     ps.stats.tool_s += result.duration_s

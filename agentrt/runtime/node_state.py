@@ -18,6 +18,7 @@ class Outcome:
     value: Any = None
     error: str | None = None
     error_type: str | None = None
+    sent: Any = None  # an LLM node a later call continues: the messages it sent (replayed on resume)
 
     @classmethod
     def failed(cls, error: str, error_type: str) -> Outcome:

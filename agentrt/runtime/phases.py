@@ -14,6 +14,8 @@ no overlap, from the node's creation to its end.
     tool_retried  tool: an attempt that failed and was tried again
     tool_backoff  tool: the wait between two attempts
     tool_failed   tool: the last attempt, which failed
+    input_wait    a wait_for node: waiting for the value from outside (a stall of the run, not
+                  of the machine: nothing runs for it)
 """
 from __future__ import annotations
 
@@ -30,11 +32,12 @@ PHASES: dict[str, str] = {
     "tool_retried": "tool attempt that failed and was retried",
     "tool_backoff": "wait between tool attempts",
     "tool_failed": "last tool attempt, failed",
+    "input_wait": "waiting for a value from outside the program",
 }
 LLM_PHASES = ("waiting", "queued", "prefill", "decode", "preempted")
-TOOL_PHASES = ("waiting", "queued", "tool_running", "tool_retried", "tool_backoff", "tool_failed")
+TOOL_PHASES = ("waiting", "queued", "tool_running", "tool_retried", "tool_backoff", "tool_failed", "input_wait")
 # Stalls: time a node is not doing its own work.
-STALL_PHASES = ("waiting", "queued", "preempted", "tool_backoff")
+STALL_PHASES = ("waiting", "queued", "preempted", "tool_backoff", "input_wait")
 
 
 @dataclass

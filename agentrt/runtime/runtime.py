@@ -14,17 +14,23 @@ the runtime.
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import json
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Mapping
 
+import jsonschema
+
 from agentrt.dag import CompiledProgram, Program, ProgramRun
-from agentrt.errors import ProgramRunError, RunConfigError
+from agentrt.errors import InputValueError, ProgramRunError, RunConfigError
 from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
 from agentrt.runtime.events import RunEvent, RunEventListener
-from agentrt.runtime.node_exec import charge, run_llm, run_tool
+from agentrt.runtime.node_exec import InputWait, charge, run_input, run_llm, run_recorded, run_tool
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
+from agentrt.runtime.store import Recorded, RunStore, StoredRun
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.errors import UnknownToolError
@@ -72,6 +78,9 @@ class ProgramState:
     priority: float = 0.0  # added to every priority the policy gives the run's LLM calls
     holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
     sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
+    recorded: Recorded | None = None  # a resumed run: what the store recorded of it
+    waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value
+    interrupted: bool = False  # stopped by Runtime.interrupt: the store keeps it resumable
 
 
 class ProgramHandle:
@@ -121,11 +130,14 @@ class Runtime:
     without `pin` ignore it. trace: where spans go (a new Trace by default). max_tokens: a cap
     on every LLM node's max_tokens. stream_outputs: while an LLM node still generates JSON, start
     the idempotent tools that read only members of it that are final already, and the fan-out
-    branches over its items (see ProgramRun.stream)."""
+    branches over its items (see ProgramRun.stream). store: where runs are recorded durably
+    (store.py): node outcomes as they end, tool attempts, the run's status; a run submitted with
+    `resume=store.recorded(run_id)` takes recorded outcomes instead of running those nodes again."""
 
     def __init__(self, backend: LLMBackend, tools: ToolRegistry | Iterable[Tool | Any] = (), *,
                  policy: SchedulingPolicy | str | None = None, kv_hold: KVHoldPolicy | bool | None = True,
-                 trace: Trace | None = None, max_tokens: int | None = None, stream_outputs: bool = True) -> None:
+                 trace: Trace | None = None, max_tokens: int | None = None, stream_outputs: bool = True,
+                 store: RunStore | None = None) -> None:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise RunConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         self.backend = backend
@@ -135,6 +147,7 @@ class Runtime:
         self.trace = trace or Trace(meta={"model": backend.model_name, "policy": getattr(self.policy, "name", None)})
         self.max_tokens = max_tokens
         self.stream_outputs = stream_outputs
+        self.store = store
         self.programs: dict[str, ProgramState] = {}
         self.calls: dict[str, ProgramStats] = {}  # single LLM calls in flight (complete()), by call id
         self._unsubscribe = None
@@ -165,10 +178,14 @@ class Runtime:
 
     # -- submitting --
     def submit(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
-               run_id: str | None = None, priority: float = 0.0) -> ProgramHandle:
+               run_id: str | None = None, priority: float = 0.0, resume: Recorded | None = None,
+               program_hash: str | None = None, metadata: Mapping[str, str] | None = None) -> ProgramHandle:
         """Start a run (needs a running event loop). Bad inputs raise ProgramRunError; a tool the
         program declares but the registry lacks raises RunConfigError, both before anything runs.
-        priority: added to every engine priority the policy gives the run (smaller runs sooner)."""
+        priority: added to every engine priority the policy gives the run (smaller runs sooner).
+        With a store: the run is recorded (a row the caller made for run_id is reused);
+        program_hash identifies the program's source (default: a hash of its compiled form);
+        resume continues a stored run from what it recorded."""
         compiled = program.compile() if isinstance(program, Program) else program
         if not isinstance(compiled, CompiledProgram):
             raise RunConfigError(f"expected a Program or CompiledProgram, got {type(program).__name__}")
@@ -183,17 +200,63 @@ class Runtime:
         run = compiled.start(inputs)
         now = self.trace.now()
         ps = ProgramState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now,
-                          priority=float(priority))
+                          priority=float(priority), recorded=resume)
         ps.stats.critical_path = run.critical_path_length()
+        if self.store is not None:
+            self._record_start(ps, dict(inputs), program_hash, metadata)
         self.programs[run_id] = ps
         self._subscribe_lane()
         ps.task = asyncio.get_running_loop().create_task(self._drive(ps, dict(inputs)), name=f"agentrt:{run_id}")
         return ProgramHandle(ps)
 
+    def _record_start(self, ps: ProgramState, inputs: dict[str, Any], program_hash: str | None,
+                      metadata: Mapping[str, str] | None) -> None:
+        if self.store.get_run(ps.run_id) is None:
+            digest = program_hash or hashlib.sha256(json.dumps(ps.program.to_json(), sort_keys=True,
+                                                                 default=repr).encode()).hexdigest()
+            self.store.create_run(StoredRun(ps.run_id, ps.program.name, digest, inputs, status="running",
+                                            started_at=time.time(), priority=ps.priority,
+                                            metadata=dict(metadata or {}), origin="cli"))
+        else:  # made by the caller (a served run), or a resumed run
+            self.store.update_run(ps.run_id, status="running",
+                                  **({} if ps.recorded is not None else {"started_at": time.time()}))
+
+    def waiting_for(self, run_id: str) -> dict[str, InputWait]:
+        """The wait_for nodes of a run that wait for their value now, by node id."""
+        ps = self.programs.get(run_id)
+        return dict(ps.waiting) if ps is not None else {}
+
+    def provide_input(self, run_id: str, node: str, value: Any) -> None:
+        """Give a waiting wait_for node its value; the run goes on. Raises RunConfigError when the
+        run is not waiting at that node, InputValueError when the value does not meet its schema
+        (the run keeps waiting)."""
+        ps = self.programs.get(run_id)
+        wait = ps.waiting.get(node) if ps is not None else None
+        if wait is None:
+            waiting = ", ".join(sorted(ps.waiting)) if ps is not None and ps.waiting else "none"
+            raise RunConfigError(f"run '{run_id}' is not waiting for input at node '{node}' "
+                                 f"(nodes waiting for input: {waiting})")
+        errors = sorted(jsonschema.Draft202012Validator(wait.schema).iter_errors(value), key=lambda e: list(e.path))
+        if errors:
+            where = "/".join(str(p) for p in errors[0].absolute_path)
+            raise InputValueError(f"input for node '{node}'{' at ' + where if where else ''}: {errors[0].message}")
+        if not wait.future.done():
+            wait.future.set_result(value)
+
+    def interrupt(self, run_id: str) -> None:
+        """Stop a run without ending it in the store (a server shutting down): its nodes in flight
+        are cancelled, and a later resume picks it up where the store says it was."""
+        ps = self.programs.get(run_id)
+        if ps is not None and ps.task is not None and not ps.task.done():
+            ps.interrupted = True
+            ps.task.cancel()
+
     async def run(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
-                  run_id: str | None = None) -> RunResult:
+                  run_id: str | None = None, resume: Recorded | None = None,
+                  program_hash: str | None = None, metadata: Mapping[str, str] | None = None) -> RunResult:
         """Submit and wait; cancelling the caller cancels the run."""
-        handle = self.submit(program, inputs, run_id=run_id)
+        handle = self.submit(program, inputs, run_id=run_id, resume=resume, program_hash=program_hash,
+                             metadata=metadata)
         try:
             return await handle.wait()
         except asyncio.CancelledError:
@@ -306,6 +369,9 @@ class Runtime:
         (an output the node's spec rejects fails the node itself)."""
         ns = ps.nodes[node]
         now = self.trace.now()
+        if self.store is not None and not ns.attributes.get("agentrt.replayed"):
+            self.store.node_finished(ps.run_id, node, ns.kind, outcome.ok, outcome.value, outcome.error,
+                                     outcome.error_type, outcome.sent)
         try:
             if outcome.ok:
                 ps.run.complete(node, outcome.value)
@@ -323,10 +389,12 @@ class Runtime:
         self._sync_nodes(ps)
 
     def _emit_finished(self, ps: ProgramState, ns: NodeState, value: Any) -> None:
+        replayed = {"replayed": True} if ns.attributes.get("agentrt.replayed") else {}
         if ns.status == "ok":
-            self.emit(ps.run_id, "node_finished", node=ns.node, kind=ns.kind, status="ok", value=value)
+            self.emit(ps.run_id, "node_finished", node=ns.node, kind=ns.kind, status="ok", value=value, **replayed)
         else:
-            self.emit(ps.run_id, "node_finished", node=ns.node, kind=ns.kind, status=ns.status, error=ns.error)
+            self.emit(ps.run_id, "node_finished", node=ns.node, kind=ns.kind, status=ns.status, error=ns.error,
+                      **replayed)
 
     def start_streamed(self, ps: ProgramState, llm_node: str) -> None:
         """Start what llm_node's streamed output made ready (tools reading its final members,
@@ -351,10 +419,17 @@ class Runtime:
                 ns.attributes["agentrt.started_early"] = True
             ps.run.begin(node)
             ns.status, ns.waited_on = "running", cause
+            replayed = ps.recorded is not None and node in ps.recorded.outcomes
             self.emit(ps.run_id, "node_started", node=node, kind=ns.kind,
                       **({"tool": ps.run.spec(node).tool} if ns.kind == "tool" else {}),
-                      **({"early": True} if ns.attributes.get("agentrt.started_early") else {}))
-            runner = run_llm if ns.kind == "llm" else run_tool
+                      **({"early": True} if ns.attributes.get("agentrt.started_early") else {}),
+                      **({"replayed": True} if replayed else {}))
+            if replayed:
+                runner = run_recorded
+            elif ns.kind == "llm":
+                runner = run_llm
+            else:
+                runner = run_input if ps.run.spec(node).is_input else run_tool
             task = asyncio.get_running_loop().create_task(runner(self, ps, ns), name=f"agentrt:{ps.run_id}:{node}")
             ps.inflight[task] = node
 
@@ -365,7 +440,8 @@ class Runtime:
         for node, attrs in graph.nodes(data=True):
             if attrs["kind"] in ("llm", "tool") and not attrs["template"] and node not in ps.nodes:
                 spec = attrs["spec"]
-                name = f"chat {self.backend.model_name}" if attrs["kind"] == "llm" else f"execute_tool {spec.tool}"
+                name = f"chat {self.backend.model_name}" if attrs["kind"] == "llm" else \
+                    "await_input" if spec.is_input else f"execute_tool {spec.tool}"
                 ps.nodes[node] = NodeState(node, attrs["kind"], name, now)
         for node in [n for n in ps.nodes if n not in graph]:
             del ps.nodes[node]
@@ -411,7 +487,11 @@ class Runtime:
             "error": None if error is None else {"node": failed_node, "message": error},
             "service": ps.stats.to_record(), "nodes": len(ps.nodes),
         })
-        self.emit(ps.run_id, "run_finished", status=status, output=output, error=error, failed_node=failed_node)
+        if self.store is not None and not ps.interrupted:
+            self.store.update_run(ps.run_id, status=status, ended_at=time.time(), output=output,
+                                  error=None if error is None else {"node": failed_node, "message": error})
+        if not ps.interrupted:  # an interrupted run has not finished: its resume goes on with its events
+            self.emit(ps.run_id, "run_finished", status=status, output=output, error=error, failed_node=failed_node)
         return ps.result
 
     def _reprioritize(self) -> None:

@@ -23,6 +23,7 @@ PHASE_STYLE: dict[str, tuple[str, str]] = {
     "tool_retried": ("r", "bold bright_red"),
     "tool_backoff": ("~", "bright_red"),
     "tool_failed": ("X", "bold red"),
+    "input_wait": ("?", "bold yellow"),
 }
 _ACTIVE = set(LLM_ACTIVE[1:]) | set(TOOL_ACTIVE)  # phases doing work (queued counts as stall here)
 

@@ -23,6 +23,7 @@ from aiohttp import web
 from aiohttp_sse import sse_response
 from pydantic import BaseModel, ValidationError
 
+from agentrt.errors import InputValueError, RunConfigError
 from agentrt.runtime.html_timeline import render_html
 from agentrt.runtime.loader import Example
 from agentrt.runtime.runtime import Runtime
@@ -32,7 +33,7 @@ from agentrt.server.errors import ApiError, error_body, validation_message
 from agentrt.server.metrics import ServerMetrics
 from agentrt.server.openai_chat import ChatService, prepare_chat
 from agentrt.server.runs import RunManager, ServedRun
-from agentrt.server.schemas import (ChatCompletionRequest, ModelCard, ModelList, ProgramInfo, ProgramList,
+from agentrt.server.schemas import (ChatCompletionRequest, InputWanted, RunInput, ModelCard, ModelList, ProgramInfo, ProgramList,
                                     RunCreate, RunCreated, RunError, RunInfo, RunList)
 
 log = logging.getLogger("agentrt.server")
@@ -54,14 +55,18 @@ class ServerState:
     started: float = field(default_factory=time.time)
     sse_open: int = 0
     stopping: bool = False
+    resumed: list[str] = field(default_factory=list)  # run ids resumed from the store at start
 
     def attach(self, runtime: Runtime) -> None:
         """The engine is loaded: serve requests on this runtime."""
         self.runtime = runtime
         self.runs = RunManager(runtime, self.programs, self.config.limits, self.config.runs_dir,
-                               self.config.keep_runs, on_end=self._run_ended)
+                               self.config.keep_runs, on_end=self._run_ended,
+                               allow_changed_programs=self.config.allow_changed_programs,
+                               prune_after_s=self.config.prune_after_s, prune_keep=self.config.prune_keep)
         self.chat = ChatService(runtime, self.model, self.config.limits, on_response=self.metrics.on_response)
         runtime.backend.subscribe_steps(self.metrics.on_step)
+        self.resumed = self.runs.recover()  # stored runs that had not ended go on
         self.kv_blocks = runtime.backend.kv_blocks
 
     def _run_ended(self, run: ServedRun, records: list[dict[str, Any]] | None) -> None:
@@ -220,7 +225,8 @@ async def ready(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
     kv = (await state.kv_blocks() if state.kv_blocks is not None else None) or {}
-    runs = {"running": state.runs.running, "queued": state.runs.queued} if state.runs is not None else {}
+    runs = {"running": state.runs.running, "queued": state.runs.queued,
+            "waiting": state.runs.waiting} if state.runs is not None else {}
     return web.Response(body=state.metrics.render(kv, runs), headers={"Content-Type": state.metrics.content_type})
 
 
@@ -286,6 +292,7 @@ def run_info(runs: RunManager, run: ServedRun) -> RunInfo:
                    duration_s=None if end is None or run.started_at is None else round(end - run.started_at, 6),
                    inputs=run.inputs, metadata=run.metadata, output=run.output,
                    error=None if run.error is None else RunError(node=run.error.get("node"), message=run.error["message"]),
+                   waiting_for=[InputWanted(node=n, schema=w.schema, prompt=w.prompt) for n, w in runs.waiting_for(run).items()],
                    summary=summary)
 
 
@@ -347,6 +354,23 @@ async def cancel_run(request: web.Request) -> web.Response:
         raise ApiError(409, f"run '{run.run_id}' has already ended ({run.status})", code="run_ended")
     runs.cancel(run)
     await run.changed(after=1 << 62, timeout=10)
+    return _json(run_info(runs, run))
+
+
+async def provide_input(request: web.Request) -> web.Response:
+    runs, _ = _state(request).ready()
+    run = runs.get(request.match_info["run_id"])
+    node = request.match_info["node"]
+    body = await read_body(request, RunInput)
+    if run.ended:
+        raise ApiError(409, f"run '{run.run_id}' has already ended ({run.status})", code="run_ended")
+    try:
+        runs.provide_input(run, node, body.value)
+    except InputValueError as e:
+        raise ApiError(422, str(e), param="value", code="invalid_input") from None
+    except RunConfigError as e:
+        raise ApiError(409, str(e), param="node", code="not_waiting") from None
+    await asyncio.sleep(0)  # the run takes the value before we answer
     return _json(run_info(runs, run))
 
 
@@ -421,6 +445,7 @@ def create_app(config: ServerConfig, model: str, programs: Mapping[str, Example]
     app.router.add_get("/v1/runs/{run_id}/events", run_events)
     app.router.add_get("/v1/runs/{run_id}/wait", wait_run)
     app.router.add_post("/v1/runs/{run_id}/cancel", cancel_run)
+    app.router.add_post("/v1/runs/{run_id}/input/{node}", provide_input)
     app.router.add_get("/v1/runs/{run_id}/trace", run_trace)
     app.router.add_get("/v1/runs/{run_id}/timeline", run_timeline)
     return app

@@ -2,8 +2,10 @@
 
 Loads the program files (as `agentrt run` does), one engine and one runtime, and serves until
 SIGTERM or SIGINT: then it stops accepting work, lets what is in flight finish for up to
---shutdown-grace seconds, and cancels the rest. The HTTP port opens at once; /ready and the API
-answer 503 until the model is loaded. API keys come from --api-key-file (one per line) or the
+--shutdown-grace seconds, and stops the rest. Runs are recorded in a SQLite run store (--db,
+default runs/serve/agentrt.db; --no-db keeps them in memory): runs that had not ended when the
+server stopped, or died, are resumed when it starts again. The HTTP port opens at once; /ready
+and the API answer 503 until the model is loaded. API keys come from --api-key-file (one per line) or the
 AGENTRT_API_KEYS variable (comma-separated); without a key the server binds only to loopback.
 """
 from __future__ import annotations
@@ -41,6 +43,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--api-key-file", default=None, metavar="PATH", help="API keys, one per line")
     p.add_argument("--runs-dir", default="runs/serve", help="where each finished run's trace is written")
     p.add_argument("--keep-runs", type=int, default=1000, help="finished runs kept in memory")
+    p.add_argument("--db", default=None, metavar="PATH",
+                   help="the SQLite run store (default: RUNS_DIR/agentrt.db); unfinished runs in it resume on start")
+    p.add_argument("--no-db", action="store_true", help="keep runs in memory only (nothing survives a restart)")
+    p.add_argument("--allow-changed-programs", action="store_true",
+                   help="resume stored runs even when their program file changed since they started")
+    p.add_argument("--prune-after", default=None, metavar="DURATION",
+                   help="delete ended runs (store rows and traces) this long after they end: 90s, 30m, 12h, 7d")
+    p.add_argument("--prune-keep", type=int, default=None, metavar="N", help="keep only the newest N ended runs")
     p.add_argument("--max-running-runs", type=int, default=Limits.max_running_runs)
     p.add_argument("--max-queued-runs", type=int, default=Limits.max_queued_runs)
     p.add_argument("--max-body-bytes", type=int, default=Limits.max_body_bytes)
@@ -83,8 +93,14 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise RunConfigError(f"--host {args.host} is not a loopback address and no API key is set: anyone who can "
                              f"reach it could run programs. Give --api-key-file PATH (or AGENTRT_API_KEYS), or bind "
                              f"to 127.0.0.1")
-    return ServerConfig(host=args.host, port=args.port, api_keys=keys, limits=limits, runs_dir=Path(args.runs_dir),
-                        keep_runs=args.keep_runs, cors_origins=tuple(args.cors_origin),
+    from agentrt.runtime.cli_runs import duration_s
+
+    runs_dir = Path(args.runs_dir)
+    db = None if args.no_db else Path(args.db) if args.db else runs_dir / "agentrt.db"
+    return ServerConfig(host=args.host, port=args.port, api_keys=keys, limits=limits, runs_dir=runs_dir,
+                        keep_runs=args.keep_runs, db=db, allow_changed_programs=args.allow_changed_programs,
+                        prune_after_s=duration_s(args.prune_after) if args.prune_after else None,
+                        prune_keep=args.prune_keep, cors_origins=tuple(args.cors_origin),
                         shutdown_grace_s=args.shutdown_grace, access_log=not args.no_access_log)
 
 
@@ -102,10 +118,19 @@ def run(args: argparse.Namespace) -> int:
     from agentrt.tools.cli_worker import load_tools
 
     tools = [t for ex in examples for t in ex.tools] + [t for m in args.tools for t in load_tools(m)]
-    return asyncio.run(serve(args, config, programs, tools))
+    store = None
+    if config.db is not None:  # a corrupt or newer store stops the server here, before the port opens
+        from agentrt.runtime.store import SQLiteRunStore
+
+        store = SQLiteRunStore(config.db)
+    try:
+        return asyncio.run(serve(args, config, programs, tools, store))
+    finally:
+        if store is not None:
+            store.close()
 
 
-async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, tools: list) -> int:
+async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, tools: list, store: Any = None) -> int:
     from aiohttp import web
 
     from agentrt.server.app import STATE, create_app
@@ -131,13 +156,15 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
     engine = backend = runtime = None
     state = app[STATE]
     try:
-        engine, backend, runtime = await _start_runtime(args, tools, model)
+        engine, backend, runtime = await _start_runtime(args, tools, model, store)
         state.attach(runtime)
+        resumed = state.resumed
         dtype = str(engine.engine.model.dtype).removeprefix("torch.")
         print(f"agentrt serve: ready at {url}\n  model: {model} ({dtype}, {args.device}, spec {args.spec}, "
               f"policy {args.policy})\n  programs: {', '.join(sorted(programs)) or 'none'}\n"
-              f"  runs stored in: {config.runs_dir}/\n  API keys: {len(config.api_keys) or 'none (loopback only)'}",
-              flush=True)
+              f"  runs stored in: {config.db or 'memory only'} (traces in {config.runs_dir}/)"
+              + (f", {len(resumed)} resumed" if resumed else "")
+              + f"\n  API keys: {len(config.api_keys) or 'none (loopback only)'}", flush=True)
         await stop.wait()
         print("agentrt serve: stopping: no new work; waiting for runs in flight "
               f"(up to {config.shutdown_grace_s:g} s)", flush=True)
@@ -159,7 +186,7 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
     return 0
 
 
-async def _start_runtime(args: argparse.Namespace, tools: list, model: str) -> tuple[Any, Any, Any]:
+async def _start_runtime(args: argparse.Namespace, tools: list, model: str, store: Any = None) -> tuple[Any, Any, Any]:
     """Load the engine on a thread (the event loop keeps answering /health), then the runtime."""
     from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
     from agentrt.runtime.engine_backend import EngineBackend
@@ -185,4 +212,4 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str) -> t
     trace = Trace(name="serve", meta={"model": model, "dtype": dtype, "device": args.device,
                                       "drafter": args.spec, "policy": args.policy})
     return engine, backend, Runtime(backend, tools=registry, trace=trace, policy=args.policy,
-                                    max_tokens=args.program_max_tokens)
+                                    max_tokens=args.program_max_tokens, store=store)

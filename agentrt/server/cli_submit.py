@@ -101,6 +101,12 @@ def show(console: Console, event: str, data: dict[str, Any], tokens: bool) -> No
         console.print(f"{mark} {data['node']}" + (f": {data['error']}" if data.get("error") else ""))
     elif event == "node_retried":
         console.print(f"[yellow]↻ {data['node']}[/yellow] attempt {data['attempt']} failed: {data['error']}")
+    elif event == "input_wanted":
+        console.print(f"[bold yellow]? {data['node']}[/bold yellow] waits for input: {data.get('prompt') or ''} "
+                      f"(POST /v1/runs/RUN_ID/input/{data['node']} with {{\"value\": ...}}; schema "
+                      f"{json.dumps(data['schema'])})", markup=True, highlight=False)
+    elif event == "run_resumed":
+        console.print("[dim]… the server restarted; the run goes on from its run store[/dim]")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -31,6 +31,10 @@ class ServerConfig:
     limits: Limits = Limits()
     runs_dir: Path = Path("runs/serve")  # each finished run's trace, as `agentrt inspect` reads it
     keep_runs: int = 1000  # finished runs kept in memory (their traces stay on disk)
+    db: Path | None = Path("runs/serve/agentrt.db")  # the run store (None: runs live in memory only)
+    allow_changed_programs: bool = False  # resume runs whose program file changed since they started
+    prune_after_s: float | None = None  # delete ended runs (store rows and traces) this long after they end
+    prune_keep: int | None = None  # ... and beyond the newest this many ended runs
     cors_origins: tuple[str, ...] = ()  # CORS off unless origins are given
     shutdown_grace_s: float = 30.0  # SIGTERM: in-flight work gets this long, then is cancelled
     access_log: bool = True

@@ -6,7 +6,12 @@ keeps the numbered log of its events (runtime.events plus run_queued), so an SSE
 reconnects with Last-Event-ID gets exactly the events after that id. When a run ends its trace is
 written to `runs_dir/<run_id>.jsonl` (what `agentrt inspect` reads), its summary computed once,
 and its records dropped from the runtime's trace. The newest `keep_runs` finished runs stay in
-memory; older ones are read back from their trace file when asked for.
+memory; older ones are read back from the run store or their trace file when asked for.
+
+With a run store (the runtime's `store`), a run is recorded before its submit is answered, with
+its Idempotency-Key, and every event is recorded before a client can read it; `recover()` (at
+start) resumes the runs that had not ended, their event logs going on with the same ids. A
+shutdown stops the runs still going without ending them, so the next start resumes them.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ from agentrt.errors import AgentRTError
 from agentrt.runtime.events import RunEvent
 from agentrt.runtime.loader import Example
 from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.store import UNFINISHED, Recorded, RunStore, StoredRun, file_hash
 from agentrt.runtime.summary import summarize
 from agentrt.runtime.trace import new_id, read_trace, write_records
 from agentrt.server.config import Limits
@@ -56,6 +62,8 @@ class ServedRun:
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # (id, type, data)
     task: asyncio.Task | None = None
     handle: Any = None  # the runtime's ProgramHandle once started
+    store: RunStore | None = None  # where its events are recorded
+    interrupted: bool = False  # stopped by a shutdown, to be resumed by the next start
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -63,7 +71,10 @@ class ServedRun:
         return self.status in ENDED
 
     def add_event(self, type: str, data: Mapping[str, Any]) -> None:
-        self.events.append((len(self.events) + 1, type, dict(data)))
+        event = (len(self.events) + 1, type, dict(data))
+        if self.store is not None:  # recorded before any client can read it
+            self.store.add_event(self.run_id, *event)
+        self.events.append(event)
         self._changed.set()
 
     async def changed(self, after: int, timeout: float | None = None) -> bool:
@@ -80,9 +91,15 @@ class ServedRun:
 class RunManager:
     def __init__(self, runtime: Runtime, programs: Mapping[str, Example], limits: Limits, runs_dir: Path,
                  keep_runs: int = 1000,
-                 on_end: Callable[[ServedRun, list[dict[str, Any]] | None], None] | None = None) -> None:
+                 on_end: Callable[[ServedRun, list[dict[str, Any]] | None], None] | None = None, *,
+                 allow_changed_programs: bool = False, prune_after_s: float | None = None,
+                 prune_keep: int | None = None) -> None:
         self.runtime, self.programs, self.limits = runtime, dict(programs), limits
         self.runs_dir, self.keep_runs, self.on_end = Path(runs_dir), keep_runs, on_end
+        self.store: RunStore | None = runtime.store
+        self.allow_changed_programs = allow_changed_programs
+        self.prune_after_s, self.prune_keep = prune_after_s, prune_keep
+        self._hashes = {name: file_hash(ex.path) for name, ex in self.programs.items()}
         self.runs: OrderedDict[str, ServedRun] = OrderedDict()
         self._by_key: dict[str, str] = {}
         self._seq = itertools.count()
@@ -94,6 +111,10 @@ class RunManager:
     @property
     def running(self) -> int:
         return sum(1 for r in self.runs.values() if r.status == "running")
+
+    @property
+    def waiting(self) -> int:
+        return sum(1 for r in self.runs.values() if r.status == "waiting")
 
     @property
     def queued(self) -> int:
@@ -110,6 +131,9 @@ class RunManager:
         digest = json.dumps([program, inputs, priority, dict(metadata or {})], sort_keys=True, default=repr)
         if idempotency_key is not None:
             existing = self.runs.get(self._by_key.get(idempotency_key, ""))
+            if existing is None and self.store is not None:  # bound before a restart
+                stored = self.store.run_by_key(idempotency_key)
+                existing = None if stored is None else self.get(stored.run_id)
             if existing is not None:
                 if existing.request_digest != digest:
                     raise ApiError(422, "Idempotency-Key was used for a different request (program, inputs, "
@@ -126,7 +150,11 @@ class RunManager:
                            headers={"Retry-After": str(self.limits.retry_after_s)})
         run_id = f"run_{new_id(8)}"
         run = ServedRun(run_id, program, full, dict(metadata or {}), float(priority or 0.0), time.time(),
-                        next(self._seq), idempotency_key, digest)
+                        next(self._seq), idempotency_key, digest, store=self.store)
+        if self.store is not None:  # durable before the client hears of it
+            self.store.create_run(StoredRun(run_id, program, self._hashes[program], full, "queued", run.created_at,
+                                            idempotency_key=idempotency_key, request_digest=digest,
+                                            priority=run.priority, metadata=run.metadata))
         self.runs[run_id] = run
         if idempotency_key is not None:
             self._by_key[idempotency_key] = run_id
@@ -144,17 +172,20 @@ class RunManager:
                                 f"takes {json.dumps(schema['properties'])})", param="inputs", code="invalid_inputs")
         return {**example.default_inputs, **inputs}
 
-    async def _run(self, run: ServedRun) -> None:
+    async def _run(self, run: ServedRun, resume: Recorded | None = None) -> None:
         try:
             async with self._slots:
                 if run.ended:  # cancelled while queued
                     return
-                run.status, run.started_at = "running", time.time()
+                run.status, run.started_at = "running", run.started_at or time.time()
                 example = self.programs[run.program]
                 run.handle = self.runtime.submit(example.program, run.inputs, run_id=run.run_id,
-                                                 priority=run.priority)
+                                                 priority=run.priority, resume=resume,
+                                                 program_hash=self._hashes[run.program])
                 result = await run.handle.wait()
         except asyncio.CancelledError:
+            if run.interrupted:  # a shutdown: the store keeps it for the next start
+                return
             if run.handle is not None:
                 run.handle.cancel()
                 result = await run.handle.wait()
@@ -164,6 +195,9 @@ class RunManager:
         except AgentRTError as e:  # bad program set-up (a tool missing): the run fails, the server goes on
             self._end(run, "failed", None, {"node": None, "message": str(e)})
             return
+        if run.interrupted:
+            self.runtime.release(run.run_id)
+            return
         self._end(run, result.status, result.output,
                   None if result.error is None else {"node": result.failed_node, "message": result.error})
 
@@ -172,6 +206,8 @@ class RunManager:
         if run.handle is None:  # never started: no runtime events, so say it here
             run.add_event("run_finished", {"status": status, "output": None, "error": error["message"],
                                            "failed_node": None})
+        if self.store is not None and run.run_id not in self.runtime.programs:  # else the runtime recorded it
+            self.store.update_run(run.run_id, status=status, ended_at=run.ended_at, output=output, error=error)
         records = self.runtime.release(run.run_id) if run.run_id in self.runtime.programs else None
         if records is not None:
             run.summary = summarize(records)
@@ -190,17 +226,102 @@ class RunManager:
             del self.runs[run.run_id]
             if run.idempotency_key is not None:
                 self._by_key.pop(run.idempotency_key, None)
+        if self.prune_after_s is not None or self.prune_keep is not None:
+            self.prune()
+
+    def prune(self) -> list[str]:
+        """Retention: delete ended runs older than prune_after_s or beyond the newest prune_keep,
+        from the store and the runs directory (never a run that has not ended)."""
+        if self.store is not None:
+            gone = self.store.prune(older_than_s=self.prune_after_s, keep=self.prune_keep)
+        else:
+            ended = sorted((r for r in self.runs.values() if r.ended), key=lambda r: r.ended_at or 0, reverse=True)
+            cutoff = time.time() - self.prune_after_s if self.prune_after_s is not None else None
+            gone = [r.run_id for i, r in enumerate(ended) if (self.prune_keep is not None and i >= self.prune_keep)
+                    or (cutoff is not None and (r.ended_at or 0) < cutoff)]
+        for run_id in gone:
+            run = self.runs.pop(run_id, None)
+            if run is not None and run.idempotency_key is not None:
+                self._by_key.pop(run.idempotency_key, None)
+            (self.runs_dir / f"{run_id}.jsonl").unlink(missing_ok=True)
+        return gone
+
+    # -- recovery --
+    def recover(self) -> list[str]:
+        """At start: resume the stored runs that had not ended (queued ones queue again; running
+        ones go on from what they recorded). A run whose program is not loaded, or whose program
+        file changed since it started (unless allowed), fails with the reason. Returns the ids
+        of the runs resumed."""
+        if self.store is None:
+            return []
+        resumed = []
+        for stored in self.store.runs(UNFINISHED):
+            run = self._served(stored)
+            self.runs[run.run_id] = run
+            if run.idempotency_key is not None:
+                self._by_key[run.idempotency_key] = run.run_id
+            reason = self._why_not_resumable(stored)
+            if reason is not None:
+                self._end(run, "failed", None, {"node": None, "message": reason})
+                continue
+            run.add_event("run_resumed", {"program": run.program, "was": stored.status})
+            resume = self.store.recorded(run.run_id) if stored.status != "queued" else None
+            run.task = asyncio.get_running_loop().create_task(self._run(run, resume), name=f"agentrt-serve:{run.run_id}")
+            resumed.append(run.run_id)
+        return resumed
+
+    def _why_not_resumable(self, stored: StoredRun) -> str | None:
+        if stored.program not in self.programs:
+            return (f"cannot resume: program '{stored.program}' is not loaded by this server "
+                    f"(loaded: {', '.join(sorted(self.programs)) or 'none'})")
+        if stored.program_hash != self._hashes[stored.program] and not self.allow_changed_programs:
+            return (f"cannot resume: the file of program '{stored.program}' ({self.programs[stored.program].path}) "
+                    "changed since the run started; start the server with --allow-changed-programs to resume it anyway")
+        return None
+
+    def _served(self, stored: StoredRun) -> ServedRun:
+        """A stored run as the server serves it, with its recorded events."""
+        run = ServedRun(stored.run_id, stored.program, stored.inputs, stored.metadata, stored.priority,
+                        stored.created_at, next(self._seq), stored.idempotency_key, stored.request_digest or "",
+                        status=stored.status, started_at=stored.started_at, ended_at=stored.ended_at,
+                        output=stored.output, error=stored.error, store=self.store)
+        run.events = self.store.events(stored.run_id)
+        path = self.runs_dir / f"{stored.run_id}.jsonl"
+        if run.ended and path.is_file():
+            run.trace_path = path
+            try:
+                run.summary = summarize(read_trace(path))
+            except AgentRTError:
+                pass
+        return run
 
     def _on_event(self, ev: RunEvent) -> None:
         run = self.runs.get(ev.run_id)
-        if run is not None:
-            run.add_event(ev.type, {"time": round(ev.time, 6), **ev.data})
+        if run is None:
+            return
+        if ev.type in ("input_wanted", "input_given") and not run.ended:
+            run.status = "waiting" if self.runtime.waiting_for(run.run_id) else "running"
+            if self.store is not None:
+                self.store.update_run(run.run_id, status=run.status)
+        run.add_event(ev.type, {"time": round(ev.time, 6), **ev.data})
+
+    # -- outside input --
+    def waiting_for(self, run: ServedRun) -> dict[str, Any]:
+        """The run's wait_for nodes waiting now: node -> InputWait (schema, prompt)."""
+        return self.runtime.waiting_for(run.run_id) if not run.ended else {}
+
+    def provide_input(self, run: ServedRun, node: str, value: Any) -> None:
+        """Raises RunConfigError (not waiting there) or InputValueError (the schema says no)."""
+        self.runtime.provide_input(run.run_id, node, value)
 
     # -- reading --
     def get(self, run_id: str) -> ServedRun:
         run = self.runs.get(run_id)
         if run is not None:
             return run
+        stored = self.store.get_run(run_id) if self.store is not None else None
+        if stored is not None:
+            return self._served(stored)
         return self._from_disk(run_id)
 
     def _from_disk(self, run_id: str) -> ServedRun:
@@ -244,12 +365,20 @@ class RunManager:
             run.task.cancel()
 
     async def shutdown(self, grace_s: float) -> None:
-        """Stop accepting runs; give those in flight grace_s to finish, then cancel them."""
+        """Stop accepting runs; give those in flight grace_s to finish, then stop them: with a
+        store they stay unfinished there (the next start resumes them), without one they are
+        cancelled."""
         self.accepting = False
-        tasks = [r.task for r in self.runs.values() if r.task is not None and not r.task.done()]
+        tasks = {r.task: r for r in self.runs.values() if r.task is not None and not r.task.done()}
         if tasks:
             _, pending = await asyncio.wait(tasks, timeout=grace_s)
             for t in pending:
+                run = tasks[t]
+                if self.store is not None:
+                    run.interrupted = True
+                    if run.handle is not None:
+                        self.runtime.interrupt(run.run_id)
+                        continue
                 t.cancel()
             if pending:
                 await asyncio.wait(pending)

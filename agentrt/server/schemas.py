@@ -261,13 +261,27 @@ class RunError(BaseModel):
     message: str
 
 
+class RunInput(_Strict):
+    """The value a waiting wait_for node asked for (valid against its schema)."""
+
+    value: Any
+
+
+class InputWanted(BaseModel):
+    node: str
+    schema_: dict[str, Any] = Field(alias="schema")
+    prompt: str | None = None
+
+    model_config = {"populate_by_name": True}
+
+
 class RunInfo(BaseModel):
     """A run as the API shows it. summary: while running, each node's state and phase; once
     ended, the summary `agentrt inspect --json` prints for the run's trace (its one run)."""
 
     run_id: str
     program: str
-    status: Literal["queued", "running", "done", "failed", "cancelled"]
+    status: Literal["queued", "running", "waiting", "done", "failed", "cancelled"]
     created_at: float  # unix seconds
     started_at: float | None = None
     ended_at: float | None = None
@@ -276,6 +290,7 @@ class RunInfo(BaseModel):
     metadata: dict[str, str] = Field(default_factory=dict)
     output: Any = None
     error: RunError | None = None
+    waiting_for: list[InputWanted] = Field(default_factory=list)  # status waiting: what to POST to .../input/NODE
     summary: dict[str, Any] | None = None
 
 

@@ -1,0 +1,119 @@
+"""The programs API with the SQLite run store on (a real SQLite file, a scripted engine): 50 runs
+submitted at once all finish, each node's outcome recorded exactly once, every event stored with
+the id a client reads; retention leaves unfinished runs alone."""
+from __future__ import annotations
+
+import asyncio
+import collections
+from pathlib import Path
+
+from aiohttp.test_utils import TestClient, TestServer
+
+from agentrt.runtime.loader import load_example
+from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.scripted import ScriptedBackend
+from agentrt.runtime.store import SQLiteRunStore, file_hash
+from agentrt.server.app import create_app
+from agentrt.server.config import Limits, ServerConfig
+
+PROGRAM = Path(__file__).parent / "calc_program.py"
+REPLIES = {"plan": {"a": 2, "b": 3}, "answer": "The sum is five."}
+
+
+async def served(tmp_path, store, **config):
+    example = load_example(PROGRAM)
+    backend = ScriptedBackend(REPLIES, step_s=0.002)
+    runtime = Runtime(backend, tools=example.tools, store=store)
+    app = create_app(ServerConfig(runs_dir=tmp_path / "runs", access_log=False,
+                                  limits=Limits(max_running_runs=64, max_queued_runs=64), **config),
+                     "scripted", {example.name: example}, runtime)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    return client, runtime, backend
+
+
+async def test_fifty_runs_at_once_record_every_node_outcome_exactly_once(tmp_path):
+    store = SQLiteRunStore(tmp_path / "runs.db")
+    client, runtime, backend = await served(tmp_path, store)
+    try:
+        async def one(i: int) -> str:
+            r = await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 0.01 * (i % 5)}},
+                                  headers={"Idempotency-Key": f"k{i}"})
+            assert r.status == 201, await r.text()
+            run_id = (await r.json())["run_id"]
+            r = await client.get(f"/v1/runs/{run_id}/wait", params={"timeout": "60"})
+            assert (await r.json())["status"] == "done"
+            return run_id
+
+        ids = await asyncio.gather(*(one(i) for i in range(50)))
+        r = await client.get(f"/v1/runs/{ids[7]}/events")
+        served_ids = [int(line[4:]) for line in (await r.text()).splitlines() if line.startswith("id: ")]
+    finally:
+        await client.close()
+        await runtime.aclose()
+        await backend.aclose()
+    assert len(set(ids)) == 50
+    for run_id in ids:
+        stored = store.get_run(run_id)
+        assert stored.status == "done" and stored.output == "The sum is five."
+        outcomes = collections.Counter(c["node"] for c in store.node_changes(run_id) if c["state"] != "running")
+        assert outcomes == {"plan": 1, "sum": 1, "answer": 1}
+        assert [a["status"] for a in store.tool_attempts(run_id)] == ["finished"]
+    assert [i for i, _, _ in store.events(ids[7])] == served_ids == list(range(1, len(served_ids) + 1))
+    assert store.run_by_key("k7").run_id == ids[7]
+
+
+async def test_retention_prunes_ended_runs_and_their_traces_but_not_a_running_one(tmp_path):
+    store = SQLiteRunStore(tmp_path / "runs.db")
+    client, runtime, backend = await served(tmp_path, store, prune_keep=2)
+    try:
+        slow = await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 30.0}})
+        slow_id = (await slow.json())["run_id"]
+        done = []
+        for _ in range(4):
+            r = await client.post("/v1/programs/calc/runs", json={"inputs": {}})
+            run_id = (await r.json())["run_id"]
+            await client.get(f"/v1/runs/{run_id}/wait", params={"timeout": "60"})
+            done.append(run_id)
+        await asyncio.sleep(0.05)
+        left = {r.run_id: r.status for r in store.runs()}
+        assert left == {slow_id: "running", done[2]: "done", done[3]: "done"}
+        assert sorted(p.stem for p in (tmp_path / "runs").glob("*.jsonl")) == sorted(done[2:])
+        assert (await client.get(f"/v1/runs/{done[0]}")).status == 404
+        await client.post(f"/v1/runs/{slow_id}/cancel")
+    finally:
+        await client.close()
+        await runtime.aclose()
+        await backend.aclose()
+
+
+async def test_a_stored_run_whose_program_file_changed_is_not_resumed_silently(tmp_path):
+    from agentrt.runtime.store import StoredRun
+
+    store = SQLiteRunStore(tmp_path / "runs.db")
+    for run_id in ("changed", "same"):
+        store.create_run(StoredRun(run_id, "calc", "a hash of another version", {"question": "1 + 1?", "delay": 0.0},
+                                   "running", created_at=1.0))
+    store.update_run("same", program_hash=file_hash(PROGRAM))
+    client, runtime, backend = await served(tmp_path, store)
+    try:
+        r = await client.get("/v1/runs/changed")
+        info = await r.json()
+        assert info["status"] == "failed" and "changed since the run started" in info["error"]["message"]
+        assert "--allow-changed-programs" in info["error"]["message"]
+        r = await client.get("/v1/runs/same/wait", params={"timeout": "30"})
+        assert (await r.json())["status"] == "done"
+    finally:
+        await client.close()
+        await runtime.aclose()
+        await backend.aclose()
+    store2 = SQLiteRunStore(tmp_path / "runs2.db")
+    store2.create_run(StoredRun("changed", "calc", "old", {"question": "1 + 1?", "delay": 0.0}, "running"))
+    client, runtime, backend = await served(tmp_path, store2, allow_changed_programs=True)
+    try:
+        r = await client.get("/v1/runs/changed/wait", params={"timeout": "30"})
+        assert (await r.json())["status"] == "done"
+    finally:
+        await client.close()
+        await runtime.aclose()
+        await backend.aclose()
