@@ -28,23 +28,27 @@ def sample_rows(rows: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
         return
     raw = _raw_logprobs(sampling, logits)  # the model's own distribution, before anything edits it
     _penalize(sampling, logits)
-    ks = [r.k for r in sampling]
-    draft_tokens = torch.tensor([t for r in sampling for t in r.draft], dtype=torch.long)  # [sum k]
-    cu = torch.tensor([0] + list(itertools.accumulate(ks)), dtype=torch.long)  # [rows + 1]
+    drafts = _flat_drafts(sampling) if any(r.draft for r in sampling) else None
     if all(r.seq.params.temperature == 0 for r in sampling):
         best = greedy_tokens(logits, masks)  # [logits rows]
-        emitted = _unpack(verify_greedy(best, draft_tokens, cu)) if draft_tokens.numel() else \
-            [[t] for t in best.tolist()]
+        emitted = _unpack(verify_greedy(best, *drafts)) if drafts else [[t] for t in best.tolist()]
     else:
-        emitted = _sample(sampling, logits, masks, draft_tokens, cu)
+        emitted = _sample(sampling, logits, masks, drafts)
     for r, toks in zip(sampling, emitted):
         r.emitted = toks
         if r in raw:
             r.logprobs = _token_logprobs(raw[r], toks, r.seq.params.logprobs)
 
 
+def _flat_drafts(sampling: list[StepRow]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's draft tokens flat [sum k] and their cu offsets [rows + 1]."""
+    draft_tokens = torch.tensor([t for r in sampling for t in r.draft], dtype=torch.long)
+    cu = torch.tensor([0] + list(itertools.accumulate(r.k for r in sampling)), dtype=torch.long)
+    return draft_tokens, cu
+
+
 def _sample(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | None,
-            draft_tokens: torch.Tensor, cu: torch.Tensor) -> list[list[int]]:
+            drafts: tuple[torch.Tensor, torch.Tensor] | None) -> list[list[int]]:
     if masks is not None:
         masks.apply(logits)
     per_row = torch.tensor([r.num_rows for r in sampling])
@@ -57,11 +61,12 @@ def _sample(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
         rep([p.top_p for p in ps]).float(),
     )  # [logits rows, vocab]
     gens = [r.seq.generator for r in sampling]
-    if not draft_tokens.numel():
+    if drafts is None:
         u = torch.stack([torch.rand((), generator=g) for g in gens])  # [rows]
         return [[t] for t in sample_from_probs(probs, u).tolist()]
     u_acc = torch.cat([torch.rand(r.k, generator=g) for r, g in zip(sampling, gens)])  # [sum k]
     u_smp = torch.stack([torch.rand((), generator=g) for g in gens])  # [rows]
+    draft_tokens, cu = drafts
     return _unpack(verify_drafts(probs, draft_tokens, cu, _draft_q(sampling, probs.shape[-1]), u_acc, u_smp))
 
 

@@ -26,7 +26,8 @@ from agentrt.runtime.trace import new_id
 from agentrt.runtime.values import OutputParseError, node_value
 
 if TYPE_CHECKING:
-    from agentrt.runtime.runtime import ProgramState, Runtime
+    from agentrt.runtime.program_state import ProgramState
+    from agentrt.runtime.runtime import Runtime
 
 
 PREVIEW_CHARS = 300

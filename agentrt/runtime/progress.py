@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentrt.runtime.runtime import ProgramState
+    from agentrt.runtime.program_state import ProgramState
 
 
 @dataclass(frozen=True)

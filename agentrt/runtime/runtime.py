@@ -17,105 +17,24 @@ import asyncio
 import hashlib
 import json
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
 
 import jsonschema
 
-from agentrt.dag import CompiledProgram, Program, ProgramRun
+from agentrt.dag import CompiledProgram, Program
 from agentrt.errors import InputValueError, ProgramRunError, RunConfigError
 from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
 from agentrt.runtime.events import RunEvent, RunEventListener
 from agentrt.runtime.node_exec import InputWait, charge, run_input, run_llm, run_recorded, run_tool
 from agentrt.runtime.node_state import NodeState, Outcome
+from agentrt.runtime.program_state import ProgramHandle, ProgramState, RunResult, task_outcome
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
 from agentrt.runtime.store import Recorded, RunStore, StoredRun
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.errors import UnknownToolError
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """status: "done" (output holds the program's output), "failed" (error says why, and
-    failed_node which node) or "cancelled". values: the output of every finished node (inputs,
-    calls, fan-ins) by node id. Times are on the trace clock."""
-
-    run_id: str
-    program: str
-    status: str
-    output: Any
-    error: str | None
-    failed_node: str | None
-    start: float
-    end: float
-    node_errors: Mapping[str, str] = field(default_factory=dict)
-    values: Mapping[str, Any] = field(default_factory=dict, repr=False)
-
-    @property
-    def duration_s(self) -> float:
-        return self.end - self.start
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "done"
-
-
-@dataclass
-class ProgramState:
-    run_id: str
-    trace_id: str
-    program: CompiledProgram
-    run: ProgramRun
-    stats: ProgramStats
-    start: float
-    nodes: dict[str, NodeState] = field(default_factory=dict)
-    inflight: dict[asyncio.Task, str] = field(default_factory=dict)
-    status: str = "running"
-    result: RunResult | None = None
-    task: asyncio.Task | None = None
-    priority: float = 0.0  # added to every priority the policy gives the run's LLM calls
-    holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
-    sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
-    recorded: Recorded | None = None  # a resumed run: what the store recorded of it
-    waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value
-    interrupted: bool = False  # stopped by Runtime.interrupt: the store keeps it resumable
-
-
-class ProgramHandle:
-    """A submitted program run: await it (or `await handle.wait()`) for its RunResult."""
-
-    def __init__(self, state: ProgramState) -> None:
-        self.state = state
-
-    @property
-    def run_id(self) -> str:
-        return self.state.run_id
-
-    def done(self) -> bool:
-        return self.state.result is not None
-
-    def cancel(self) -> None:
-        """Cancel the run: its nodes in flight are cancelled (engine requests aborted)."""
-        if self.state.task is not None:
-            self.state.task.cancel()
-
-    async def wait(self) -> RunResult:
-        """The run's result; cancelling the wait does not cancel the run (use cancel())."""
-        assert self.state.task is not None
-        return await asyncio.shield(self.state.task)
-
-    def __await__(self):
-        return self.wait().__await__()
-
-
-def _outcome(task: asyncio.Task) -> Outcome:
-    """A finished node task's outcome; a bug in the runtime's own node code fails the node."""
-    try:
-        return task.result()
-    except Exception as e:  # noqa: BLE001 - nothing a node does may take the runtime down
-        return Outcome.failed(f"internal error running the node: {type(e).__name__}: {e}", "internal_error")
 
 
 def _registry(tools: ToolRegistry | Iterable[Tool | Any]) -> ToolRegistry:
@@ -350,7 +269,7 @@ class Runtime:
                 done, _ = await asyncio.wait(ps.inflight, return_when=asyncio.FIRST_COMPLETED)
                 for task in sorted(done, key=lambda t: ps.inflight[t]):
                     node = ps.inflight.pop(task)
-                    self._report(ps, node, _outcome(task))
+                    self._report(ps, node, task_outcome(task))
                     self._start_ready(ps, ps.run.ready(), cause=node)
                 self._reprioritize()
             if ps.run.status == "running":  # nothing in flight, nothing ready: cannot happen in a valid DAG
@@ -452,7 +371,7 @@ class Runtime:
         now = self.trace.now()
         for task, node in ps.inflight.items():
             if task.done() and not task.cancelled():
-                outcome = _outcome(task)
+                outcome = task_outcome(task)
                 ps.nodes[node].finish("ok" if outcome.ok else "error", now, outcome.error)
             else:
                 task.cancel()

@@ -1,0 +1,95 @@
+"""A program run's state inside the runtime (ProgramState), the handle a caller holds
+(ProgramHandle) and how a run ended (RunResult)."""
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from agentrt.dag import CompiledProgram, ProgramRun
+from agentrt.runtime.node_exec import InputWait
+from agentrt.runtime.node_state import NodeState, Outcome
+from agentrt.runtime.policy import ProgramStats
+from agentrt.runtime.store import Recorded
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """status: "done" (output holds the program's output), "failed" (error says why, and
+    failed_node which node) or "cancelled". values: the output of every finished node (inputs,
+    calls, fan-ins) by node id. Times are on the trace clock."""
+
+    run_id: str
+    program: str
+    status: str
+    output: Any
+    error: str | None
+    failed_node: str | None
+    start: float
+    end: float
+    node_errors: Mapping[str, str] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def duration_s(self) -> float:
+        return self.end - self.start
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "done"
+
+
+@dataclass
+class ProgramState:
+    run_id: str
+    trace_id: str
+    program: CompiledProgram
+    run: ProgramRun
+    stats: ProgramStats
+    start: float
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    inflight: dict[asyncio.Task, str] = field(default_factory=dict)
+    status: str = "running"
+    result: RunResult | None = None
+    task: asyncio.Task | None = None
+    priority: float = 0.0  # added to every priority the policy gives the run's LLM calls
+    holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
+    sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
+    recorded: Recorded | None = None  # a resumed run: what the store recorded of it
+    waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value
+    interrupted: bool = False  # stopped by Runtime.interrupt: the store keeps it resumable
+
+
+class ProgramHandle:
+    """A submitted program run: await it (or `await handle.wait()`) for its RunResult."""
+
+    def __init__(self, state: ProgramState) -> None:
+        self.state = state
+
+    @property
+    def run_id(self) -> str:
+        return self.state.run_id
+
+    def done(self) -> bool:
+        return self.state.result is not None
+
+    def cancel(self) -> None:
+        """Cancel the run: its nodes in flight are cancelled (engine requests aborted)."""
+        if self.state.task is not None:
+            self.state.task.cancel()
+
+    async def wait(self) -> RunResult:
+        """The run's result; cancelling the wait does not cancel the run (use cancel())."""
+        assert self.state.task is not None
+        return await asyncio.shield(self.state.task)
+
+    def __await__(self):
+        return self.wait().__await__()
+
+
+def task_outcome(task: asyncio.Task) -> Outcome:
+    """A finished node task's outcome; a bug in the runtime's own node code fails the node."""
+    try:
+        return task.result()
+    except Exception as e:  # noqa: BLE001 - nothing a node does may take the runtime down
+        return Outcome.failed(f"internal error running the node: {type(e).__name__}: {e}", "internal_error")
