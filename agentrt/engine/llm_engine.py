@@ -326,6 +326,9 @@ class LLMEngine:
             return parse_output(fmt, text), None
         except ValueError as e:  # json and jsonschema errors are ValueErrors
             return None, f"structured output is invalid ({type(e).__name__}: {str(e).splitlines()[0]}); raw text: {text!r}"
+        except Exception as e:  # noqa: BLE001 - a schema the validator cannot apply fails this request, not the step
+            return None, (f"structured output could not be validated ({type(e).__name__}: "
+                          f"{(str(e).splitlines() or [''])[0]}); raw text: {text!r}")
 
     # ---- scripts ----------------------------------------------------------------------------
     def generate(self, prompts: list, params: SamplingParams = SamplingParams()) -> list[GenerationResult]:

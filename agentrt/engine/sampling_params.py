@@ -1,9 +1,19 @@
 """What a request asks of the sampler. Validated on arrival; a bad value names the field."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from agentrt.errors import RequestError
+
+# Past ~10 the processed p is near uniform over the vocabulary: random tokens, not a setting
+# anyone means (OpenAI caps temperature at 2).
+MAX_TEMPERATURE = 100.0
+
+
+def _real(x: object) -> bool:
+    """A finite int or float (not a bool, not a numeric string)."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         stop = self.stop
         if isinstance(stop, str):
+            if not stop:
+                raise RequestError("stop: a stop string must not be empty (it would end the output at once)")
             object.__setattr__(self, "stop", (stop,))
         elif isinstance(stop, (list, tuple)):
             bad = [s for s in stop if not isinstance(s, str) or not s]
@@ -46,12 +58,15 @@ class SamplingParams:
         object.__setattr__(self, "stop_token_ids", tuple(ids))
         if not isinstance(self.max_tokens, int) or self.max_tokens <= 0:
             raise RequestError(f"max_tokens must be a positive integer, got {self.max_tokens!r}")
-        if not (self.temperature >= 0):
-            raise RequestError(f"temperature must be >= 0, got {self.temperature!r}")
-        if not isinstance(self.top_k, int) or self.top_k < 0:
+        if not _real(self.temperature) or not 0 <= self.temperature <= MAX_TEMPERATURE:
+            raise RequestError(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}], got {self.temperature!r}")
+        if not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 0:
             raise RequestError(f"top_k must be an integer >= 0, got {self.top_k!r}")
-        if not (0 < self.top_p <= 1):
-            raise RequestError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if not _real(self.top_p) or not 0 < self.top_p <= 1:
+            raise RequestError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not 0 <= self.seed < 2**63):
+            raise RequestError(f"seed must be None or an integer in [0, 2**63), got {self.seed!r}")
         for name in ("frequency_penalty", "presence_penalty"):
             v = getattr(self, name)
             if not (isinstance(v, (int, float)) and -2.0 <= v <= 2.0):

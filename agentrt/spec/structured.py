@@ -84,6 +84,38 @@ def _check_schema(schema: Any, what: str) -> None:
     except jsonschema.SchemaError as e:
         path = "/".join(str(p) for p in e.absolute_path) or "(root)"
         raise RequestError(f"{what}: invalid JSON schema at {path}: {e.message}") from None
+    for path, ref in _refs(schema, ""):
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            raise RequestError(f"{what}: $ref {ref!r} at {path or '(root)'} is not a local reference ('#/...'): "
+                               "schemas must be self-contained, nothing is fetched")
+        if not _resolves(schema, ref):
+            raise RequestError(f"{what}: $ref {ref!r} at {path or '(root)'} names nothing in the schema")
+
+
+def _refs(node: Any, path: str):
+    """(JSON-pointer-ish path, value) of every "$ref" in a schema."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref":
+                yield path, value
+            else:
+                yield from _refs(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _refs(value, f"{path}/{i}")
+
+
+def _resolves(schema: dict, ref: str) -> bool:
+    """Whether a local reference ('#', '#/$defs/x') names a part of the schema."""
+    node: Any = schema
+    for part in [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/")[1:]]:
+        if isinstance(node, dict) and part in node:
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+            node = node[int(part)]
+        else:
+            return False
+    return True
 
 
 @functools.lru_cache(maxsize=512)
@@ -125,6 +157,9 @@ def parse_response_format(rf: dict | None) -> OutputFormat:
         return OutputFormat("json", {"type": "object"})
     if kind == "json_schema":
         spec = rf.get("json_schema", rf)
+        if not isinstance(spec, dict):
+            raise RequestError(f"response_format json_schema: expected an object with a 'schema', got "
+                               f"{type(spec).__name__}")
         schema = spec.get("schema")
         _check_schema(schema, f"response_format json_schema {spec.get('name', '')!r}".rstrip(" ''"))
         return OutputFormat("json", schema)

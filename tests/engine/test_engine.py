@@ -69,6 +69,14 @@ def test_seeded_sampling_is_reproducible(tiny_loaded, make_engine):
         ({"stop": [""]}, "stop"),
         ({"temperature": -1.0}, "temperature"),
         ({"top_p": 0.0}, "top_p"),
+        ({"stop": ""}, "stop: a stop string must not be empty"),
+        ({"temperature": float("inf")}, "temperature must be a number in"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"temperature": "0.5"}, "temperature must be a number"),
+        ({"top_p": "1"}, "top_p must be a number"),
+        ({"seed": "x"}, "seed must be None or an integer"),
+        ({"seed": 2**70}, "seed must be None or an integer"),
+        ({"seed": True}, "seed"),
     ],
 )
 def test_bad_sampling_params_name_the_field(kwargs, fragment):

@@ -28,6 +28,28 @@ def test_invalid_schema_names_the_offending_part():
         parse_response_format({"type": "yaml"})
     with pytest.raises(RequestError, match="empty"):
         parse_response_format({"type": "tool_call", "tools": []})
+    with pytest.raises(RequestError, match="expected an object with a 'schema', got str"):
+        parse_response_format({"type": "json_schema", "json_schema": '{"type": "object"}'})
+
+
+@pytest.mark.parametrize("schema, fragment", [
+    # a remote reference would be fetched by the validator when the output completes (and fail
+    # the engine step); the grammar ignores it, so the output would not even be constrained
+    ({"type": "boolean", "if": {"$ref": "http://127.0.0.1:9/x.json"}},
+     r"\$ref 'http://127.0.0.1:9/x.json' at /if is not a local reference"),
+    ({"type": "object", "properties": {"a": {"$ref": "other.json#/x"}}}, "at /properties/a is not a local"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}, "names nothing in the schema"),
+])
+def test_schemas_with_references_outside_themselves_are_refused_up_front(schema, fragment):
+    with pytest.raises(RequestError, match=fragment):
+        parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+
+
+def test_local_references_are_fine():
+    schema = {"$defs": {"city": {"type": "string"}}, "type": "object",
+              "properties": {"a": {"$ref": "#/$defs/city"}, "b": {"$ref": "#"}}}
+    fmt = parse_response_format({"type": "json_schema", "json_schema": {"name": "x", "schema": schema}})
+    assert parse_output(fmt, '{"a": "Oslo"}') == {"a": "Oslo"}
 
 
 def test_tool_call_format_and_parse():
