@@ -51,7 +51,12 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(e, AgentRTError):
             print(f"error: {e}", file=sys.stderr)
             return 2
-        raise
+        import traceback
+
+        traceback.print_exc()
+        print(f"agentrt: internal error ({type(e).__name__}): a bug in agentrt, not in what you gave it; "
+              "please report it with the traceback above", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

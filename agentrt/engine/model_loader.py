@@ -50,6 +50,10 @@ class LoadedModel:
 
 
 def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", device: str = "cpu", progress: bool = True) -> LoadedModel:
+    try:
+        torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ModelLoadError(f"device {device!r} is not a device torch knows (cpu, cuda, cuda:N)") from None
     dt = parse_dtype(dtype, device)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} was asked for but CUDA is not available")

@@ -96,7 +96,12 @@ def weight_files(path: Path) -> list[Path]:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (ValueError, KeyError, TypeError) as e:
             raise ModelLoadError(f"{index}: not a valid safetensors index ({e!r})") from None
-        shards = [path / s for s in dict.fromkeys(weight_map.values())]
+        names = list(dict.fromkeys(weight_map.values()))
+        outside = [n for n in names if not isinstance(n, str) or Path(n).name != n]
+        if outside:
+            raise ModelLoadError(f"{index}: shard {outside[0]!r} is not a file name in the model folder "
+                                 "(an index may only name files beside it)")
+        shards = [path / n for n in names]
         missing = [s.name for s in shards if not s.is_file()]
         if missing:
             raise ModelLoadError(f"{path}: missing weight shard(s) {missing} listed in {index.name}")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from agentrt.errors import RunConfigError
 from agentrt.runtime.html_timeline import render_html
 from agentrt.runtime.summary import summarize
 from agentrt.runtime.terminal import render_report
@@ -31,7 +32,6 @@ def fetch_trace(url: str) -> list[dict]:
     import urllib.error
     import urllib.request
 
-    from agentrt.errors import RunConfigError
 
     key = os.environ.get("AGENTRT_API_KEY")
     request = urllib.request.Request(url.rstrip("/") + "/trace", headers={"Authorization": f"Bearer {key}"} if key else {})
@@ -48,7 +48,11 @@ def fetch_trace(url: str) -> list[dict]:
 def run(args: argparse.Namespace) -> int:
     is_url = args.trace.startswith(("http://", "https://"))
     records = fetch_trace(args.trace) if is_url else read_trace(args.trace)
-    summary = summarize(records)
+    try:
+        summary = summarize(records)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise RunConfigError(f"{args.trace}: its records lack what an agentrt trace holds "
+                             f"({type(e).__name__}: {e})") from None
     if args.html:
         path = Path(args.html)
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -137,9 +138,23 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
     return result, path
 
 
+def check_writable(path: str | Path, flag: str) -> None:
+    """Before a run starts: its output file can be written (else the run's report is lost)."""
+    path = Path(path)
+    folder = path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RunConfigError(f"{flag} {path}: cannot create the folder {folder} ({e.strerror})") from None
+    if path.is_dir() or not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise RunConfigError(f"{flag} {path}: cannot be written")
+
+
 def run(args: argparse.Namespace) -> int:
     example = load_example(args.program)
     inputs = resolve_inputs(example, args.input)
+    if args.trace:
+        check_writable(args.trace, "--trace")
     store = None
     if args.db:
         from agentrt.runtime.store import SQLiteRunStore

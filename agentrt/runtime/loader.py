@@ -10,12 +10,13 @@ import hashlib
 import importlib.util
 import json
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from agentrt.dag import CompiledProgram, Program
-from agentrt.errors import RunConfigError
+from agentrt.errors import AgentRTError, RunConfigError
 
 
 @dataclass(frozen=True)
@@ -44,9 +45,17 @@ def load_example(path: str | Path) -> Example:
     sys.modules[name] = module  # dataclasses and pydantic models in the file look their module up
     try:
         spec.loader.exec_module(module)
-    except Exception:
+    except AgentRTError:  # the DSL's own errors name the node at fault
         sys.modules.pop(name, None)
         raise
+    except SyntaxError as e:
+        sys.modules.pop(name, None)
+        raise RunConfigError(f"{path}:{e.lineno}: syntax error: {e.msg}") from None
+    except Exception as e:  # noqa: BLE001 - the user's file failed: say where in it, one line
+        sys.modules.pop(name, None)
+        own = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == path.resolve()]
+        where = f":{own[-1].lineno}" if own else ""
+        raise RunConfigError(f"{path}{where}: importing it raised {type(e).__name__}: {e}") from None
     program = getattr(module, "program", None)
     if isinstance(program, Program):
         program = program.compile()

@@ -191,17 +191,20 @@ def read_trace(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise RunConfigError(f"{path}: no such trace file")
     records = []
-    with path.open(encoding="utf-8") as f:
-        for no, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise RunConfigError(f"{path}:{no}: not a JSON line ({e.msg})") from None
-            if not isinstance(rec, dict) or "type" not in rec:
-                raise RunConfigError(f"{path}:{no}: a trace record must be an object with a 'type'")
-            records.append(rec)
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")  # not splitlines: U+2028 may sit in a string
+    except UnicodeDecodeError:
+        raise RunConfigError(f"{path}: not an agentrt trace (not UTF-8 text)") from None
+    for no, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise RunConfigError(f"{path}:{no}: not a JSON line ({e.msg})") from None
+        if not isinstance(rec, dict) or "type" not in rec:
+            raise RunConfigError(f"{path}:{no}: a trace record must be an object with a 'type'")
+        records.append(rec)
     if not records or records[0]["type"] != "trace":
         raise RunConfigError(f"{path}: not an agentrt trace (the first record must have type 'trace')")
     if records[0].get("version") != TRACE_VERSION:

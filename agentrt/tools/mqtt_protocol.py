@@ -17,7 +17,7 @@ import math
 import re
 import socket
 import ssl
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -40,7 +40,7 @@ class MqttConfig:
     host: str = "127.0.0.1"
     port: int = 1883
     username: str | None = None
-    password: str | None = None
+    password: str | None = field(default=None, repr=False)  # never printed
     tls: bool = False
     tls_ca: str | None = None
     tls_cert: str | None = None
