@@ -254,6 +254,8 @@ class RunManager:
         of the runs resumed."""
         if self.store is None:
             return []
+        if self.prune_after_s is not None or self.prune_keep is not None:
+            self.prune()  # retention holds from the start, not only as runs end
         resumed = []
         for stored in self.store.runs(UNFINISHED):
             run = self._served(stored)

@@ -117,3 +117,18 @@ async def test_a_stored_run_whose_program_file_changed_is_not_resumed_silently(t
         await client.close()
         await runtime.aclose()
         await backend.aclose()
+
+
+async def test_retention_applies_when_the_server_starts(tmp_path):
+    from agentrt.runtime.store import StoredRun
+
+    store = SQLiteRunStore(tmp_path / "runs.db")
+    for i in range(3):
+        store.create_run(StoredRun(f"old{i}", "calc", "h", {}, "done", created_at=float(i), ended_at=float(i)))
+    client, runtime, backend = await served(tmp_path, store, prune_after_s=3600.0)
+    try:
+        assert store.runs() == []
+    finally:
+        await client.close()
+        await runtime.aclose()
+        await backend.aclose()
