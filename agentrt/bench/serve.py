@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -38,6 +37,8 @@ from rich.console import Console
 
 from agentrt.bench.common import BenchResult
 from agentrt.bench.prompts import mixed_prompts
+from agentrt.server.process import wait_ready
+from agentrt.tools.mosquitto import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,12 +55,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--durability-rate", type=float, default=0.2, help="arrivals per second of the durability part")
     p.add_argument("--resume-runs", type=int, default=100, help="stored runs the durability part resumes")
     p.add_argument("--seed", type=int, default=0)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -184,22 +179,6 @@ def chat_part(args: argparse.Namespace, console: Console, levels: list[int], r: 
             proc.terminate()
             proc.wait(timeout=60)
     return rows
-
-
-def wait_ready(url: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
-    import urllib.request
-
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"agentrt serve exited: {log.read_text()[-2000:]}")
-        try:
-            with urllib.request.urlopen(url + "/ready", timeout=1) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"agentrt serve was not ready in {timeout_s} s")
 
 
 # ---- part 2: programs ----------------------------------------------------------------------------

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,15 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from agentrt.server.process import wait_ready
+from agentrt.tools.mosquitto import free_port
+
 ROOT = Path(__file__).parents[2]
 PROGRAM = Path(__file__).parent / "durable_program.py"
 APPROVAL_PROGRAM = Path(__file__).parent / "approval_program.py"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Server:
@@ -52,18 +48,11 @@ class Server:
         self.log = self.tmp / f"server-{self.starts}.log"
         self.proc = subprocess.Popen(self.command(), cwd=ROOT, env=self.env(), stdout=self.log.open("w"),
                                      stderr=subprocess.STDOUT)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            try:
-                with urllib.request.urlopen(f"{self.url}/ready", timeout=1) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                if self.proc.poll() is not None:
-                    raise RuntimeError(f"the server exited: {self.log.read_text()}")
-                time.sleep(0.2)
-        self.proc.kill()
-        raise RuntimeError(f"the server was not ready in 120 s: {self.log.read_text()}")
+        try:
+            wait_ready(self.url, self.proc, self.log, timeout_s=120)
+        except RuntimeError:
+            self.proc.kill()
+            raise
 
     def kill9(self) -> None:
         self.proc.send_signal(signal.SIGKILL)

@@ -6,15 +6,16 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jsonschema
 import openai
 import pytest
+
+from agentrt.server.process import wait_ready
+from agentrt.tools.mosquitto import free_port
 
 ROOT = Path(__file__).parents[2]
 PROGRAM = Path(__file__).parent / "calc_program.py"
@@ -26,12 +27,6 @@ WEATHER = {"type": "function", "function": {
 TIME = {"type": "function", "function": {
     "name": "get_time", "description": "Local time in a city.",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +42,11 @@ def server(tmp_path_factory):
                              "--max-tokens", "256", "--shutdown-grace", "5"],
                             cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
     url = f"http://127.0.0.1:{port}"
-    import urllib.request
-
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=1) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the server exited: {(runs / 'server.log').read_text()}")
-            time.sleep(0.2)
-    else:
+    try:
+        wait_ready(url, proc, runs / "server.log", timeout_s=120)
+    except RuntimeError:
         proc.kill()
-        raise RuntimeError(f"the server was not ready in 120 s: {(runs / 'server.log').read_text()}")
+        raise
     yield url, runs
     proc.terminate()
     assert proc.wait(timeout=30) == 0, (runs / "server.log").read_text()

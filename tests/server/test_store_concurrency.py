@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 from pathlib import Path
 
 from aiohttp.test_utils import TestClient, TestServer
@@ -20,7 +21,9 @@ PROGRAM = Path(__file__).parent / "calc_program.py"
 REPLIES = {"plan": {"a": 2, "b": 3}, "answer": "The sum is five."}
 
 
+@contextlib.asynccontextmanager
 async def served(tmp_path, store, **config):
+    """An aiohttp test client on a server whose runtime records runs in `store`."""
     example = load_example(PROGRAM)
     backend = ScriptedBackend(REPLIES, step_s=0.002)
     runtime = Runtime(backend, tools=example.tools, store=store)
@@ -29,13 +32,17 @@ async def served(tmp_path, store, **config):
                      "scripted", {example.name: example}, runtime)
     client = TestClient(TestServer(app))
     await client.start_server()
-    return client, runtime, backend
+    try:
+        yield client
+    finally:
+        await client.close()
+        await runtime.aclose()
+        await backend.aclose()
 
 
 async def test_fifty_runs_at_once_record_every_node_outcome_exactly_once(tmp_path):
     store = SQLiteRunStore(tmp_path / "runs.db")
-    client, runtime, backend = await served(tmp_path, store)
-    try:
+    async with served(tmp_path, store) as client:
         async def one(i: int) -> str:
             r = await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 0.01 * (i % 5)}},
                                   headers={"Idempotency-Key": f"k{i}"})
@@ -48,10 +55,6 @@ async def test_fifty_runs_at_once_record_every_node_outcome_exactly_once(tmp_pat
         ids = await asyncio.gather(*(one(i) for i in range(50)))
         r = await client.get(f"/v1/runs/{ids[7]}/events")
         served_ids = [int(line[4:]) for line in (await r.text()).splitlines() if line.startswith("id: ")]
-    finally:
-        await client.close()
-        await runtime.aclose()
-        await backend.aclose()
     assert len(set(ids)) == 50
     for run_id in ids:
         stored = store.get_run(run_id)
@@ -65,8 +68,7 @@ async def test_fifty_runs_at_once_record_every_node_outcome_exactly_once(tmp_pat
 
 async def test_retention_prunes_ended_runs_and_their_traces_but_not_a_running_one(tmp_path):
     store = SQLiteRunStore(tmp_path / "runs.db")
-    client, runtime, backend = await served(tmp_path, store, prune_keep=2)
-    try:
+    async with served(tmp_path, store, prune_keep=2) as client:
         slow = await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 30.0}})
         slow_id = (await slow.json())["run_id"]
         done = []
@@ -81,10 +83,6 @@ async def test_retention_prunes_ended_runs_and_their_traces_but_not_a_running_on
         assert sorted(p.stem for p in (tmp_path / "runs").glob("*.jsonl")) == sorted(done[2:])
         assert (await client.get(f"/v1/runs/{done[0]}")).status == 404
         await client.post(f"/v1/runs/{slow_id}/cancel")
-    finally:
-        await client.close()
-        await runtime.aclose()
-        await backend.aclose()
 
 
 async def test_a_stored_run_whose_program_file_changed_is_not_resumed_silently(tmp_path):
@@ -95,28 +93,18 @@ async def test_a_stored_run_whose_program_file_changed_is_not_resumed_silently(t
         store.create_run(StoredRun(run_id, "calc", "a hash of another version", {"question": "1 + 1?", "delay": 0.0},
                                    "running", created_at=1.0))
     store.update_run("same", program_hash=file_hash(PROGRAM))
-    client, runtime, backend = await served(tmp_path, store)
-    try:
+    async with served(tmp_path, store) as client:
         r = await client.get("/v1/runs/changed")
         info = await r.json()
         assert info["status"] == "failed" and "changed since the run started" in info["error"]["message"]
         assert "--allow-changed-programs" in info["error"]["message"]
         r = await client.get("/v1/runs/same/wait", params={"timeout": "30"})
         assert (await r.json())["status"] == "done"
-    finally:
-        await client.close()
-        await runtime.aclose()
-        await backend.aclose()
     store2 = SQLiteRunStore(tmp_path / "runs2.db")
     store2.create_run(StoredRun("changed", "calc", "old", {"question": "1 + 1?", "delay": 0.0}, "running"))
-    client, runtime, backend = await served(tmp_path, store2, allow_changed_programs=True)
-    try:
+    async with served(tmp_path, store2, allow_changed_programs=True) as client:
         r = await client.get("/v1/runs/changed/wait", params={"timeout": "30"})
         assert (await r.json())["status"] == "done"
-    finally:
-        await client.close()
-        await runtime.aclose()
-        await backend.aclose()
 
 
 async def test_retention_applies_when_the_server_starts(tmp_path):
@@ -125,10 +113,5 @@ async def test_retention_applies_when_the_server_starts(tmp_path):
     store = SQLiteRunStore(tmp_path / "runs.db")
     for i in range(3):
         store.create_run(StoredRun(f"old{i}", "calc", "h", {}, "done", created_at=float(i), ended_at=float(i)))
-    client, runtime, backend = await served(tmp_path, store, prune_after_s=3600.0)
-    try:
+    async with served(tmp_path, store, prune_after_s=3600.0):
         assert store.runs() == []
-    finally:
-        await client.close()
-        await runtime.aclose()
-        await backend.aclose()
