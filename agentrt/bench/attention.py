@@ -1,21 +1,18 @@
-"""`agentrt bench attention`: the CPU paged-attention kernel on decode-shaped batches, its P.V
-paths side by side: V packed into AMX tiles without software prefetch (the kernel before
-session 6), packed with prefetch, and the default (few queries read V straight from the cache,
-with prefetch).
+"""`agentrt bench attention`: the CPU paged-attention kernel on decode-shaped batches, without
+and with software prefetch of the context rows (the default).
 
 B sequences of `ctx` cached positions each feed 1 or 2 new tokens (decode, and verification of
 one draft), with the model's head shapes, over as many layers as the model has, each with its own
 K/V cache of shuffled 16-slot blocks: one pass reads every layer's K and V once, as a step does,
 so they come from memory rather than from a cache level a single layer would fit in. Variants
 alternate pass by pass (the machine's load drifts by +-15% over seconds); per variant the 25th
-percentile of the passes. All variants compute the same attention (tests/kernels check them
-against the reference and each other).
+percentile of the passes. Both variants compute the same bits (tests/kernels/test_cpu_kernels.py).
 
 Also the rotary + KV-write kernel at prefill: 1000-token steps into fresh slots of every layer's
 cache, as a new engine's first prompts write, on a cache mapped with 4 KB pages, with huge pages
 (the default: every first touch of a page is a fault), and already touched; the fastest of 3.
 
-Summary: b16_decode_speedup (the default over the old kernel at B = 16, the first context, 1
+Summary: b16_decode_speedup (the default over no prefetch at B = 16, the first context, 1
 token: the largest decode batch measured), worst_speedup and best_speedup over all shapes;
 kv_write_ms_4k_pages, kv_write_ms_huge_pages, kv_write_ms_touched (per 1000-token step).
 """
@@ -29,14 +26,10 @@ import torch
 from rich.console import Console
 
 from agentrt.bench.common import BenchResult
-from agentrt.kernels.paged_attention import DIRECT_MAX_QUERIES, PREFETCH_ROWS, paged_attention
+from agentrt.kernels.paged_attention import PREFETCH_ROWS, paged_attention
 
 BLOCK = 16
-VARIANTS = {  # name -> (direct_max_queries, prefetch_rows)
-    "packed": (0, 0),
-    "packed+prefetch": (0, PREFETCH_ROWS),
-    "default": (DIRECT_MAX_QUERIES, PREFETCH_ROWS),
-}
+VARIANTS = {"no prefetch": 0, "default": PREFETCH_ROWS}  # name -> prefetch_rows
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -56,18 +49,17 @@ def _shape_case(g: torch.Generator, layers: int, B: int, ctx: int, new: int, nq:
     return dict(k=k, v=v, q=q, positions=positions, cu_q=cu_q, tables=tables, out=torch.empty_like(q))
 
 
-def _pass(case: dict[str, Any], variant: tuple[int, int], nq: int, d: int) -> float:
-    direct, prefetch = variant
+def _pass(case: dict[str, Any], prefetch: int, nq: int, d: int) -> float:
     t0 = time.perf_counter()
     for kc, vc in zip(case["k"], case["v"]):
         paged_attention(case["q"], kc, vc, case["cu_q"], case["positions"], case["tables"], BLOCK, d**-0.5, nq,
-                        out=case["out"], direct_max_queries=direct, prefetch_rows=prefetch)
+                        out=case["out"], prefetch_rows=prefetch)
     return time.perf_counter() - t0
 
 
 def measure(shapes: list[tuple[int, int, int]], heads: tuple[int, int, int], layers: int, passes: int,
             progress: Console | None = None) -> list[dict[str, Any]]:
-    """One row per (B, ctx, new tokens): ms per pass of each variant, and default / packed."""
+    """One row per (B, ctx, new tokens): ms per pass of each variant, and the default's speedup."""
     nq, nkv, d = heads
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -84,7 +76,7 @@ def measure(shapes: list[tuple[int, int, int]], heads: tuple[int, int, int], lay
         ms = {name: 1000 * sorted(t)[len(t) // 4] for name, t in times.items()}
         rows.append({"B": B, "ctx": ctx, "new tokens": new, "queries per kv head": new * nq // nkv,
                      **{f"{name} ms": ms[name] for name in VARIANTS},
-                     "default / packed": ms["packed"] / ms["default"]})
+                     "speedup": ms["no prefetch"] / ms["default"]})
     return rows
 
 
@@ -122,10 +114,10 @@ def measure_kv_write(heads: tuple[int, int, int], layers: int, tokens: int = 100
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
-    speedups = [r["default / packed"] for r in rows]
+    speedups = [r["speedup"] for r in rows]
     decode = [r for r in rows if r["new tokens"] == 1] or rows
     head = max(decode, key=lambda r: r["B"])  # the first context of the largest batch
-    return {"b16_decode_speedup": head["default / packed"], "worst_speedup": min(speedups),
+    return {"b16_decode_speedup": head["speedup"], "worst_speedup": min(speedups),
             "best_speedup": max(speedups)}
 
 
@@ -150,8 +142,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         rows=rows,
         summary={**summarize(rows), **{f"kv_write_ms_{name}": ms for name, ms in kv.items()}},
         notes=[f"ms: one pass over {layers} layers' attention (nq, nkv, d = {heads}), 25th percentile of "
-               f"{passes} interleaved passes; default / packed: how many times faster the default is than the "
-               "old kernel (packed V, no prefetch).",
+               f"{passes} interleaved passes; speedup: no prefetch ms / default ms.",
                "rotary + KV write of a 1000-token prefill step into fresh slots of every layer, ms: "
                + ", ".join(f"{name} {ms:.1f}" for name, ms in kv.items())],
         config={"model": args.model, "layers": layers, "heads": list(heads), "passes": passes,

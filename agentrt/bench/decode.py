@@ -1,7 +1,11 @@
 """`agentrt bench decode`: our engine vs transformers' generate, same weights and dtype, side by side.
 
 Reports tokens/s at batch 1 and 8, our batch-1 step time against the memory-bandwidth floor
-(weight bytes / read bandwidth measured in this run), and process start -> first token."""
+(weight bytes / read bandwidth measured in this run), and process start -> first token.
+
+--determinism adds (agentrt/bench/determinism.py): the fraction of greedy tool calls identical
+with every drafter and k against each request alone without drafts, and the verify step's cost
+at k = 4 and 15 against a 1-token step."""
 from __future__ import annotations
 
 import argparse
@@ -63,6 +67,11 @@ def _startup_s(model: str, dtype: str) -> float:
     return first
 
 
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--determinism", action="store_true",
+                   help="also: greedy outputs with vs without speculation, and the verify step's cost")
+
+
 def run(args: argparse.Namespace) -> BenchResult:
     import transformers
 
@@ -114,7 +123,26 @@ def run(args: argparse.Namespace) -> BenchResult:
     }
     config = {"model": args.model, "dtype": args.dtype, "new_tokens": n_tokens, "repeats": repeats,
               "step_ms": step_s * 1e3, "floor_ms": floor_s * 1e3, "read_bw_gb_s": bw / 1e9}
+    if getattr(args, "determinism", False):
+        summary |= _determinism(engine, args.quick, console, notes, config)
     return BenchResult(rows=rows, summary=summary, notes=notes, config=config)
+
+
+def _determinism(engine, quick: bool, console: Console, notes: list[str], config: dict) -> dict:
+    from agentrt.bench.determinism import identical_outputs, verify_step_ms
+    from agentrt.tables import print_table
+
+    if engine.model.dtype != torch.bfloat16:
+        raise SystemExit("bench decode --determinism measures bf16 decoding: pass --dtype bfloat16")
+    rows = identical_outputs(engine.loaded, max_tokens=64 if quick else 96, progress=console)
+    console.print("  determinism: verify steps")
+    ms = verify_step_ms(engine.loaded, reps=10 if quick else 30)
+    print_table("greedy tool calls vs each request alone without drafts", rows, console)
+    notes.append("verify step, 300 cached positions: " + ", ".join(f"{k + 1} tokens {v:.1f} ms" for k, v in ms.items()))
+    config["determinism"] = rows
+    config["verify_ms"] = ms
+    return {"identical_min": min(r["identical_fraction"] for r in rows), "verify_k4_ms": ms[4], "verify_k15_ms": ms[15],
+            "verify_k4_over_1": ms[4] / ms[0], "verify_k15_over_1": ms[15] / ms[0]}
 
 
 def _weights(model) -> list[torch.Tensor]:

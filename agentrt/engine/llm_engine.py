@@ -147,7 +147,8 @@ class LLMEngine:
             )
         rid = next(self._ids)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
-        seq = Sequence(rid, ids, params, priority=priority, generator=torch.Generator().manual_seed(seed), meta=meta or {})
+        seq = Sequence(rid, ids, params, priority=priority, generator=torch.Generator().manual_seed(seed), seed=seed,
+                       meta=meta or {})
         seq.penalties = self._penalties(params, fmt)
         if fmt.constrained:
             seq.output_format = fmt

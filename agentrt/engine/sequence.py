@@ -30,7 +30,8 @@ class Sequence:
     status: SeqStatus = SeqStatus.WAITING
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None
-    generator: torch.Generator | None = None
+    generator: torch.Generator | None = None  # draws for drafts with a distribution (spec.drafters.model)
+    seed: int = 0  # keys the per-position uniforms of sampling (spec.sampling.position_uniforms)
     num_preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (prefill saved)
     first_token_time: float | None = None

@@ -1,6 +1,15 @@
 """What one step emits per row: penalties on each verified row, then the greedy argmax or the
 processed p, and exact verification of the drafts (spec.verify) or plain sampling.
 
+Sampling is keyed by position: the token at output position n is drawn from its processed p
+with the request's uniform for n (spec.sampling.position_uniforms). Drafts that are tokens, not
+distributions (template, suffix, layer-skip and greedy model drafts), are verified by coupling:
+a draft is accepted iff it equals the target's own draw at its position (spec.verify:
+verify_greedy), which accepts x with probability p(x), as the rejection rule does for a point
+mass. So a seeded request samples the same tokens with or without drafts, at any k, whatever
+runs beside it. Drafts with a distribution q go through the rejection rule with uniforms from
+the request's generator.
+
 The logits hold only sampling rows, k + 1 per row from its first_row: the next token's and one
 after each draft token. Greedy rows skip the [rows, vocab] distributions altogether: the argmax
 under the grammar mask is exactly what masking, one-hot processing and sampling or verification
@@ -16,7 +25,7 @@ from agentrt.engine.constraints import StepMasks, greedy_tokens
 from agentrt.engine.outputs import TokenLogprob
 from agentrt.engine.step_rows import StepRow
 from agentrt.spec.penalties import penalize
-from agentrt.spec.sampling import process_logits, sample_from_probs
+from agentrt.spec.sampling import position_uniforms, process_logits, sample_from_probs
 from agentrt.spec.verify import VerifyResult, verify_drafts, verify_greedy
 
 
@@ -60,14 +69,16 @@ def _sample(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
         rep([p.top_k for p in ps]).long(),
         rep([p.top_p for p in ps]).float(),
     )  # [logits rows, vocab]
+    q = _draft_q(sampling, probs.shape[-1]) if drafts is not None else None
+    if q is None:
+        u = torch.cat([position_uniforms(r.seq.seed, len(r.seq.output_ids), r.num_rows) for r in sampling])
+        own = sample_from_probs(probs, u)  # [logits rows]: each position's own draw
+        return _unpack(verify_greedy(own, *drafts)) if drafts is not None else [[t] for t in own.tolist()]
     gens = [r.seq.generator for r in sampling]
-    if drafts is None:
-        u = torch.stack([torch.rand((), generator=g) for g in gens])  # [rows]
-        return [[t] for t in sample_from_probs(probs, u).tolist()]
     u_acc = torch.cat([torch.rand(r.k, generator=g) for r, g in zip(sampling, gens)])  # [sum k]
     u_smp = torch.stack([torch.rand((), generator=g) for g in gens])  # [rows]
     draft_tokens, cu = drafts
-    return _unpack(verify_drafts(probs, draft_tokens, cu, _draft_q(sampling, probs.shape[-1]), u_acc, u_smp))
+    return _unpack(verify_drafts(probs, draft_tokens, cu, q, u_acc, u_smp))
 
 
 def _unpack(res: VerifyResult) -> list[list[int]]:

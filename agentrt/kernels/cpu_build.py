@@ -37,10 +37,10 @@ SIGNATURES = {
     "agentrt_pack_weight_bf16": (None, [_P, _I64, _I64, _I64, _P, _I64, _I32]),
     "agentrt_rotary_kv_write_bf16": (None, [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _I32]),
     "agentrt_decoder_layers_bf16": (None, [_P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F32, _F32,
-                                           _P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I32, _I32, _I32]),
+                                           _P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I32, _I32]),
     "agentrt_argmax_f32": (None, [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I32]),
     "agentrt_paged_attention_bf16": (
-        None, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _I32, _F32, _P, _I64, _I32, _I32, _I32]),
+        None, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _I32, _F32, _P, _I64, _I32, _I32]),
 }
 
 _lock = threading.Lock()

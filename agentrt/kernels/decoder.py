@@ -15,7 +15,6 @@ import torch
 from agentrt.kernels.cpu_build import cpu_kernels
 from agentrt.kernels.linear import PackedWeight, linear_reference
 from agentrt.kernels.paged_attention import (
-    DIRECT_MAX_QUERIES,
     PREFETCH_ROWS,
     paged_attention_reference,
     rotary_kv_write_reference,
@@ -85,7 +84,7 @@ def decoder_layers(
         table.data_ptr(), num_layers, h.data_ptr(), qkv.data_ptr(), attn.data_ptr(), act.data_ptr(), T, dims.hidden,
         dims.intermediate, nq, nkv, d, dims.eps, dims.scale, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
         slots.data_ptr(), cu_q.numel() - 1, cu_q.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
-        block_size, num_threads or torch.get_num_threads(), DIRECT_MAX_QUERIES, PREFETCH_ROWS,
+        block_size, num_threads or torch.get_num_threads(), PREFETCH_ROWS,
     )
     return h
 

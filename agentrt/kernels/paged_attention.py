@@ -11,16 +11,11 @@ import torch
 
 from agentrt.kernels.cpu_build import cpu_kernels
 
-# The kernel's settings, for this module's calls and the decoder stack's (decoder.py). Decode
-# reads K and V once per step, so it is bound by how fast those rows arrive:
-# - up to 8 queries per (sequence, kv head), i.e. up to 2 tokens of a 9:3-head model, compute
-#   P.V straight from the cache: packing the context's V into AMX tiles for 3 queries cost more
-#   than the product it fed;
-# - prefetch 32 context rows ahead: a head's row is 2d bytes of a slot row nkv times as wide, so
-#   a walk over one head skips most of every slot row and the hardware prefetchers fall behind.
-# Together: decode attention of 16 sequences x 300 positions 1.55-1.75x faster (`agentrt bench
+# The kernel's setting, for this module's calls and the decoder stack's (decoder.py). Decode
+# reads K and V once per step, so it is bound by how fast those rows arrive: prefetch 32 context
+# rows ahead, because a head's row is 2d bytes of a slot row nkv times as wide, so a walk over
+# one head skips most of every slot row and the hardware prefetchers fall behind (`agentrt bench
 # attention`, docs/benchmarks.md).
-DIRECT_MAX_QUERIES = 8
 PREFETCH_ROWS = 32
 
 
@@ -106,22 +101,25 @@ def paged_attention(
     nq: int,
     out: torch.Tensor | None = None,  # [T, nq * d] bf16
     num_threads: int | None = None,
-    direct_max_queries: int = DIRECT_MAX_QUERIES,  # 0: always pack V into AMX tiles
-    prefetch_rows: int = PREFETCH_ROWS,  # 0: no software prefetch
+    prefetch_rows: int = PREFETCH_ROWS,  # 0: no software prefetch (for the attention bench)
 ) -> torch.Tensor:  # [T, nq * d]
-    """The kernel of paged_attention_reference; needs head_dim % 16 == 0 and <= 256. The two
-    tuning knobs exist for tests (both P.V paths on one shape) and the attention bench."""
+    """The kernel of paged_attention_reference; needs head_dim % 16 == 0 and <= 256.
+
+    Batch-invariant: a query's output is bit-identical whether it is computed alone (decode),
+    beside its sequence's drafts (verification), in any prefill chunk or beside other sequences,
+    because every query runs the same AMX reductions in the same order over 16-key chunks from
+    position 0 (csrc/cpu_attention_bf16.c: attend_block)."""
     T = q.shape[0]
     nkv, d = k_cache.shape[1], k_cache.shape[2]
     if d % 16 or d > 256 or nq % nkv:
         raise ValueError(f"paged_attention kernel: head_dim {d} must be a multiple of 16 up to 256, heads {nq} a multiple of {nkv}")
-    if direct_max_queries < 0 or prefetch_rows < 0:
-        raise ValueError(f"paged_attention kernel: direct_max_queries and prefetch_rows must be >= 0, got {direct_max_queries}, {prefetch_rows}")
+    if prefetch_rows < 0:
+        raise ValueError(f"paged_attention kernel: prefetch_rows must be >= 0, got {prefetch_rows}")
     if out is None:
         out = torch.empty(T, nq * d, dtype=q.dtype, device=q.device)
     _lib().agentrt_paged_attention_bf16(
         q.data_ptr(), q.stride(0), cu_q.numel() - 1, cu_q.data_ptr(), positions.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), block_size, k_cache.data_ptr(), v_cache.data_ptr(), nq, nkv, d, scale,
-        out.data_ptr(), out.stride(0), num_threads or torch.get_num_threads(), direct_max_queries, prefetch_rows,
+        out.data_ptr(), out.stride(0), num_threads or torch.get_num_threads(), prefetch_rows,
     )
     return out

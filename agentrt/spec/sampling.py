@@ -126,6 +126,25 @@ def process_logits(
     return probs
 
 
+_MASK64 = (1 << 64) - 1
+
+
+def position_uniforms(seed: int, first: int, n: int) -> torch.Tensor:
+    """U[0, 1) draws for output positions first..first+n-1 of a request with this seed: [n] fp32.
+
+    Each is a function of (seed, position) alone, the position-th output of SplitMix64 (Steele et
+    al., "Fast Splittable Pseudorandom Number Generators", 2014) from state `seed`, top 24 bits.
+    Keyed by position rather than drawn from a stream, the token sampled at a position does not
+    depend on how many steps, drafts or batch neighbours came before it."""
+    out = []
+    for i in range(first, first + n):
+        z = (seed + (i + 1) * 0x9E3779B97F4A7C15) & _MASK64
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        out.append(((z ^ (z >> 31)) >> 40) / 16777216.0)
+    return torch.tensor(out, dtype=torch.float32)
+
+
 def sample_from_probs(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     """Inverse-CDF sampling: token i such that cdf[i-1] <= u * total < cdf[i].
 

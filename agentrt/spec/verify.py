@@ -158,6 +158,14 @@ def verify_drafts(
 def verify_greedy(target_argmax: torch.Tensor, draft_tokens: torch.Tensor, cu_num_draft: torch.Tensor) -> VerifyResult:
     """`verify_drafts` for temperature-0 rows, given only each row's argmax [sum(k_i+1)] int64.
 
+    Also the coupled rule for point-mass drafts at any temperature, given each row's own draw
+    t_j = inverse-CDF of p_j at a uniform u_j that belongs to the row's output position: accept
+    x_j iff x_j == t_j, emit t_j at the first mismatch (or t_{k+1}). Every emitted token is t_j
+    drawn from p_j conditioned on the tokens actually emitted before it, with a uniform no other
+    position uses, so the output is exactly autoregressive sampling with those uniforms (the same
+    tokens as without drafts), and x_j is accepted with probability p_j(x_j), as the rejection
+    rule accepts a point mass (Leviathan et al. 2023). Drafts must not depend on the u_j.
+
     With one-hot p every draft distribution gives the same answer: x_j is accepted iff it is the
     argmax (u_j * q_j(x_j) < 1 always holds, < 0 never), and the recovered or bonus token is the
     argmax of its row (the residual of a one-hot p is p itself, or empty, which falls back to p).

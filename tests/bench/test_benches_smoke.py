@@ -100,9 +100,9 @@ def test_attention_bench_rows_and_summary():
     assert [(r["B"], r["ctx"], r["new tokens"], r["queries per kv head"]) for r in rows] == [(1, 40, 1, 2), (3, 70, 2, 4)]
     for r in rows:
         assert all(r[f"{name} ms"] > 0 for name in attention.VARIANTS)
-        assert r["default / packed"] == pytest.approx(r["packed ms"] / r["default ms"])
+        assert r["speedup"] == pytest.approx(r["no prefetch ms"] / r["default ms"])
     summary = attention.summarize(rows)
-    speedups = [r["default / packed"] for r in rows]
+    speedups = [r["speedup"] for r in rows]
     assert summary == {"b16_decode_speedup": speedups[0], "worst_speedup": min(speedups), "best_speedup": max(speedups)}
 
 
@@ -114,3 +114,19 @@ def test_attention_bench_kv_write_rows():
         pytest.skip(f"CPU kernels cannot run here: {unsupported_reason()}")
     kv = attention.measure_kv_write((4, 2, 16), layers=2, tokens=20, steps=2, repeats=1)
     assert set(kv) == {"4k_pages", "huge_pages", "touched"} and all(ms > 0 for ms in kv.values())
+
+
+def test_determinism_section_rows(smollm2_source):
+    """bench decode --determinism: every drafter's row (on 3 requests), and the verify steps."""
+    from agentrt.bench import determinism
+    from agentrt.engine.model_loader import load_model
+    from agentrt.kernels.cpu_build import unsupported_reason
+
+    if unsupported_reason() is not None:
+        pytest.skip(f"bf16 decoding runs on the C kernels: {unsupported_reason()}")
+    loaded = load_model(str(smollm2_source.path), "bfloat16", progress=False)
+    rows = determinism.identical_outputs(loaded, max_tokens=12, limit=3)
+    assert len(rows) == len(determinism.DRAFTERS) and rows[0]["vs_plain_batch"] == 1
+    assert all(r["identical"] == "3/3" and r["identical_fraction"] == 1 and r["tok_s"] > 0 for r in rows)
+    ms = determinism.verify_step_ms(loaded, ks=(0, 4), ctx=40, reps=2)
+    assert set(ms) == {0, 4} and all(v > 0 for v in ms.values())

@@ -112,70 +112,32 @@ static inline void transpose16(__m512 r[16]) {
 
 /* Scratch of one (sequence, kv head) task, sized for its context. */
 typedef struct {
-  int64_t *slots; /* [lpad] cache slot of each context position */
-  bf16 *vnni;     /* [lpad / 2][d / 16][16][2]: V as AMX B tiles (key pairs interleaved) */
-  float *scores;  /* [QB][lpad] */
-  bf16 *probs;    /* [QB][lpad] */
-  bf16 *kbuf;     /* [16][MAX_D] K rows copied when the cache cannot be tiled in place */
-  int64_t lpad;   /* context rounded up to 32 */
-  int prefetch;   /* software prefetch distance in context rows (0: none) */
+  int64_t *slots;  /* [lpad] cache slot of each context position */
+  float *scores;   /* [QB][lpad] */
+  uint32_t *probs; /* [2 QB][lpad]: query j's probabilities as A-tile rows 2j (p, 0) and 2j+1 (0, p) */
+  bf16 *kbuf;      /* [16][MAX_D] K rows copied when the cache cannot be tiled in place */
+  bf16 *vbuf;      /* [16][MAX_D] V rows likewise, zero past the context */
+  int64_t lpad;    /* context rounded up to 32 */
+  int prefetch;    /* software prefetch distance in context rows (0: none) */
 } scratch;
 
-/* V rows 0..ctx (zero beyond) as B tiles: row p of chunk c holds keys 2p, 2p+1 of d 16c..16c+15. */
-static void pack_v(const scratch *S, const bf16 *v_cache, int64_t ctx, int64_t kv_row, int64_t head_off, int d) {
-  static const uint16_t interleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
-                                          8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  const __m512i lo = _mm512_loadu_si512(interleave);
-  const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-  for (int64_t l = 0; l < S->lpad; l += 2) {
-    const bf16 *r0 = l < ctx ? v_cache + S->slots[l] * kv_row + head_off : NULL;
-    const bf16 *r1 = l + 1 < ctx ? v_cache + S->slots[l + 1] * kv_row + head_off : NULL;
-    for (int64_t a = l + S->prefetch; S->prefetch && a < l + S->prefetch + 2 && a < ctx; a++)
-      prefetch_row(v_cache + S->slots[a] * kv_row + head_off, 2 * d);
-    for (int c = 0; c < d; c += 32) {
-      __mmask32 m = d - c >= 32 ? 0xffffffffu : 0xffffu; /* d % 16 == 0 */
-      __m512i a = r0 ? _mm512_maskz_loadu_epi16(m, r0 + c) : _mm512_setzero_si512();
-      __m512i b = r1 ? _mm512_maskz_loadu_epi16(m, r1 + c) : _mm512_setzero_si512();
-      bf16 *dst = S->vnni + ((l / 2) * (d / 16) + c / 16) * 32;
-      _mm512_storeu_si512(dst, _mm512_permutex2var_epi16(a, lo, b));
-      if (d - c > 16) _mm512_storeu_si512(dst + 32, _mm512_permutex2var_epi16(a, hi, b));
-    }
+/* 16 context rows l0.. of one head as a tile: straight from the cache when they are 16
+ * consecutive slots of one block, all in the context, and whole 64-byte tile rows exist;
+ * else copied into buf (zero beyond the context, so stale slots never meet a probability). */
+static const bf16 *context_rows(const scratch *S, const bf16 *cache, int64_t l0, int64_t ctx, int direct, int d,
+                                int64_t kv_row, int64_t head_off, bf16 *buf, int64_t *stride) {
+  if (direct && l0 + 16 <= ctx) {
+    *stride = kv_row * 2;
+    return cache + S->slots[l0] * kv_row + head_off;
   }
-}
-
-/* out = P . V for a few queries, reading V rows straight from the paged cache (AVX512, fp32
- * accumulation of the exact bf16 products, rounded once): decode has g queries per (sequence,
- * kv head), and packing the whole context's V into AMX tiles for them, every layer, cost more
- * than the product. Queries in groups of PV_QUERIES, d in chunks of 64. The sums run
- * in key order; AMX groups them differently, so the two paths can differ in the last bf16 bit. */
-#define PV_QUERIES 6 /* x 4 chunks of 16: 24 accumulators, with the 4 V registers all in zmm */
-static void pv_direct(const scratch *S, int qb, int d, int64_t ctx, const bf16 *v_cache, int64_t kv_row,
-                      int64_t head_off, bf16 *const *orows) {
-  const int64_t lpad = S->lpad;
-  for (int c0 = 0; c0 < d; c0 += 64) {
-    const int nc = d - c0 >= 64 ? 4 : (d - c0) / 16;
-    for (int j0 = 0; j0 < qb; j0 += PV_QUERIES) {
-      const int nj = qb - j0 < PV_QUERIES ? qb - j0 : PV_QUERIES;
-      __m512 acc[PV_QUERIES][4];
-      for (int j = 0; j < PV_QUERIES; j++)
-        for (int c = 0; c < 4; c++) acc[j][c] = _mm512_setzero_ps();
-      const bf16 *p0 = S->probs + (int64_t)j0 * lpad;
-      for (int64_t l = 0; l < ctx; l++) {
-        const bf16 *vr = v_cache + S->slots[l] * kv_row + head_off + c0;
-        if (S->prefetch && l + S->prefetch < ctx)
-          prefetch_row(v_cache + S->slots[l + S->prefetch] * kv_row + head_off + c0, nc * 32);
-        __m512 v[4];
-        for (int c = 0; c < 4; c++) v[c] = c < nc ? load_bf16x16(vr + 16 * c) : _mm512_setzero_ps();
-        for (int j = 0; j < PV_QUERIES; j++) {
-          if (j >= nj) break;
-          const __m512 pj = _mm512_set1_ps(bf2f(p0[j * lpad + l]));
-          for (int c = 0; c < 4; c++) acc[j][c] = _mm512_fmadd_ps(pj, v[c], acc[j][c]);
-        }
-      }
-      for (int j = 0; j < nj; j++)
-        for (int c = 0; c < nc; c++) store_bf16(orows[j0 + j] + c0 + 16 * c, acc[j][c], 0xffff);
-    }
+  const int dpad = (d + 31) / 32 * 32;
+  for (int l = 0; l < 16; l++) {
+    bf16 *row = buf + l * dpad;
+    memset(row, 0, (size_t)dpad * sizeof(bf16));
+    if (l0 + l < ctx) memcpy(row, cache + S->slots[l0 + l] * kv_row + head_off, (size_t)d * sizeof(bf16));
   }
+  *stride = dpad * 2;
+  return buf;
 }
 
 /* One block of up to QB queries of one (sequence, kv head) against the sequence's context:
@@ -184,10 +146,21 @@ static void pv_direct(const scratch *S, int qb, int d, int64_t ctx, const bf16 *
  *     transposed so a zmm holds 16 keys of one query;
  *   softmax per query in fp32 (bf16(q.k) * scale, -inf past its position, probabilities rounded
  *     to bf16 as the reference does);
- *   out = P . V on AMX against the packed V tiles, or for few queries pv_direct. */
+ *   out = P . V on AMX with V tiles read straight from the cache as well: a B tile row is one
+ *     key's 32 d-values, taken by TDPBF16PS as 16 pairs (d 2n, 2n+1). Query j's probabilities
+ *     go in two A rows, 2j = (p_l, 0) pairs and 2j+1 = (0, p_l): row 2j sums p_l * V[l][2n]
+ *     (output d 2n), row 2j+1 sums p_l * V[l][2n+1]. Half the multiplies are by zero, which AMX
+ *     has to spare, and V is never repacked.
+ * Batch invariance: every query's arithmetic is the same whatever else is in the block, the
+ * task or the batch. An AMX row depends only on its own A row and the B tiles; each query's
+ * scores, softmax and P.V run over 16-key chunks from position 0 in increasing order, and the
+ * chunks past its own position add exact zeros (its probabilities there are 0 and V rows past
+ * the block's context are zero-filled, never stale). Mixing two P.V paths (AVX512 for a few
+ * queries, AMX for many) changed last bits between decode and draft verification: TDPBF16PS
+ * does not round like a chain of FMAs. */
 static void attend_block(const scratch *S, const bf16 *const *qrows, const int64_t *qpos, int qb, int d, int64_t ctx,
                          int64_t block_size, const bf16 *k_cache, const bf16 *v_cache, int64_t kv_row,
-                         int64_t head_off, float scale, int packed_v, bf16 *const *orows) {
+                         int64_t head_off, float scale, bf16 *const *orows) {
   const int dpad = (d + 31) / 32 * 32;
   const int64_t lpad = S->lpad;
   /* Q^T as B tiles, per 32-wide d chunk: [16 d-pairs][QB queries][2]. */
@@ -200,22 +173,12 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
   const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
   for (int64_t l0 = 0; l0 < ctx; l0 += 16) {
-    const bf16 *a;
     int64_t stride;
-    if (direct) {
-      a = k_cache + S->slots[l0] * kv_row + head_off;
-      stride = kv_row * 2;
-      for (int64_t l = l0 + S->prefetch; S->prefetch && l < l0 + S->prefetch + 16 && l < ctx; l++)
-        prefetch_row(k_cache + S->slots[l] * kv_row + head_off, 2 * d);
-    } else {
-      for (int l = 0; l < 16; l++) {
-        bf16 *row = S->kbuf + l * dpad;
-        memset(row, 0, (size_t)dpad * sizeof(bf16));
-        if (l0 + l < ctx) memcpy(row, k_cache + S->slots[l0 + l] * kv_row + head_off, (size_t)d * sizeof(bf16));
-      }
-      a = S->kbuf;
-      stride = dpad * 2;
-    }
+    /* stale K rows past the context are fine here: their scores are masked to -inf below */
+    const bf16 *a = context_rows(S, k_cache, l0, direct ? ctx + 16 : ctx, direct, d, kv_row, head_off, S->kbuf,
+                                 &stride);
+    for (int64_t l = l0 + S->prefetch; S->prefetch && l < l0 + S->prefetch + 16 && l < ctx; l++)
+      prefetch_row(k_cache + S->slots[l] * kv_row + head_off, 2 * d);
     _tile_zero(0);
     for (int c = 0; c < dpad / 32; c++) {
       _tile_loadd(1, a + c * 32, stride);
@@ -234,63 +197,84 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
     }
   }
   const int64_t lctx = (ctx + 15) / 16 * 16;
-  memset(S->probs, 0, sizeof(bf16) * (packed_v ? QB : qb) * lpad); /* the P tile reads all QB rows */
-  for (int j = 0; j < qb; j++) {
-    float *row = S->scores + j * lpad;
-    const int64_t n = (qpos[j] / 16 + 1) * 16; /* 16-key groups with a visible key */
-    __m512 mx = ninf;
-    for (int64_t l = 0; l < n; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + l));
-    const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
-    __m512 sum = _mm512_setzero_ps();
-    for (int64_t l = 0; l < n; l += 16) {
-      __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(row + l), vmax));
-      _mm512_storeu_ps(row + l, e);
-      sum = _mm512_add_ps(sum, e);
+  const int rows = qb > 8 ? 2 * QB : QB; /* whole A tiles: rows of absent queries are zero */
+  for (int j = 0; j < rows / 2; j++) {
+    uint32_t *even = S->probs + 2 * j * lpad, *odd = even + lpad;
+    int64_t n = 0; /* keys in 16-key groups with a visible key */
+    if (j < qb) {
+      float *row = S->scores + j * lpad;
+      n = (qpos[j] / 16 + 1) * 16;
+      __m512 mx = ninf;
+      for (int64_t l = 0; l < n; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + l));
+      const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+      __m512 sum = _mm512_setzero_ps();
+      for (int64_t l = 0; l < n; l += 16) {
+        __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(row + l), vmax));
+        _mm512_storeu_ps(row + l, e);
+        sum = _mm512_add_ps(sum, e);
+      }
+      const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+      for (int64_t l = 0; l < n; l += 16) {
+        const __m256i p = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + l), inv));
+        const __m512i pairs = _mm512_cvtepu16_epi32(p); /* (p, 0) */
+        _mm512_storeu_si512(even + l, pairs);
+        _mm512_storeu_si512(odd + l, _mm512_slli_epi32(pairs, 16)); /* (0, p) */
+      }
     }
-    const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-    for (int64_t l = 0; l < n && l < lctx; l += 16)
-      _mm256_storeu_si256((__m256i *)(S->probs + j * lpad + l), (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + l), inv)));
+    if (lctx > n) {
+      memset(even + n, 0, sizeof(uint32_t) * (lctx - n));
+      memset(odd + n, 0, sizeof(uint32_t) * (lctx - n));
+    }
   }
-  if (!packed_v) {
-    pv_direct(S, qb, d, ctx, v_cache, kv_row, head_off, orows);
-    return;
-  }
-  /* out = P [QB x lpad] . V, 4 output chunks of 16 d at a time in tiles 3..6 */
+  /* out = P . V: per half of the block (8 queries, 16 A rows), output d in groups of up to 4
+   * 32-wide chunks (C tiles 3..6), the context in 16-key chunks. */
+  const int chunks = dpad / 32;
+  const __m512i lo = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+  const __m512i hi = _mm512_add_epi32(lo, _mm512_set1_epi32(8));
   float otile[16 * 16] __attribute__((aligned(64)));
-  for (int c0 = 0; c0 < d / 16; c0 += 4) {
-    const int nc = d / 16 - c0 < 4 ? d / 16 - c0 : 4;
-    _tile_zero(3);
-    _tile_zero(4);
-    _tile_zero(5);
-    _tile_zero(6);
-    for (int64_t l0 = 0; l0 < lpad; l0 += 32) {
-      _tile_loadd(1, S->probs + l0, lpad * 2);
-      const bf16 *vb = S->vnni + ((l0 / 2) * (d / 16) + c0) * 32;
-      const int64_t vstride = (int64_t)(d / 16) * 64; /* bytes between key pairs */
-      _tile_loadd(2, vb, vstride);
-      _tile_dpbf16ps(3, 1, 2);
-      if (nc > 1) {
-        _tile_loadd(2, vb + 32, vstride);
-        _tile_dpbf16ps(4, 1, 2);
+  for (int half = 0; half * 8 < qb; half++) {
+    const uint32_t *arows = S->probs + 2 * half * 8 * lpad;
+    for (int c0 = 0; c0 < chunks; c0 += 4) {
+      const int nc = chunks - c0 < 4 ? chunks - c0 : 4;
+      _tile_zero(3);
+      _tile_zero(4);
+      _tile_zero(5);
+      _tile_zero(6);
+      for (int64_t l0 = 0; l0 < ctx; l0 += 16) {
+        int64_t stride;
+        const bf16 *vb = context_rows(S, v_cache, l0, ctx, direct, d, kv_row, head_off, S->vbuf, &stride);
+        for (int64_t l = l0 + S->prefetch; S->prefetch && l < l0 + S->prefetch + 16 && l < ctx; l++)
+          prefetch_row(v_cache + S->slots[l] * kv_row + head_off + 32 * c0, 2 * (d - 32 * c0 < 128 ? d - 32 * c0 : 128));
+        _tile_loadd(1, arows + l0, lpad * 4);
+        _tile_loadd(2, vb + 32 * c0, stride);
+        _tile_dpbf16ps(3, 1, 2);
+        if (nc > 1) {
+          _tile_loadd(2, vb + 32 * (c0 + 1), stride);
+          _tile_dpbf16ps(4, 1, 2);
+        }
+        if (nc > 2) {
+          _tile_loadd(2, vb + 32 * (c0 + 2), stride);
+          _tile_dpbf16ps(5, 1, 2);
+        }
+        if (nc > 3) {
+          _tile_loadd(2, vb + 32 * (c0 + 3), stride);
+          _tile_dpbf16ps(6, 1, 2);
+        }
       }
-      if (nc > 2) {
-        _tile_loadd(2, vb + 64, vstride);
-        _tile_dpbf16ps(5, 1, 2);
+      for (int c = 0; c < nc; c++) {
+        switch (c) {
+          case 0: _tile_stored(3, otile, 64); break;
+          case 1: _tile_stored(4, otile, 64); break;
+          case 2: _tile_stored(5, otile, 64); break;
+          default: _tile_stored(6, otile, 64); break;
+        }
+        const int dc = 32 * (c0 + c), width = d - dc < 32 ? d - dc : 32;
+        for (int j = half * 8; j < qb && j < half * 8 + 8; j++) {
+          const __m512 ev = _mm512_load_ps(otile + 2 * (j - half * 8) * 16), od = _mm512_load_ps(otile + (2 * (j - half * 8) + 1) * 16);
+          store_bf16(orows[j] + dc, _mm512_permutex2var_ps(ev, lo, od), 0xffff);
+          if (width > 16) store_bf16(orows[j] + dc + 16, _mm512_permutex2var_ps(ev, hi, od), 0xffff);
+        }
       }
-      if (nc > 3) {
-        _tile_loadd(2, vb + 96, vstride);
-        _tile_dpbf16ps(6, 1, 2);
-      }
-    }
-    for (int c = 0; c < nc; c++) {
-      switch (c) {
-        case 0: _tile_stored(3, otile, 64); break;
-        case 1: _tile_stored(4, otile, 64); break;
-        case 2: _tile_stored(5, otile, 64); break;
-        default: _tile_stored(6, otile, 64); break;
-      }
-      for (int j = 0; j < qb; j++)
-        _mm256_storeu_si256((__m256i *)(orows[j] + 16 * (c0 + c)), (__m256i)_mm512_cvtneps_pbh(_mm512_load_ps(otile + j * 16)));
     }
   }
 }
@@ -300,7 +284,7 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
 static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int64_t t0, int64_t i_begin,
                          int64_t i_end, const int64_t *positions, int kvh, int g, int nkv, int d,
                          const int64_t *table, int64_t block_size, const bf16 *k_cache, const bf16 *v_cache,
-                         float scale, int direct_max_queries, int prefetch_rows) {
+                         float scale, int prefetch_rows) {
   const int64_t kv_row = (int64_t)nkv * d, head_off = (int64_t)kvh * d;
   int64_t ctx = 0;
   for (int64_t i = i_begin / g; i <= (i_end - 1) / g; i++)
@@ -309,10 +293,10 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
   scratch S;
   S.lpad = (ctx + 31) / 32 * 32;
   S.slots = (int64_t *)scratch_get(&bufs[0], (size_t)S.lpad * sizeof(int64_t));
-  S.vnni = (bf16 *)scratch_get(&bufs[1], (size_t)S.lpad * d * sizeof(bf16));
-  S.scores = (float *)scratch_get(&bufs[2], (size_t)QB * S.lpad * sizeof(float));
-  S.probs = (bf16 *)scratch_get(&bufs[3], (size_t)QB * S.lpad * sizeof(bf16));
-  S.kbuf = (bf16 *)scratch_get(&bufs[4], 16 * MAX_D * sizeof(bf16));
+  S.scores = (float *)scratch_get(&bufs[1], (size_t)QB * S.lpad * sizeof(float));
+  S.probs = (uint32_t *)scratch_get(&bufs[2], (size_t)2 * QB * S.lpad * sizeof(uint32_t));
+  S.kbuf = (bf16 *)scratch_get(&bufs[3], 16 * MAX_D * sizeof(bf16));
+  S.vbuf = (bf16 *)scratch_get(&bufs[4], 16 * MAX_D * sizeof(bf16));
   S.prefetch = prefetch_rows;
   /* Positions past ctx up to the block's end are still this sequence's slots (K tiles read
    * whole 16-slot runs); past the last block they are never read. */
@@ -321,8 +305,6 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
     const int64_t base = blk < nblocks ? table[blk] * block_size : 0;
     for (int64_t o = 0; o < block_size && l < S.lpad; o++, l++) S.slots[l] = blk < nblocks ? base + o : 0;
   }
-  const int packed_v = i_end - i_begin > direct_max_queries;
-  if (packed_v) pack_v(&S, v_cache, ctx, kv_row, head_off, d);
   for (int64_t i0 = i_begin; i0 < i_end; i0 += QB) {
     const int qb = (int)(i_end - i0 < QB ? i_end - i0 : QB);
     const bf16 *qrows[QB];
@@ -337,7 +319,7 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
       qpos[j] = positions[t0 + i / g];
       if (qpos[j] + 1 > bctx) bctx = qpos[j] + 1;
     }
-    attend_block(&S, qrows, qpos, qb, d, bctx, block_size, k_cache, v_cache, kv_row, head_off, scale, packed_v,
+    attend_block(&S, qrows, qpos, qb, d, bctx, block_size, k_cache, v_cache, kv_row, head_off, scale,
                  orows);
   }
 }
@@ -349,14 +331,14 @@ typedef struct {
   int nq, nkv, d;
   float scale;
   bf16 *out;
-  int direct_max_queries, prefetch_rows;
+  int prefetch_rows;
   const int64_t *tasks; /* [n][4]: sequence, kv head, first and end query */
   pool_chunks chunks;   /* of tasks */
 } attention_job;
 
 /* Queries per task: a long prefill splits into many tasks so both threads share it (one task
- * per (sequence, kv head) left a 3-kv-head model's prefill 2:1 between two threads); each task
- * re-packs its sequence's V, O(ctx d), small next to its O(QCHUNK ctx d) of attention. */
+ * per (sequence, kv head) left a 3-kv-head model's prefill 2:1 between two threads). How the
+ * queries split into tasks and blocks changes no query's result (see attend_block). */
 #define QCHUNK 64
 
 static void attention_part(void *arg, int tid, int nt) {
@@ -367,7 +349,7 @@ static void attention_part(void *arg, int tid, int nt) {
     const int64_t *T = J->tasks + 4 * task, b = T[0];
     attend_group(J->q, J->ldq, J->out, J->ldo, J->cu_q[b], T[2], T[3], J->positions, (int)T[1], J->nq / J->nkv,
                  J->nkv, J->d, J->block_tables + b * J->bt_stride, J->block_size, J->k_cache, J->v_cache,
-                 J->scale, J->direct_max_queries, J->prefetch_rows);
+                 J->scale, J->prefetch_rows);
   }
   _tile_release();
 }
@@ -375,15 +357,14 @@ static void attention_part(void *arg, int tid, int nt) {
 /* out[t, nq*d] = attention of q[t] (rows of stride ldq, head h at h*d) over its sequence's
  * cached context. Sequence b owns tokens cu_q[b]..cu_q[b+1] and block table row b
  * (block_tables + b*bt_stride); a token at position p attends to positions 0..p. d % 16 == 0.
- * direct_max_queries: a (sequence, kv head) with at most this many queries computes P.V from the
- * cache (pv_direct), more pack V into AMX tiles; prefetch_rows: the software prefetch distance
- * (0: none). The settings the engine uses, and why: agentrt/kernels/paged_attention.py. */
+ * prefetch_rows: the software prefetch distance (0: none); the engine's setting, and why:
+ * agentrt/kernels/paged_attention.py. A query's output is bit-identical whatever else is in the
+ * call: alone in decode, one of many in draft verification or a (chunked) prefill. */
 void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const int64_t *cu_q,
                                   const int64_t *positions, const int64_t *block_tables,
                                   int64_t bt_stride, int64_t block_size, const bf16 *k_cache,
                                   const bf16 *v_cache, int nq, int nkv, int d, float scale,
-                                  bf16 *out, int64_t ldo, int num_threads, int direct_max_queries,
-                                  int prefetch_rows) {
+                                  bf16 *out, int64_t ldo, int num_threads, int prefetch_rows) {
   const int g = nq / nkv;
   int64_t tasks = 0;
   for (int64_t b = 0; b < B; b++) tasks += nkv * (((cu_q[b + 1] - cu_q[b]) * g + QCHUNK - 1) / QCHUNK);
@@ -398,7 +379,7 @@ void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const i
       }
   }
   attention_job job = {q, k_cache, v_cache, ldq, ldo, B, bt_stride, block_size, cu_q, positions, block_tables,
-                       nq, nkv, d, scale, out, direct_max_queries, prefetch_rows, list, {0}};
+                       nq, nkv, d, scale, out, prefetch_rows, list, {0}};
   const int nt = tasks < num_threads ? (int)tasks : num_threads;
   pool_chunks_init(&job.chunks, tasks, nt);
   pool_run(attention_part, &job, nt);

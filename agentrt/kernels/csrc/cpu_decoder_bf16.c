@@ -21,7 +21,7 @@ void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const i
                                   const int64_t *positions, const int64_t *block_tables, int64_t bt_stride,
                                   int64_t block_size, const bf16 *k_cache, const bf16 *v_cache, int nq,
                                   int nkv, int d, float scale, bf16 *out, int64_t ldo, int num_threads,
-                                  int direct_max_queries, int prefetch_rows);
+                                  int prefetch_rows);
 
 #define PTR(type, v) ((type)(intptr_t)(v))
 
@@ -32,8 +32,7 @@ void agentrt_decoder_layers_bf16(const int64_t *layers, int64_t num_layers, bf16
                                  int nkv, int d, float eps, float scale, const int64_t *positions,
                                  const float *cos, const float *sin, const int64_t *slots, int64_t B,
                                  const int64_t *cu_q, const int64_t *block_tables, int64_t bt_stride,
-                                 int64_t block_size, int num_threads, int direct_max_queries,
-                                 int prefetch_rows) {
+                                 int64_t block_size, int num_threads, int prefetch_rows) {
   const int64_t qkv_w = (int64_t)(nq + 2 * nkv) * d, q_w = (int64_t)nq * d;
   for (int64_t i = 0; i < num_layers; i++) {
     const int64_t *L = layers + i * LAYER_FIELDS;
@@ -42,7 +41,7 @@ void agentrt_decoder_layers_bf16(const int64_t *layers, int64_t num_layers, bf16
                         PTR(const bf16 *, L[2]), EPI_NONE, NULL, 0, qkv, qkv_w, 0, num_threads);
     agentrt_rotary_kv_write_bf16(qkv, T, qkv_w, nq, nkv, d, positions, cos, sin, slots, kc, vc, num_threads);
     agentrt_paged_attention_bf16(qkv, qkv_w, B, cu_q, positions, block_tables, bt_stride, block_size, kc, vc, nq,
-                                 nkv, d, scale, attn, q_w, num_threads, direct_max_queries, prefetch_rows);
+                                 nkv, d, scale, attn, q_w, num_threads, prefetch_rows);
     agentrt_linear_bf16(PTR(const bf16 *, L[3]), L[4], hidden, q_w, attn, T, q_w, NULL, 0.f, NULL, EPI_RESIDUAL, h,
                         hidden, h, hidden, 0, num_threads);
     agentrt_linear_bf16(PTR(const bf16 *, L[5]), L[6], inter, hidden, h, T, hidden, PTR(const bf16 *, L[10]), eps,
