@@ -132,8 +132,6 @@ def _determinism(engine, quick: bool, console: Console, notes: list[str], config
     from agentrt.bench.determinism import identical_outputs, verify_step_ms
     from agentrt.tables import print_table
 
-    if engine.model.dtype != torch.bfloat16:
-        raise SystemExit("bench decode --determinism measures bf16 decoding: pass --dtype bfloat16")
     rows = identical_outputs(engine.loaded, max_tokens=64 if quick else 96, progress=console)
     console.print("  determinism: verify steps")
     ms = verify_step_ms(engine.loaded, reps=10 if quick else 30)

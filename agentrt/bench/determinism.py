@@ -1,5 +1,7 @@
-"""The determinism section of `agentrt bench decode --determinism`: bf16 greedy output with and
-without speculation, and what a verification step costs.
+"""The determinism section of `agentrt bench decode --determinism`: greedy output with and
+without speculation, and what a verification step costs, in the engine's dtype (bf16 on the C
+kernels is batch-invariant; fp32, and bf16 with AGENTRT_KERNELS=0, run the PyTorch path, which
+is not).
 
 * identical outputs: the bench's tool-call requests (tests: agentrt/bench/prompts.py), greedy,
   each alone without drafts as the reference; then all of them at once (8 in flight, prefill and
@@ -43,7 +45,8 @@ def identical_outputs(loaded, max_tokens: int, progress=None, limit: int | None 
     requests = [(chat, params) for chat in toolcall_messages()[:limit]]
 
     def engine(spec: SpecConfig, prefix_caching: bool = True) -> LLMEngine:
-        cfg = EngineConfig(model=str(loaded.source.path), dtype="bfloat16", spec=spec, prefix_caching=prefix_caching)
+        dtype = str(loaded.model.dtype).removeprefix("torch.")
+        cfg = EngineConfig(model=str(loaded.source.path), dtype=dtype, spec=spec, prefix_caching=prefix_caching)
         return LLMEngine(cfg, loaded=loaded)
 
     alone = [_generate(engine(SpecConfig(), prefix_caching=False), [r], 1)[0][0] for r in requests]
