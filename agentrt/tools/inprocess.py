@@ -1,16 +1,21 @@
 """The embedded executor: runs a tool's Python function in this process.
 
-async functions run on the event loop; sync ones in a thread pool so a blocking tool does not
-stall the loop. Timeouts and retries are the registry's; cancelling the call cancels an async
-tool, while a sync one cannot be interrupted: its thread finishes and the result is dropped.
+async functions run on the event loop; sync ones each on a daemon thread so a blocking tool does
+not stall the loop. Timeouts and retries are the registry's; cancelling the call cancels an async
+tool, while a sync one cannot be interrupted (Python cannot stop a thread): at its timeout the
+call fails and the thread is abandoned. It runs on until the function returns, its result
+dropped, without holding one of the executor's `max_threads` slots and without keeping the
+process alive (a daemon thread ends with the process; a pool's worker would be joined at exit).
+A tool that must be stopped for real belongs in a worker process (agentrt worker, MQTT).
 """
 from __future__ import annotations
 
 import asyncio
 import contextvars
 import functools
+import logging
+import threading
 import traceback
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pydantic_core
@@ -18,6 +23,8 @@ from pydantic import ValidationError
 
 from agentrt.tools.errors import ToolArgumentsError, ToolCallError, ToolDefinitionError, ToolOutputError, ToolRaisedError
 from agentrt.tools.tool import Tool, is_coroutine_tool
+
+log = logging.getLogger(__name__)
 
 
 def bind_arguments(t: Tool, args: dict[str, Any]) -> tuple[list[Any], dict[str, Any]]:
@@ -64,17 +71,53 @@ def _run_sync(fn: Any, positional: list[Any], kwargs: dict[str, Any]) -> tuple[b
         return False, e
 
 
+def _deliver(fut: asyncio.Future, result: tuple[bool, Any]) -> None:
+    if not fut.done():  # cancelled: the call timed out and was abandoned
+        fut.set_result(result)
+
+
+async def _in_daemon_thread(name: str, call: Any) -> tuple[bool, Any]:
+    """call() on a new daemon thread; its result, or CancelledError with the thread left running."""
+    loop = asyncio.get_running_loop()
+    fut = loop.create_future()
+
+    def target() -> None:
+        result = call()
+        try:
+            loop.call_soon_threadsafe(_deliver, fut, result)
+        except RuntimeError:  # the loop closed while the tool ran
+            pass
+
+    threading.Thread(target=target, name=f"agentrt-tool-{name}", daemon=True).start()
+    return await fut
+
+
 class InProcessExecutor:
-    """max_threads: how many sync tools may block at once (each holds a thread)."""
+    """max_threads: how many sync tools may run at once; a call past its timeout stops counting
+    (its abandoned thread is counted in `abandoned`)."""
 
     def __init__(self, *, max_threads: int = 32) -> None:
+        if max_threads < 1:
+            raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         self.max_threads = max_threads
-        self._pool: ThreadPoolExecutor | None = None
+        self.abandoned = 0  # sync calls given up while their thread still ran
+        self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
-    def _threads(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=self.max_threads, thread_name_prefix="agentrt-tool")
-        return self._pool
+    def _semaphore(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()
+        if self._slots is None or self._slots[0] is not loop:  # a semaphore belongs to one loop
+            self._slots = (loop, asyncio.Semaphore(self.max_threads))
+        return self._slots[1]
+
+    async def _run_in_thread(self, tool: Tool, call: Any) -> tuple[bool, Any]:
+        async with self._semaphore():
+            try:
+                return await _in_daemon_thread(tool.name, call)
+            except asyncio.CancelledError:
+                self.abandoned += 1
+                log.warning("tool '%s' outlived its call: its thread runs on, abandoned (%d so far)", tool.name,
+                            self.abandoned)
+                raise
 
     async def execute(self, tool: Tool, args: dict[str, Any], *, timeout: float | None = None) -> Any:
         if tool.fn is None:
@@ -88,10 +131,9 @@ class InProcessExecutor:
             except (Exception, SystemExit) as e:  # noqa: BLE001 - a failing tool fails its call only
                 raise _raised(tool, e) from e
         else:
-            loop = asyncio.get_running_loop()
             ctx = contextvars.copy_context()
             call = functools.partial(ctx.run, _run_sync, tool.fn, positional, kwargs)
-            ok, raw = await loop.run_in_executor(self._threads(), call)
+            ok, raw = await self._run_in_thread(tool, call)
             if not ok:
                 if isinstance(raw, ToolCallError):
                     raise raw
@@ -99,6 +141,4 @@ class InProcessExecutor:
         return to_json_value(tool, raw)
 
     async def aclose(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
-            self._pool = None
+        """Nothing to release: threads still running are daemons, abandoned with the executor."""

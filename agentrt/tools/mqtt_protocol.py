@@ -147,12 +147,12 @@ def encode(payload: dict[str, Any]) -> bytes:
 
 
 def decode(data: bytes | bytearray | str | None) -> dict[str, Any] | None:
-    """A JSON object, or None for an empty or malformed payload."""
+    """A JSON object, or None for an empty or malformed payload (or one nested past the parser)."""
     if not data:
         return None
     try:
         value = json.loads(data)
-    except (ValueError, UnicodeDecodeError):
+    except (ValueError, UnicodeDecodeError, RecursionError):
         return None
     return value if isinstance(value, dict) else None
 

@@ -6,11 +6,18 @@ broker spreads a group's calls over all its workers, on any number of machines. 
 unanswered ack_delay_s after receipt is acknowledged (the dispatcher then knows whom to blame if
 this worker dies); fast calls skip the ack and just answer, which saves a message each way.
 Calls run through a local ToolRegistry: arguments validated, timeout applied, output checked.
+
+The worker trusts no caller: a call runs under the tool's declared timeout, or a shorter one the
+caller asks for (a missing, non-finite or non-positive request changes nothing); a body naming
+another tool than its topic, a body that is not a JSON object, or arguments nested deeper than
+max_args_depth get an error reply (when the request carries a response topic), as does any
+failure while serving a call.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import socket
 import time
@@ -19,7 +26,7 @@ from typing import Any, Iterable
 
 import aiomqtt
 
-from agentrt.tools.errors import BrokerConnectionError, ToolDefinitionError
+from agentrt.tools.errors import BrokerConnectionError, ToolArgumentsError, ToolCallError, ToolDefinitionError
 from agentrt.tools.inprocess import InProcessExecutor
 from agentrt.tools.mqtt_protocol import (
     MqttConfig,
@@ -53,6 +60,7 @@ class MqttWorker:
         reconnect_max_s: float = 2.0,
         drain_timeout_s: float = 30.0,
         ack_delay_s: float = 0.005,
+        max_args_depth: int = 64,
     ) -> None:
         if concurrency < 1:
             raise ToolDefinitionError(f"worker concurrency must be >= 1, got {concurrency}")
@@ -63,6 +71,7 @@ class MqttWorker:
         self.reconnect_max_s = reconnect_max_s
         self.drain_timeout_s = drain_timeout_s
         self.ack_delay_s = ack_delay_s
+        self.max_args_depth = max_args_depth
         self.registry = ToolRegistry(
             executors={"inprocess": InProcessExecutor(max_threads=concurrency)},
             max_args_bytes=max_payload_bytes, max_result_bytes=max_payload_bytes,
@@ -168,16 +177,45 @@ class MqttWorker:
     def _on_request(self, client: aiomqtt.Client, message: aiomqtt.Message) -> None:
         reply_to = message_property(message, "ResponseTopic")
         correlation = message_property(message, "CorrelationData")
-        body = decode(message.payload)
-        if not reply_to or body is None:
-            log.warning("worker %s: dropped a request on %s without a response topic or JSON body",
-                        self.worker_id, message.topic)
+        if not reply_to:
+            log.warning("worker %s: dropped a request on %s without a response topic", self.worker_id, message.topic)
             return
+        topic_tool = str(message.topic).rsplit("/", 1)[-1]
+        body = decode(message.payload)
+        problem = self._refuse(topic_tool, body)
+        if problem is not None:
+            log.warning("worker %s: refused a request on %s: %s", self.worker_id, message.topic, problem)
+            self._spawn(self._reply(client, reply_to, correlation, self._error_reply(
+                ToolArgumentsError(topic_tool, f"tool '{topic_tool}': {problem}"))))
+            return
+        assert body is not None
         call_id = str(body.get("call_id") or (correlation or b"").decode(errors="replace") or uuid.uuid4().hex)
         ack = asyncio.get_running_loop().call_later(self.ack_delay_s, self._send_ack, client, reply_to, correlation)
         task = asyncio.create_task(self._serve(reply_to, correlation, call_id, body, ack))
         self._running[call_id] = task
         task.add_done_callback(lambda _t: self._running.pop(call_id, None))
+
+    def _refuse(self, topic_tool: str, body: dict[str, Any] | None) -> str | None:
+        """Why a request cannot be served, or None."""
+        if body is None:
+            return "the request body is not a JSON object (or nests too deep to parse)"
+        if str(body.get("tool", topic_tool)) != topic_tool:
+            return f"the body names tool '{body.get('tool')}' but was sent on the topic of '{topic_tool}'"
+        if _depth(body.get("args"), self.max_args_depth) > self.max_args_depth:
+            return f"arguments nested deeper than {self.max_args_depth} levels"
+        return None
+
+    def _error_reply(self, error: ToolCallError) -> dict[str, Any]:
+        return {"kind": "result", "worker": self.worker_id, "ok": False, "error": error.to_dict()}
+
+    def _timeout(self, name: str, requested: Any) -> float | None:
+        """The tool's declared timeout, or the caller's if it is shorter (and a usable number)."""
+        declared = self.registry.get(name).timeout_s if name in self.registry else None
+        if isinstance(requested, bool) or not isinstance(requested, (int, float)):
+            return declared
+        if not (math.isfinite(requested) and requested > 0):
+            return declared
+        return float(requested) if declared is None else min(declared, float(requested))
 
     def _send_ack(self, client: aiomqtt.Client, reply_to: str, correlation: bytes | None) -> None:
         self._spawn(self._reply(client, reply_to, correlation, {"kind": "ack", "worker": self.worker_id}))
@@ -186,16 +224,20 @@ class MqttWorker:
                      ack: asyncio.TimerHandle) -> None:
         assert self._slots is not None
         name = str(body.get("tool"))
-        timeout = body.get("timeout_s")
         try:
             async with self._slots:
-                result = await self.registry.call(
-                    name, body.get("args"), call_id=call_id, retries=0,
-                    timeout_s=float(timeout) if isinstance(timeout, (int, float)) else None,
-                )
+                result = await self.registry.call(name, body.get("args"), call_id=call_id, retries=0,
+                                                  timeout_s=self._timeout(name, body.get("timeout_s")))
         except asyncio.CancelledError:
             ack.cancel()
             log.info("worker %s: call %s to %s cancelled by its caller", self.worker_id, call_id, name)
+            return
+        except Exception as e:  # noqa: BLE001 - whatever went wrong, the caller hears of it
+            ack.cancel()
+            log.exception("worker %s: call %s to %s failed in the worker", self.worker_id, call_id, name)
+            if self._client is not None:
+                await self._reply(self._client, reply_to, correlation, self._error_reply(
+                    ToolCallError(name, f"tool '{name}': the worker failed serving the call: {type(e).__name__}: {e}")))
             return
         ack.cancel()  # answered in time: the result is the acknowledgement
         self.calls_served += 1
@@ -250,3 +292,16 @@ class MqttWorker:
         if self._background:
             await asyncio.wait(list(self._background), timeout=5.0)
         await self.registry.aclose()
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of a JSON value (a scalar is 0), counted no further than limit + 1."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        v, d = stack.pop()
+        if isinstance(v, (dict, list)):
+            if d + 1 > limit:
+                return d + 1
+            deepest = max(deepest, d + 1)
+            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
+    return deepest

@@ -145,3 +145,56 @@ async def test_per_call_overrides():
 
     result = await ToolRegistry([always_fails]).call("always_fails", retries=0)
     assert len(result.attempts) == 1 and len(attempts) == 1
+
+
+async def test_sync_tool_past_its_timeout_is_abandoned_and_frees_its_slot():
+    """max_threads=1: a sync tool that blocks past its timeout fails its call, and the next call
+    runs at once on a new thread instead of queueing behind the abandoned one."""
+    from agentrt.tools.inprocess import InProcessExecutor
+
+    release = threading.Event()
+
+    @tool(timeout_s=0.2)
+    def stuck() -> str:
+        """Blocks until released."""
+        release.wait(30)
+        return "late"
+
+    @tool
+    def quick() -> str:
+        """Returns at once."""
+        return "ok"
+
+    executor = InProcessExecutor(max_threads=1)
+    registry = ToolRegistry([stuck, quick], executors={"inprocess": executor})
+    try:
+        result = await registry.call("stuck")
+        assert result.error.kind == "timeout"
+        assert executor.abandoned == 1
+        assert (await asyncio.wait_for(registry.call("quick"), 5)).value == "ok"
+    finally:
+        release.set()
+
+
+def test_an_abandoned_sync_tool_does_not_keep_the_process_alive(tmp_path):
+    """A sync tool sleeping 60 s with a 0.3 s timeout: the process ends right after the call
+    fails (a thread pool's worker would be joined at exit, for the whole minute)."""
+    import subprocess
+    import time
+
+    script = tmp_path / "abandon.py"
+    script.write_text(
+        "import asyncio, time\n"
+        "from agentrt.tools import ToolRegistry, tool\n"
+        "@tool(timeout_s=0.3)\n"
+        "def sleepy() -> None:\n"
+        "    'Sleeps a minute.'\n"
+        "    time.sleep(60)\n"
+        "r = asyncio.run(ToolRegistry([sleepy]).call('sleepy'))\n"
+        "print(r.error.kind, flush=True)\n"
+    )
+    t0 = time.monotonic()
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=45)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "timeout"
+    assert time.monotonic() - t0 < 30

@@ -82,3 +82,10 @@ def big(n: int) -> str:
 def boom(message: str) -> str:
     """Always raises ValueError(message)."""
     raise ValueError(message)
+
+
+@tool(timeout_s=1.0)
+async def limited(seconds: float) -> str:
+    """Sleeps `seconds` under a declared 1 s limit."""
+    await asyncio.sleep(seconds)
+    return "done"
