@@ -65,8 +65,14 @@ class Constraints:
                 continue
             grammar = r.seq.grammar
             if grammar is not None:
-                bm = self.grammars.new_bitmask(r.k + 1)
-                allowed = grammar.fill_masks(r.draft, bm, 0)
+                try:
+                    bm = self.grammars.new_bitmask(r.k + 1)
+                    allowed = grammar.fill_masks(r.draft, bm, 0)
+                except Exception as e:  # noqa: BLE001 - one request's grammar fails that request only
+                    r.failed = f"grammar failed: {type(e).__name__}: {e}"
+                    r.cut(0)
+                    offset += r.num_rows
+                    continue
                 if allowed < r.k:
                     r.cut(allowed)
                 parts.append((offset, bm[: allowed + 1]))

@@ -8,6 +8,7 @@ The asyncio wrapper lives in async_engine.py.
 from __future__ import annotations
 
 import itertools
+import logging
 import time
 from collections import deque
 from dataclasses import dataclass
@@ -34,6 +35,8 @@ from agentrt.errors import RequestError
 from agentrt.spec.grammar import GrammarCache
 from agentrt.spec.penalties import Penalties
 from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -226,9 +229,22 @@ class LLMEngine:
         logits = self.model.forward(build_forward_batch(rows, self.blocks, self.device), self.kv).logits  # [rows, vocab]
         sample_rows(rows, logits, masks)
         duration = time.monotonic() - t0
-        events = [ev for r in rows if (ev := self._advance(r)) is not None]
+        events = [ev for r in rows if (ev := self._advance_or_fail(r)) is not None]
         self._record(rows, batch.preempted, drafting, t0, duration)
         return events
+
+    def _advance_or_fail(self, row: StepRow) -> TokenEvent | None:
+        """_advance, with an error of this request's own (its grammar, its stop checks, its output
+        validation) ending this request only: the batch goes on."""
+        if row.seq.finished:
+            return None
+        try:
+            if row.failed is None:
+                return self._advance(row)
+        except Exception as e:  # noqa: BLE001
+            log.exception("request %d failed in step %d", row.seq.seq_id, self.step_no)
+            row.failed = f"{type(e).__name__}: {e}"
+        return self.fail(row.seq, f"request failed in the engine step: {row.failed}")
 
     def _advance(self, row: StepRow) -> TokenEvent | None:
         """Keep what the row's sequence emitted: the KV of fed tokens and accepted drafts stays

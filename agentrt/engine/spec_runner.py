@@ -8,6 +8,7 @@ drafts each may feed, from the KV it can take and the context left) and the step
 """
 from __future__ import annotations
 
+import logging
 import math
 import time
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ from agentrt.spec.controller import KController, SeqDraftState, StepPrefill
 from agentrt.spec.cost_model import PredictionTracker, StepCostModel
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
+
+log = logging.getLogger(__name__)
 
 # Starting points for α before a drafter has been observed (the registry then learns).
 PRIORS = {"suffix": AlphaPrior(0.5), "template": AlphaPrior(0.5), "layerskip": AlphaPrior(0.4), "draft": AlphaPrior(0.6)}
@@ -120,9 +123,10 @@ class SpecRunner:
         if self.drafter.deterministic:
             # Model-free drafts are nearly free: draft as deep as allowed, then let the controller
             # decide how much of each to verify, using the drafter's per-token confidence.
-            offered = dict(zip(live, self.drafter.propose([reqs[r] for r in live]))) if live else {}
-            scores = {r: self._scores_of(r.seq, offered[r]) for r in live}
-            accept = {r: [1.0 if x is None else self.calibration(x) for x in scores[r]] for r in live}
+            drafts = zip(live, self._drafts([reqs[r] for r in live])) if live else ()
+            offered = {r: d for r, d in drafts if d is not None}
+            scores = {r: self._scores_of(r.seq, d) for r, d in offered.items()}
+            accept = {r: [1.0 if x is None else self.calibration(x) for x in scores[r]] for r in offered}
         else:
             offered = {}
             accept = {r: self._seq_alpha[r.seq.seq_id].accept_probs(reqs[r].max_k) for r in live}
@@ -135,7 +139,7 @@ class SpecRunner:
         ks = dict(zip(rows, alloc.k))
         if not self.drafter.deterministic:
             want = [r for r in live if ks[r] > 0]
-            offered = dict(zip(want, self.drafter.propose([_with_k(reqs[r], ks[r]) for r in want]) if want else []))
+            offered = dict(zip(want, self._drafts([_with_k(reqs[r], ks[r]) for r in want]) if want else []))
         for r in live:
             d = offered.get(r)
             if d is None or ks[r] == 0:
@@ -152,6 +156,18 @@ class SpecRunner:
             old = self._draft_cost_per_token
             self._draft_cost_per_token = per_token if old is None else 0.8 * old + 0.2 * per_token
         return step
+
+    def _drafts(self, reqs: list[DraftRequest]) -> list[Draft | None]:
+        """The drafter's drafts; if it raises, each request alone, and None for those that raise:
+        drafts only save passes, so a request the drafter fails on decodes on without any."""
+        try:
+            return list(self.drafter.propose(reqs))
+        except Exception:  # noqa: BLE001
+            if len(reqs) == 1:
+                log.exception("drafter %s failed on request %d: it decodes without drafts this step",
+                              self.config.drafter, reqs[0].seq_id)
+                return [None]
+            return [self._drafts([req])[0] for req in reqs]
 
     def _initial_draft_cost(self) -> float:
         """Before any draft was timed: one forward of the drafter's share of the target."""

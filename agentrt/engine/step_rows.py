@@ -34,6 +34,7 @@ class StepRow:
     first_row: int = -1  # its first logits row, when it samples
     emitted: list[int] = field(default_factory=list)  # what the step decided ([] while prefilling)
     logprobs: list[TokenLogprob] | None = None  # per emitted token, when the request asks
+    failed: str | None = None  # this request's own error in this step (its grammar raised): it ends
 
     @property
     def k(self) -> int:

@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 
 from agentrt.errors import RequestError
+from agentrt.spec.schema_finite import unfinishable_part
 
 SEPARATORS = (", ", ": ")
 
@@ -90,6 +91,10 @@ def _check_schema(schema: Any, what: str) -> None:
                                "schemas must be self-contained, nothing is fetched")
         if not _resolves(schema, ref):
             raise RequestError(f"{what}: $ref {ref!r} at {path or '(root)'} names nothing in the schema")
+    part = unfinishable_part(schema)
+    if part is not None:
+        raise RequestError(f"{what}: no finite JSON value satisfies {part} (every value of it requires another "
+                           "of the same kind, e.g. a required property that recurses): make the recursion optional")
 
 
 def _refs(node: Any, path: str):
@@ -161,7 +166,8 @@ def parse_response_format(rf: dict | None) -> OutputFormat:
             raise RequestError(f"response_format json_schema: expected an object with a 'schema', got "
                                f"{type(spec).__name__}")
         schema = spec.get("schema")
-        _check_schema(schema, f"response_format json_schema {spec.get('name', '')!r}".rstrip(" ''"))
+        name = spec.get("name")
+        _check_schema(schema, f"response_format json_schema {name!r}" if name else "response_format json_schema")
         return OutputFormat("json", schema)
     if kind == "tool_call":
         tools = tuple(_tool_function(t) for t in rf.get("tools") or ())

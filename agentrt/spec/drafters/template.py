@@ -23,6 +23,7 @@ from agentrt.spec.drafters.suffix import SuffixDrafter
 QUOTED_SPAN = re.compile(r"(?<![A-Za-z0-9])'([^'\n]{2,80})'(?![A-Za-z0-9])")
 QUOTE_SCAN_TOKENS = 96  # the request sits at the prompt's end, after the tool descriptions
 QUOTED_CONFIDENCE = 0.5
+MAX_CHARS_PER_TOKEN = 128  # more than any token of the vocabularies we load (SmolLM2: 81 characters at most)
 
 
 class TemplateDrafter:
@@ -64,7 +65,8 @@ class TemplateDrafter:
         try:
             while len(tokens) < req.max_k and not state.terminated:
                 room = req.max_k - len(tokens)
-                text = state.forced_string()
+                # bounded: a grammar may force a long literal; `room` tokens never need more text
+                text = state.forced_string()[: MAX_CHARS_PER_TOKEN * room]
                 if text:
                     ids = self._model_tokenization(req.seq_id, tokens, text, room) or self.encode(text)[:room]
                     n = state.try_advance(ids)
