@@ -5,11 +5,11 @@ import json
 import platform
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 
+from agentrt.files import write_text_atomic
 from agentrt.tables import fmt as _fmt, print_table
 
 
@@ -54,6 +54,5 @@ def finish(name: str, result: BenchResult, json_path: str | None) -> None:
             "rows": result.rows,
             "summary": result.summary,
         }
-        Path(json_path).parent.mkdir(parents=True, exist_ok=True)
-        Path(json_path).write_text(json.dumps(payload, indent=2, default=str))
+        write_text_atomic(json_path, json.dumps(payload, indent=2, default=str))
     print(f"{name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in result.summary.items()), flush=True)

@@ -33,6 +33,7 @@ from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
 from agentrt.spec.grammar import GrammarCache
+from agentrt.engine.messages import normalize_messages
 from agentrt.spec.penalties import Penalties
 from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions
 
@@ -109,8 +110,8 @@ class LLMEngine:
             if not prompt:
                 raise RequestError("prompt is empty")
             return self.tokenizer.encode(prompt)
-        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            text = self.tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tools=tools)
+        if isinstance(prompt, list) and prompt and not any(isinstance(m, (int, str)) for m in prompt):
+            text = self.tokenizer.apply_chat_template(normalize_messages(prompt), add_generation_prompt=True, tools=tools)
             return self.tokenizer.encode(text)
         raise RequestError("prompt must be a non-empty string or a non-empty list of chat messages")
 
@@ -135,7 +136,7 @@ class LLMEngine:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
         elif fmt.described and isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self.encode_prompt(*self.format_messages(prompt, fmt))
+            ids = self.encode_prompt(*self.format_messages(normalize_messages(prompt), fmt))
         else:
             ids = self.encode_prompt(prompt)
         if not ids:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from rich.console import Console
 
 from agentrt.errors import RunConfigError
+from agentrt.files import write_text_atomic
 from agentrt.runtime.html_timeline import render_html
 from agentrt.runtime.summary import summarize
 from agentrt.runtime.terminal import render_report
@@ -54,9 +54,7 @@ def run(args: argparse.Namespace) -> int:
         raise RunConfigError(f"{args.trace}: its records lack what an agentrt trace holds "
                              f"({type(e).__name__}: {e})") from None
     if args.html:
-        path = Path(args.html)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(render_html(summary, records), encoding="utf-8")
+        write_text_atomic(args.html, render_html(summary, records))
     if args.json:
         json.dump(summary, sys.stdout, indent=2, ensure_ascii=False, default=repr)
         sys.stdout.write("\n")

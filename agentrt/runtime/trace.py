@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from agentrt.errors import RunConfigError
+from agentrt.files import write_text_atomic
 from agentrt.runtime.backend import EngineStep
 from agentrt.runtime.phases import PHASES
 
@@ -173,12 +174,8 @@ def idle_gaps(busy: Iterable[tuple[float, float]], start: float, end: float,
 
 
 def write_records(records: Iterable[Mapping[str, Any]], path: str | Path) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as f:
-        for rec in records:
-            f.write(json.dumps(rec, ensure_ascii=False, default=_json_default) + "\n")
-    return path
+    lines = [json.dumps(rec, ensure_ascii=False, default=_json_default) + "\n" for rec in records]
+    return write_text_atomic(path, "".join(lines))
 
 
 def _json_default(value: Any) -> Any:

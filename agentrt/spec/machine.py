@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrt.errors import CalibrationError, SpecConfigError
+from agentrt.files import write_text_atomic
 
 _DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}
 
@@ -127,10 +128,7 @@ def _read_cache(path: Path) -> dict[str, Any]:
 
 
 def _write_json_atomic(path: Path, data: Any) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True))
 
 
 def measure_machine(

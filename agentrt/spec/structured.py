@@ -23,6 +23,7 @@ from typing import Any
 import jsonschema
 
 from agentrt.errors import RequestError
+from agentrt.jsonutil import json_depth
 from agentrt.spec.schema_finite import unfinishable_part
 
 SEPARATORS = (", ", ": ")
@@ -77,9 +78,14 @@ def _tool_function(t: Any) -> dict:
     return {"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""), "parameters": params}}
 
 
+MAX_SCHEMA_DEPTH = 64  # JSON nesting of a schema; past ~300, Python's recursive validators overflow
+
+
 def _check_schema(schema: Any, what: str) -> None:
     if not isinstance(schema, dict):
         raise RequestError(f"{what}: a JSON schema must be an object, got {type(schema).__name__}")
+    if json_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise RequestError(f"{what}: the schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
     try:
         _validator(json.dumps(schema, sort_keys=True))
     except jsonschema.SchemaError as e:

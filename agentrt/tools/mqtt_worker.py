@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 import aiomqtt
 
+from agentrt.jsonutil import json_depth
 from agentrt.tools.errors import BrokerConnectionError, ToolArgumentsError, ToolCallError, ToolDefinitionError
 from agentrt.tools.inprocess import InProcessExecutor
 from agentrt.tools.mqtt_protocol import (
@@ -201,7 +202,7 @@ class MqttWorker:
             return "the request body is not a JSON object (or nests too deep to parse)"
         if str(body.get("tool", topic_tool)) != topic_tool:
             return f"the body names tool '{body.get('tool')}' but was sent on the topic of '{topic_tool}'"
-        if _depth(body.get("args"), self.max_args_depth) > self.max_args_depth:
+        if json_depth(body.get("args"), self.max_args_depth) > self.max_args_depth:
             return f"arguments nested deeper than {self.max_args_depth} levels"
         return None
 
@@ -293,15 +294,3 @@ class MqttWorker:
             await asyncio.wait(list(self._background), timeout=5.0)
         await self.registry.aclose()
 
-
-def _depth(value: Any, limit: int) -> int:
-    """Nesting depth of a JSON value (a scalar is 0), counted no further than limit + 1."""
-    deepest, stack = 0, [(value, 0)]
-    while stack:
-        v, d = stack.pop()
-        if isinstance(v, (dict, list)):
-            if d + 1 > limit:
-                return d + 1
-            deepest = max(deepest, d + 1)
-            stack.extend((c, d + 1) for c in (v.values() if isinstance(v, dict) else v))
-    return deepest

@@ -8,6 +8,8 @@ import time
 import uuid
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agentrt.tools.mqtt_client import MqttDispatcher
 from agentrt.tools.mqtt_protocol import decode, message_property, request_properties
@@ -89,3 +91,45 @@ async def test_a_body_that_is_not_a_json_object_gets_an_error_reply(raw):
     for payload in (b"not json", b"[1, 2]", b"\xff\xfe"):
         body, _ = await raw.ask("echo", payload)
         assert not body["ok"] and "JSON object" in body["error"]["message"]
+
+
+json_values = st.recursive(st.one_of(st.none(), st.booleans(), st.integers(-10, 10**12), st.floats(allow_nan=False),
+                                     st.text(max_size=8)),
+                           lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)),
+                           max_leaves=10)
+bodies = st.fixed_dictionaries({}, optional={
+    "call_id": st.one_of(st.text(max_size=6), st.integers()), "tool": st.sampled_from(["echo", "boom", "limited", "nope", 5]),
+    "args": st.one_of(json_values, st.fixed_dictionaries({"x": json_values}, optional={"text": json_values}),
+                      st.fixed_dictionaries({"seconds": st.floats(0, 0.3)})),
+    "timeout_s": st.one_of(st.none(), st.floats(allow_nan=False), st.text(max_size=3), st.integers(-5, 10**9))})
+payloads = st.one_of(st.binary(max_size=40), bodies.map(lambda b: json.dumps(b).encode()))
+
+
+@pytest.fixture
+def worker_config(broker, start_workers):
+    start_workers(1)
+
+    async def up():
+        async with MqttDispatcher(broker.config(), worker_wait_s=10.0) as d:
+            await d.wait_for_workers(1)
+
+    asyncio.run(up())
+    return broker.config()
+
+
+async def _fuzz_once(config, topic: str, payload: bytes) -> None:
+    async with config.client(f"fuzz-{uuid.uuid4().hex[:6]}") as client:
+        caller = RawCaller(client, config)
+        await client.subscribe(caller.reply_topic, qos=1)
+        body, elapsed = await caller.ask(topic, payload, timeout=10)
+        assert body["ok"] or {"kind", "message"} <= set(body["error"]), body
+        assert elapsed < 2.5  # nothing outlives `limited`'s declared 1 s by much
+        ok, _ = await caller.ask("echo", call("echo", {"x": 1}), timeout=10)  # the worker serves on
+        assert ok["ok"], ok
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(topic=st.sampled_from(["echo", "boom", "limited"]), payload=payloads)
+def test_fuzzed_payloads_get_a_reply_and_the_worker_serves_on(worker_config, topic, payload):
+    asyncio.run(_fuzz_once(worker_config, topic, payload))
