@@ -39,6 +39,15 @@ class SpecConfig:
     # of the AMX kernels exactly; a 17th row starts a second block (+3-4 ms a step here)
     kmax: int = 15
 
+    def __post_init__(self) -> None:
+        kind = self.drafter.split(":", 1)[0] if isinstance(self.drafter, str) else None
+        if kind not in ("none", "suffix", "template", "layerskip", "draft"):
+            raise SpecConfigError(f"unknown drafter {self.drafter!r}; choose none, suffix, template, layerskip:N or draft:PATH")
+        if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0):
+            raise SpecConfigError(f"k (the draft length) must be an integer >= 0 (0: no speculation), got {self.k!r}")
+        if isinstance(self.kmax, bool) or not isinstance(self.kmax, int) or self.kmax < 1:
+            raise SpecConfigError(f"kmax (the deepest draft) must be an integer >= 1, got {self.kmax!r}")
+
     @property
     def enabled(self) -> bool:
         return self.drafter != "none" and self.k != 0

@@ -64,3 +64,11 @@ def test_the_mqtt_password_is_never_printed():
 def test_an_unknown_device_is_a_user_error(capsys):
     assert "device 'bogus' is not a device torch knows" in one_line_error(
         capsys, ["generate", "hi", "--device", "bogus", "--max-tokens", "2"])
+
+
+@pytest.mark.parametrize("argv,fragment", [
+    (["--spec", "suffix", "--k", "-3"], "k (the draft length) must be an integer >= 0"),
+    (["--spec", "bogus"], "unknown drafter 'bogus'; choose none, suffix, template"),
+])
+def test_bad_speculation_settings_are_refused_before_any_step(capsys, argv, fragment):
+    assert fragment in one_line_error(capsys, ["generate", "hi", "--max-tokens", "2", *argv])
