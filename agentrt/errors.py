@@ -31,12 +31,15 @@ class SpecError(AgentRTError, ValueError):
 
 class ProgramValidationError(AgentRTError, ValueError):
     """A declared agent program is invalid. `problems` lists every (node, message) found; the
-    message has one line per problem, each starting with the node id at fault."""
+    message has one line per problem, each starting with the node id at fault and ending, where
+    known, with the file:line that declared it (`sites`)."""
 
-    def __init__(self, problems: list[tuple[str, str]], program: str = "") -> None:
+    def __init__(self, problems: list[tuple[str, str]], program: str = "", sites: dict[str, str] | None = None) -> None:
         self.problems = list(problems)
         self.program = program
-        lines = [f"{node}: {message}" for node, message in self.problems]
+        self.sites = dict(sites or {})
+        lines = [f"{node}: {message}" + (f" (declared at {self.sites[node]})" if self.sites.get(node) else "")
+                 for node, message in self.problems]
         if len(lines) > 1 and program:
             lines.append(f"({len(lines)} problems in program '{program}')")
         super().__init__("\n".join(lines))

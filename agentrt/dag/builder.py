@@ -7,7 +7,9 @@ program (references, tools, cycles, types, reachability) is checked by Program.c
 from __future__ import annotations
 
 import json
+import os
 import re
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
@@ -40,10 +42,22 @@ NO_FALLBACK: Any = _NoFallback()
 class Decl:
     spec: NodeSpec
     order: int
+    site: str = ""  # file:line of the program author's code that declared it
+
+
+_DAG_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+def declaration_site() -> str:
+    """file:line of the innermost caller outside agentrt.dag: the author's declaration."""
+    frame = sys._getframe(1)
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == _DAG_DIR:
+        frame = frame.f_back
+    return f"{frame.f_code.co_filename}:{frame.f_lineno}" if frame is not None else ""
 
 
 def _fail(node: str, message: str) -> ProgramValidationError:
-    return ProgramValidationError([(node, message)])
+    return ProgramValidationError([(node, message)], sites={node: declaration_site()})
 
 
 def _check_template(node: str, where: str, text: Any) -> Template:
@@ -387,7 +401,7 @@ class Program(Scope):
         return [n for n, d in self._decls.items() if isinstance(d.spec, InputSpec)]
 
     def _declare(self, spec: NodeSpec) -> Ref:
-        self._decls[spec.id] = Decl(spec, len(self._decls))
+        self._decls[spec.id] = Decl(spec, len(self._decls), declaration_site())
         return Ref(spec.id)
 
 

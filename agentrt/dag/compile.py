@@ -79,7 +79,7 @@ def compile_program(name: str, decls: Mapping[str, Decl], tools: Mapping[str, To
     if problems:
         order = {n: d.order for n, d in decls.items()}
         problems.sort(key=lambda p: order.get(p[0], len(order)))
-        raise ProgramValidationError(problems, program=name)
+        raise ProgramValidationError(problems, program=name, sites={n: d.site for n, d in decls.items()})
     return CompiledProgram(name, graph, dict(tools), output)
 
 

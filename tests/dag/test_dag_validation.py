@@ -36,8 +36,23 @@ def declaration_error(fn, *args, **kwargs):
         fn(*args, **kwargs)
     assert len(e.value.problems) == 1
     node, message = e.value.problems[0]
-    assert str(e.value) == f"{node}: {message}"
+    site = e.value.sites[node]
+    assert site.startswith(__file__ + ":")  # the line that made the declaration: fn(...) above
+    assert str(e.value) == f"{node}: {message} (declared at {site})"
     return node, message
+
+
+def test_compile_errors_name_the_line_that_declared_the_node():
+    import inspect
+
+    p = Program("lines", inputs={"topic": str})
+    here = inspect.currentframe().f_lineno
+    p.llm("unused", prompt="About {topic}")
+    p.output(p.llm("used", prompt="More about {topic}"))
+    with pytest.raises(ProgramValidationError) as e:
+        p.compile()
+    (node, _), = e.value.problems
+    assert node == "unused" and str(e.value).endswith(f"(declared at {__file__}:{here + 1})")
 
 
 def trip(**tools):
