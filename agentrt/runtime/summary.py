@@ -6,11 +6,12 @@ HTML views read it too). Computed from the records alone:
                "stalls": {waiting_on_llm_s, waiting_on_tool_s, waiting_other_s, queued_llm_s,
                           queued_tool_s, preempted_s, tool_backoff_s,
                           llm_active_s, tool_only_s, neither_s},
+               "warnings": [str: a node cut at max_tokens, or a text answer shaped like a tool call],
                "nodes": [{node, kind, name, status, error, start, end, duration_s,
                           phases: {phase: seconds}, waited_on, value (preview), tool, attempts,
                           usage: {input_tokens, cached_input_tokens, output_tokens},
                           spec: {drafted, accepted, forced, alpha, alpha_free, alpha_forced,
-                                 target_passes, tokens_per_pass}, steps}]}],
+                                 target_passes, tokens_per_pass}, steps, finish_reason}]}],
      "engine": {steps, busy_s, idle_s, busy_fraction, mean_batch, max_batch, drafted, accepted,
                 alpha, max_k}}
 
@@ -19,6 +20,8 @@ queued_* the time ready nodes spent before starting; llm_active_s / tool_only_s 
 the run's wall time into: some LLM call of the run in the engine, only tools running, neither.
 """
 from __future__ import annotations
+
+import re
 
 from typing import Any, Iterable
 
@@ -89,6 +92,25 @@ def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str
     return out
 
 
+_TOOL_CALL_TEXT = re.compile(r'^\s*(?:```(?:json)?\s*)?\{\s*"name"\s*:\s*"[^"]*"\s*,\s*"(?:arguments|parameters)"\s*:')
+
+
+def run_warnings(nodes: list[dict[str, Any]]) -> list[str]:
+    """What looks finished but may not be: LLM nodes cut at max_tokens, and text answers shaped
+    like a tool call that nothing parsed (a model that meant to call a tool, or a loop's last
+    step that answered with one)."""
+    out = []
+    for n in nodes:
+        if n["kind"] != "llm" or n["status"] != "ok":
+            continue
+        if n.get("finish_reason") == "length":
+            out.append(f"{n['node']}: cut at max_tokens ({(n.get('usage') or {}).get('output_tokens')} tokens): "
+                       "the answer may be incomplete")
+        if isinstance(n.get("value"), str) and _TOOL_CALL_TEXT.match(n["value"]):
+            out.append(f"{n['node']}: answered with text shaped like a tool call, which no tool ran")
+    return out
+
+
 def run_stalls(nodes: list[dict[str, Any]], phase_spans: list[dict[str, Any]], start: float, end: float) -> dict[str, float]:
     kinds = {n["node"]: n["kind"] for n in nodes}
     st = dict.fromkeys(STALL_KEYS, 0.0)
@@ -145,7 +167,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "start": prog["start"], "end": prog["end"], "duration_s": _r(prog["end"] - prog["start"]),
             "error": prog.get("error"), "output": prog.get("output"), "inputs": prog.get("inputs"),
             "service": prog.get("service"), "stalls": run_stalls(nodes, phase_spans, prog["start"], prog["end"]),
-            "nodes": nodes,
+            "warnings": run_warnings(nodes), "nodes": nodes,
         })
     return {"trace": {"name": header.get("name"), "wall_start": header.get("wall_start"), "end": end,
                       "meta": header.get("meta", {})},

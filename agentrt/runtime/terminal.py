@@ -169,6 +169,8 @@ def render_report(console: Console, summary: dict[str, Any], records: list[dict[
     for run in summary["runs"]:
         if show_output:
             console.print(output_view(run))
+        for warning in run.get("warnings", ()):
+            console.print(Text(f"warning: {warning}", style="yellow"))
         console.print(alpha_table(run))
         console.print(stall_table(run))
     eng = summary["engine"]

@@ -118,3 +118,20 @@ def test_inspect_cli_reports_bad_traces(tmp_path, capsys):
     bad.write_text("hello\n")
     assert main(["inspect", str(bad)]) == 2
     assert "x.jsonl:1: not a JSON line" in capsys.readouterr().err
+
+
+async def test_cut_and_tool_call_shaped_answers_are_flagged(scripted, tmp_path, capsys):
+    """A node cut at max_tokens and a text answer shaped like a tool call finish "done", so the
+    summary, `inspect` and `run`'s report say what looks wrong."""
+    p = Program("flags", inputs={"q": str})
+    cut = p.llm("cut", prompt="Tell me about {q}", max_tokens=3)
+    p.output(p.llm("answer", prompt="Use {cut}"))
+    rt = Runtime(scripted({"cut": "one two three four five six", "answer": '{"name": "search", "arguments": {"q": "x"}}'}))
+    assert (await rt.submit(p, {"q": "cats"})).status == "done"
+    path = rt.trace.write(tmp_path / "flags.jsonl")
+    (run,) = inspect_json(path, capsys)["runs"]
+    assert run["warnings"] == ["cut: cut at max_tokens (3 tokens): the answer may be incomplete",
+                               "answer: answered with text shaped like a tool call, which no tool ran"]
+    assert cli_inspect.run(argparse.Namespace(trace=str(path), html=None, json=False)) == 0
+    shown = capsys.readouterr().out
+    assert "warning: cut: cut at max_tokens" in shown and "warning: answer: answered with text" in shown
