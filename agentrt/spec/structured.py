@@ -24,7 +24,7 @@ import jsonschema
 
 from agentrt.errors import RequestError
 from agentrt.jsonutil import json_depth
-from agentrt.spec.schema_finite import unfinishable_part
+from agentrt.spec.schema_finite import resolve, unfinishable_part
 
 SEPARATORS = (", ", ": ")
 
@@ -118,14 +118,10 @@ def _refs(node: Any, path: str):
 
 def _resolves(schema: dict, ref: str) -> bool:
     """Whether a local reference ('#', '#/$defs/x') names a part of the schema."""
-    node: Any = schema
-    for part in [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/")[1:]]:
-        if isinstance(node, dict) and part in node:
-            node = node[part]
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return False
+    try:
+        resolve(schema, ref)
+    except (KeyError, IndexError, ValueError, TypeError):
+        return False
     return True
 
 
