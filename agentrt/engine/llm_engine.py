@@ -244,6 +244,8 @@ class LLMEngine:
                 return self._advance(row)
         except Exception as e:  # noqa: BLE001
             log.exception("request %d failed in step %d", row.seq.seq_id, self.step_no)
+            if row.seq.finished:  # it failed while finishing: it has ended, with its event lost
+                return None
             row.failed = f"{type(e).__name__}: {e}"
         return self.fail(row.seq, f"request failed in the engine step: {row.failed}")
 

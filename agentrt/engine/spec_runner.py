@@ -40,8 +40,8 @@ class SpecConfig:
     kmax: int = 15
 
     def __post_init__(self) -> None:
-        kind = self.drafter.split(":", 1)[0] if isinstance(self.drafter, str) else None
-        if kind not in ("none", "suffix", "template", "layerskip", "draft"):
+        kind, colon, _ = self.drafter.partition(":") if isinstance(self.drafter, str) else (None, "", "")
+        if kind not in ("none", "suffix", "template", "layerskip", "draft") or (colon and kind not in ("layerskip", "draft")):
             raise SpecConfigError(f"unknown drafter {self.drafter!r}; choose none, suffix, template, layerskip:N or draft:PATH")
         if self.k is not None and (isinstance(self.k, bool) or not isinstance(self.k, int) or self.k < 0):
             raise SpecConfigError(f"k (the draft length) must be an integer >= 0 (0: no speculation), got {self.k!r}")

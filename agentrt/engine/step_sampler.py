@@ -3,12 +3,12 @@ processed p, and exact verification of the drafts (spec.verify) or plain samplin
 
 Sampling is keyed by position: the token at output position n is drawn from its processed p
 with the request's uniform for n (spec.sampling.position_uniforms). Drafts that are tokens, not
-distributions (template, suffix, layer-skip and greedy model drafts), are verified by coupling:
+distributions (the template and suffix drafters'), are verified by coupling:
 a draft is accepted iff it equals the target's own draw at its position (spec.verify:
 verify_greedy), which accepts x with probability p(x), as the rejection rule does for a point
 mass. So a seeded request samples the same tokens with or without drafts, at any k, whatever
-runs beside it. Drafts with a distribution q go through the rejection rule with uniforms from
-the request's generator.
+runs beside it. Drafts with a distribution q (layer-skip and draft models) go through the
+rejection rule with uniforms from each request's generator, for every row of the step.
 
 The logits hold only sampling rows, k + 1 per row from its first_row: the next token's and one
 after each draft token. Greedy rows skip the [rows, vocab] distributions altogether: the argmax

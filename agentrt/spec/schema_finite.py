@@ -24,6 +24,8 @@ def resolve(schema: dict, ref: str) -> Any:
     """The part a local reference ('#', '#/$defs/x') names (the caller checked that it exists)."""
     node: Any = schema
     for part in [p.replace("~1", "/").replace("~0", "~") for p in ref[1:].split("/")[1:]]:
+        if isinstance(node, list) and not part.isdigit():
+            raise KeyError(part)
         node = node[int(part)] if isinstance(node, list) else node[part]
     return node
 
@@ -106,12 +108,16 @@ def unfinishable_part(schema: dict) -> str | None:
     $refs must be local and resolvable (checked before)."""
     refs = set(_refs(schema))
     known = {r: False for r in refs}
-    changed = True
-    while changed:  # least fixpoint: at most one flip per reference per round
-        changed = False
-        for r in refs:
-            if not known[r] and _satisfiable(resolve(schema, r), known):
-                known[r] = changed = True
+    users: dict[str, set[str]] = {r: set() for r in refs}  # ref -> the refs whose target uses it
+    for r in refs:
+        for used in _refs(resolve(schema, r)):
+            users[used].add(r)
+    todo = list(refs)  # least fixpoint by worklist: a ref is looked at again only when one it uses flips
+    while todo:
+        r = todo.pop()
+        if not known[r] and _satisfiable(resolve(schema, r), known):
+            known[r] = True
+            todo.extend(users[r])
     seen: set[str] = set()
     stack = [("(root)", schema)]
     while stack:

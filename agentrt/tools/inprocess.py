@@ -71,20 +71,24 @@ def _run_sync(fn: Any, positional: list[Any], kwargs: dict[str, Any]) -> tuple[b
         return False, e
 
 
-def _deliver(fut: asyncio.Future, result: tuple[bool, Any]) -> None:
-    if not fut.done():  # cancelled: the call timed out and was abandoned
-        fut.set_result(result)
-
-
-async def _in_daemon_thread(name: str, call: Any) -> tuple[bool, Any]:
-    """call() on a new daemon thread; its result, or CancelledError with the thread left running."""
+async def _in_daemon_thread(name: str, call: Any, on_end: Any) -> tuple[bool, Any]:
+    """call() on a new daemon thread; its result, or CancelledError with the thread left running.
+    on_end(): on the loop once the thread has finished, whether or not anyone still waits."""
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
 
+    def finished(result: tuple[bool, Any]) -> None:
+        if not fut.done():  # else cancelled: the call timed out and was abandoned
+            fut.set_result(result)
+        on_end()
+
     def target() -> None:
-        result = call()
         try:
-            loop.call_soon_threadsafe(_deliver, fut, result)
+            result = call()
+        except BaseException as e:  # noqa: BLE001 - whatever ends the thread, the caller hears of it
+            result = (False, e)
+        try:
+            loop.call_soon_threadsafe(finished, result)
         except RuntimeError:  # the loop closed while the tool ran
             pass
 
@@ -93,14 +97,17 @@ async def _in_daemon_thread(name: str, call: Any) -> tuple[bool, Any]:
 
 
 class InProcessExecutor:
-    """max_threads: how many sync tools may run at once; a call past its timeout stops counting
-    (its abandoned thread is counted in `abandoned`)."""
+    """max_threads: how many sync tools may run at once. A call past its timeout stops counting,
+    and its thread runs on, abandoned; at most max_threads abandoned threads may run at once:
+    past that a sync call fails (retryable) until one of them ends, so a hung tool cannot make
+    threads without bound."""
 
     def __init__(self, *, max_threads: int = 32) -> None:
         if max_threads < 1:
             raise ValueError(f"max_threads must be >= 1, got {max_threads}")
         self.max_threads = max_threads
-        self.abandoned = 0  # sync calls given up while their thread still ran
+        self.abandoned = 0  # sync calls given up while their thread still ran, ever
+        self.abandoned_running = 0  # of those, the threads still running
         self._slots: tuple[asyncio.AbstractEventLoop, asyncio.Semaphore] | None = None
 
     def _semaphore(self) -> asyncio.Semaphore:
@@ -111,12 +118,24 @@ class InProcessExecutor:
 
     async def _run_in_thread(self, tool: Tool, call: Any) -> tuple[bool, Any]:
         async with self._semaphore():
+            if self.abandoned_running >= self.max_threads:
+                raise ToolCallError(tool.name, f"tool '{tool.name}': {self.abandoned_running} sync calls outlived their "
+                                               "timeouts and still run; no new thread starts until one ends",
+                                    retryable=True)
+            abandoned = False
+
+            def on_end() -> None:
+                if abandoned:
+                    self.abandoned_running -= 1
+
             try:
-                return await _in_daemon_thread(tool.name, call)
+                return await _in_daemon_thread(tool.name, call, on_end)
             except asyncio.CancelledError:
+                abandoned = True
                 self.abandoned += 1
-                log.warning("tool '%s' outlived its call: its thread runs on, abandoned (%d so far)", tool.name,
-                            self.abandoned)
+                self.abandoned_running += 1
+                log.warning("tool '%s' outlived its call: its thread runs on, abandoned (%d running)", tool.name,
+                            self.abandoned_running)
                 raise
 
     async def execute(self, tool: Tool, args: dict[str, Any], *, timeout: float | None = None) -> Any:

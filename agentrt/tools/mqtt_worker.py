@@ -192,7 +192,7 @@ class MqttWorker:
         assert body is not None
         call_id = str(body.get("call_id") or (correlation or b"").decode(errors="replace") or uuid.uuid4().hex)
         ack = asyncio.get_running_loop().call_later(self.ack_delay_s, self._send_ack, client, reply_to, correlation)
-        task = asyncio.create_task(self._serve(reply_to, correlation, call_id, body, ack))
+        task = asyncio.create_task(self._serve(reply_to, correlation, call_id, topic_tool, body, ack))
         self._running[call_id] = task
         task.add_done_callback(lambda _t: self._running.pop(call_id, None))
 
@@ -221,10 +221,10 @@ class MqttWorker:
     def _send_ack(self, client: aiomqtt.Client, reply_to: str, correlation: bytes | None) -> None:
         self._spawn(self._reply(client, reply_to, correlation, {"kind": "ack", "worker": self.worker_id}))
 
-    async def _serve(self, reply_to: str, correlation: bytes | None, call_id: str, body: dict[str, Any],
+    async def _serve(self, reply_to: str, correlation: bytes | None, call_id: str, name: str, body: dict[str, Any],
                      ack: asyncio.TimerHandle) -> None:
+        """name: the tool of the call's topic (the body agrees, or names none)."""
         assert self._slots is not None
-        name = str(body.get("tool"))
         try:
             async with self._slots:
                 result = await self.registry.call(name, body.get("args"), call_id=call_id, retries=0,

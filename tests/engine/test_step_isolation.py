@@ -68,3 +68,13 @@ def test_a_failing_request_does_not_fail_its_batch(factory, where, monkeypatch):
         assert r_bad.finish_reason == "error" and "RuntimeError: boom" in r_bad.error
         assert "grammar failed" in r_bad.error or where == "grammar commit"
     _check_clean(engine)
+
+
+def test_a_drafter_string_with_a_stray_argument_is_refused():
+    from agentrt.engine import SpecConfig
+    from agentrt.errors import SpecConfigError
+
+    for bad in ("none:foo", "suffix:3", "template:x"):
+        with pytest.raises(SpecConfigError, match="unknown drafter"):
+            SpecConfig(drafter=bad)
+    SpecConfig(drafter="layerskip:8")  # the argument is checked against the model when the engine starts

@@ -148,8 +148,9 @@ async def test_per_call_overrides():
 
 
 async def test_sync_tool_past_its_timeout_is_abandoned_and_frees_its_slot():
-    """max_threads=1: a sync tool that blocks past its timeout fails its call, and the next call
-    runs at once on a new thread instead of queueing behind the abandoned one."""
+    """max_threads=2: a sync tool blocking past its timeout fails its call and the next call runs
+    at once on a new thread; with 2 abandoned threads still running, sync calls fail (retryable)
+    instead of making more threads, until those end."""
     from agentrt.tools.inprocess import InProcessExecutor
 
     release = threading.Event()
@@ -165,15 +166,34 @@ async def test_sync_tool_past_its_timeout_is_abandoned_and_frees_its_slot():
         """Returns at once."""
         return "ok"
 
-    executor = InProcessExecutor(max_threads=1)
+    executor = InProcessExecutor(max_threads=2)
     registry = ToolRegistry([stuck, quick], executors={"inprocess": executor})
     try:
-        result = await registry.call("stuck")
-        assert result.error.kind == "timeout"
-        assert executor.abandoned == 1
+        assert (await registry.call("stuck")).error.kind == "timeout"
+        assert executor.abandoned == executor.abandoned_running == 1
         assert (await asyncio.wait_for(registry.call("quick"), 5)).value == "ok"
+        assert (await registry.call("stuck")).error.kind == "timeout"
+        refused = await registry.call("quick")
+        assert not refused.ok and "2 sync calls outlived their timeouts" in refused.error.message
+        release.set()
+        for _ in range(100):
+            if executor.abandoned_running == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert executor.abandoned_running == 0 and executor.abandoned == 2
+        assert (await registry.call("quick")).value == "ok"
     finally:
         release.set()
+
+
+async def test_a_sync_tool_ending_its_thread_with_a_base_exception_fails_its_call():
+    @tool
+    def interrupted() -> None:
+        """Raises KeyboardInterrupt on its thread."""
+        raise KeyboardInterrupt
+
+    result = await asyncio.wait_for(ToolRegistry([interrupted]).call("interrupted"), 5)
+    assert not result.ok and "KeyboardInterrupt" in result.error.message
 
 
 def test_an_abandoned_sync_tool_does_not_keep_the_process_alive(tmp_path):

@@ -68,6 +68,11 @@ async def test_a_caller_may_ask_for_less(raw):
     assert ok["ok"] and ok["value"] == "done"
 
 
+async def test_a_body_without_a_tool_runs_the_topic_s_tool(raw):
+    body, _ = await raw.ask("echo", json.dumps({"args": {"x": 3}}).encode())
+    assert body["ok"] and body["value"] == {"x": 3, "text": ""}
+
+
 async def test_topic_and_body_must_agree(raw, tmp_path):
     marker = tmp_path / "ran"
     body, _ = await raw.ask("echo", call("record", {"text": "x", "marker": str(marker)}))
