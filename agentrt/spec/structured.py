@@ -99,8 +99,9 @@ def _check_schema(schema: Any, what: str) -> None:
             raise RequestError(f"{what}: $ref {ref!r} at {path or '(root)'} names nothing in the schema")
     part = unfinishable_part(schema)
     if part is not None:
-        raise RequestError(f"{what}: no finite JSON value satisfies {part} (every value of it requires another "
-                           "of the same kind, e.g. a required property that recurses): make the recursion optional")
+        raise RequestError(f"{what}: no finite JSON value satisfies {part}: nothing can be written there (an empty "
+                           "enum, a false schema, a required property that is not allowed, or an object that always "
+                           "requires another of its kind: make such recursion optional)")
 
 
 def _refs(node: Any, path: str):
