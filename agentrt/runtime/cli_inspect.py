@@ -10,13 +10,12 @@ import argparse
 import json
 import sys
 
-from rich.console import Console
 
 from agentrt.errors import RunConfigError
 from agentrt.files import write_text_atomic
 from agentrt.runtime.html_timeline import render_html
 from agentrt.runtime.summary import summarize
-from agentrt.runtime.terminal import render_report
+from agentrt.runtime.terminal import render_report, report_console
 from agentrt.runtime.trace import read_trace
 
 
@@ -59,7 +58,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump(summary, sys.stdout, indent=2, ensure_ascii=False, default=repr)
         sys.stdout.write("\n")
     else:
-        console = Console()
+        console = report_console()
         render_report(console, summary, records)
         if args.html:
             console.print(f"timeline: {args.html}")

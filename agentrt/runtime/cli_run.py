@@ -106,10 +106,10 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
     from agentrt.runtime.live import LiveProgress
     from agentrt.runtime.runtime import Runtime
     from agentrt.runtime.summary import summarize
-    from agentrt.runtime.terminal import render_report
+    from agentrt.runtime.terminal import render_report, report_console
     from agentrt.runtime.trace import Trace
 
-    console = console or Console()
+    console = console or report_console()
     trace = Trace(name=example.name, meta={"model": backend.model_name, "example": str(example.path),
                                            "max_tokens_cap": max_tokens, **(meta or {})})
     runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens, policy=policy, store=store)
@@ -170,7 +170,9 @@ def run(args: argparse.Namespace) -> int:
 def run_on_engine(args: argparse.Namespace, example: Example, inputs: Mapping[str, Any], store: Any = None,
                   run_id: str | None = None, resume: Any = None) -> int:
     """Load the engine the arguments name and run the example on it (agentrt run and resume)."""
-    console = Console()
+    from agentrt.runtime.terminal import report_console
+
+    console = report_console()
     from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
     from agentrt.runtime.engine_backend import EngineBackend
 

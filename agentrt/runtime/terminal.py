@@ -28,6 +28,16 @@ PHASE_STYLE: dict[str, tuple[str, str]] = {
 _ACTIVE = set(LLM_ACTIVE[1:]) | set(TOOL_ACTIVE)  # phases doing work (queued counts as stall here)
 
 
+PIPED_WIDTH = 160  # a file or a pipe has no width; rich would assume 80 and cut the tables' cells
+
+
+def report_console() -> Console:
+    """The console `agentrt run` and `inspect` print on: the terminal's width, or when the
+    output is piped or redirected PIPED_WIDTH columns, so the tables are not cut to 80."""
+    console = Console()
+    return console if console.is_terminal else Console(width=PIPED_WIDTH)
+
+
 def _f(x: float | None, fmt: str = "{:.2f}") -> str:
     return "–" if x is None else fmt.format(x)
 
@@ -36,7 +46,7 @@ def alpha_table(run: dict[str, Any]) -> Table:
     """Per LLM node: tokens, drafts, α (all, free, forced) and tokens per target pass."""
     t = Table(title=f"speculation per LLM node ({run['program']})", title_justify="left")
     for col in ("node", "in", "cached", "out", "drafted", "accepted", "forced", "α", "α free", "α forced", "tok/pass", "steps"):
-        t.add_column(col, justify="left" if col == "node" else "right")
+        t.add_column(col, justify="left" if col == "node" else "right", overflow="fold")  # wrap, never "…"
     tot = dict(drafted=0, accepted=0, forced=0, emitted=0, passes=0)
     for n in run["nodes"]:
         if n["kind"] != "llm":

@@ -135,3 +135,7 @@ async def test_cut_and_tool_call_shaped_answers_are_flagged(scripted, tmp_path, 
     assert cli_inspect.run(argparse.Namespace(trace=str(path), html=None, json=False)) == 0
     shown = capsys.readouterr().out
     assert "warning: cut: cut at max_tokens" in shown and "warning: answer: answered with text" in shown
+    # piped (capsys is no terminal): the tables get room instead of 80 columns of "cac…" and "α f…"
+    assert "…" not in shown
+    for header in ("cached", "drafted", "accepted", "α free", "α forced", "tok/pass"):
+        assert header in shown
