@@ -72,16 +72,23 @@ def alpha_table(run: dict[str, Any]) -> Table:
 
 
 def stall_table(run: dict[str, Any]) -> Table:
+    """Two kinds of figures, kept apart: a split of the run's wall clock (its rows add up to the
+    run's duration), and waits summed over nodes (nodes wait side by side, so these can add up to
+    more than the run took)."""
     st = run["stalls"]
     t = Table(title=f"where the time went ({run['duration_s']:.2f}s)", title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("s", justify="right")
-    rows = [("some LLM call in the engine", "llm_active_s"), ("only tools running", "tool_only_s"),
-            ("neither (runtime)", "neither_s"), ("nodes waiting on LLM nodes", "waiting_on_llm_s"),
-            ("nodes waiting on tool nodes", "waiting_on_tool_s"), ("LLM calls queued in the engine", "queued_llm_s"),
-            ("tool calls queued", "queued_tool_s"), ("preempted", "preempted_s"), ("tool retry backoff", "tool_backoff_s")]
-    for label, key in rows:
-        t.add_row(label, f"{st[key]:.3f}")
+    t.add_row(Text("the run's clock, split (adds up to its duration)", style="bold"), "")
+    for label, key in [("some LLM call in the engine", "llm_active_s"), ("only tools running", "tool_only_s"),
+                       ("neither (runtime)", "neither_s")]:
+        t.add_row("  " + label, f"{st[key]:.3f}")
+    t.add_section()
+    t.add_row(Text("summed over nodes (they wait side by side: may exceed the duration)", style="bold"), "")
+    for label, key in [("waiting on LLM nodes", "waiting_on_llm_s"), ("waiting on tool nodes", "waiting_on_tool_s"),
+                       ("LLM calls queued in the engine", "queued_llm_s"), ("tool calls queued", "queued_tool_s"),
+                       ("preempted", "preempted_s"), ("tool retry backoff", "tool_backoff_s")]:
+        t.add_row("  " + label, f"{st[key]:.3f}")
     return t
 
 

@@ -109,6 +109,11 @@ def test_terminal_report_shows_alpha_table_and_timeline(trace_path):
     for part in ("output of site", "speculation per LLM node", "α free", "tok/pass", "where the time went",
                  "engine batch", "engine k", "timeline", "summary", "mirror"):
         assert part in text, part
+    clock, summed = text.index("the run's clock, split"), text.index("summed over nodes")
+    assert clock < text.index("only tools running") < summed < text.index("waiting on LLM nodes")
+    run = summarize(records)["runs"][0]
+    split = sum(run["stalls"][k] for k in ("llm_active_s", "tool_only_s", "neither_s"))
+    assert split == pytest.approx(run["duration_s"], abs=0.002)  # the first part adds up to the run
     lane = next(line for line in text.splitlines() if "│ mirror" in line).split("mirror", 1)[1]
     assert "r" in lane and "X" in lane and "T" not in lane  # retried, then failed
 
