@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from rich.console import Console
+from rich.text import Text
 
 from agentrt.errors import AgentRTError, RunConfigError
 from agentrt.runtime.loader import Example, load_example, resolve_inputs
@@ -87,8 +88,23 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", default="las", choices=["las", "fcfs"],
                    help="engine priorities: least attained service per program (las) or first come first served")
     p.add_argument("--no-live", action="store_true", help="no live progress display")
+    p.add_argument("--verbose", "-v", action="store_true", help="print each node's value (or error) as it finishes")
     p.add_argument("--answer", action="append", default=[], metavar="NODE=JSON",
                    help="the value a wait_for node asks for (repeatable); else it is asked at the terminal")
+
+
+def print_finished_node(event: Any, console: Console) -> None:
+    """`run -v`: one line per finished node, its value as a prompt would show it, or its error."""
+    from agentrt.runtime.node_exec import preview
+
+    if event.type != "node_finished":
+        return
+    d = event.data
+    head = f"[{event.time:7.2f}s] {d['node']} ({d['kind']})"
+    if d["status"] == "ok":
+        console.print(Text(f"{head} = {preview(d['value'])}"))
+    else:
+        console.print(Text(f"{head} {d['status']}: {d.get('error')}", style="red"))
 
 
 def default_trace_path(program: str) -> Path:
@@ -99,7 +115,7 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
                       console: Console | None = None, max_tokens: int | None = None, live: bool = True,
                       meta: Mapping[str, Any] | None = None, policy: str = "las", store: Any = None,
                       run_id: str | None = None, resume: Any = None,
-                      answers: Mapping[str, Any] | None = None) -> tuple[Any, Path]:
+                      answers: Mapping[str, Any] | None = None, verbose: bool = False) -> tuple[Any, Path]:
     """Run one example program on `backend`, print the report, save the trace. Returns
     (RunResult, trace path). store: a RunStore the run is recorded in (resume: what it recorded
     of run_id, to go on from there)."""
@@ -114,6 +130,8 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
                                            "max_tokens_cap": max_tokens, **(meta or {})})
     runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens, policy=policy, store=store)
     answer_inputs(runtime, answers or {}, console)
+    if verbose:
+        runtime.subscribe_events(lambda ev: print_finished_node(ev, console))
     stored = {}
     if store is not None:
         from agentrt.runtime.store import file_hash
@@ -190,7 +208,7 @@ def run_on_engine(args: argparse.Namespace, example: Example, inputs: Mapping[st
         result, _ = asyncio.run(run_example(example, inputs, backend, trace_path=args.trace, console=console,
                                             max_tokens=args.max_tokens, live=not args.no_live, meta=meta,
                                             policy=args.policy, store=store, run_id=run_id, resume=resume,
-                                            answers=parse_answers(args.answer)))
+                                            answers=parse_answers(args.answer), verbose=getattr(args, "verbose", False)))
     finally:
         backend.close()
         engine.close()

@@ -69,6 +69,21 @@ def test_run_arguments():
     add_arguments(parser)
     args = parser.parse_args(["examples/x.py", "-i", "a=1", "--input", "b=2", "--max-tokens", "32", "--trace", "t.jsonl"])
     assert args.input == ["a=1", "b=2"] and args.max_tokens == 32 and args.spec == "template" and args.trace == "t.jsonl"
+    assert not args.verbose and parser.parse_args(["examples/x.py", "-v"]).verbose
+
+
+async def test_verbose_prints_each_node_as_it_finishes(scripted, tmp_path):
+    example = load_example(EXAMPLES / "trip_planner.py")
+    buf = io.StringIO()
+    plan = {"city": "lisbon", "month": "May", "days": 4, "budget": 900}
+    result, _ = await run_example(example, resolve_inputs(example, []), scripted({"plan": plan, "itinerary": "Day 1: Alfama"}),
+                                  trace_path=tmp_path / "v.jsonl", console=Console(file=buf, width=200), live=False,
+                                  verbose=True)
+    lines = [line for line in buf.getvalue().splitlines() if line.startswith("[")]
+    finished = [line.split("] ", 1)[1].split(" ", 1)[0] for line in lines]
+    assert {"plan", "weather", "money", "days", "itinerary"} <= set(finished) <= set(result.values)
+    assert any(line.endswith("(llm) = Day 1: Alfama") for line in lines)
+    assert any('weather (tool) = {"city": "Lisbon"' in line for line in lines)
 
 
 async def run_scripted(name, replies, scripted, tmp_path):
