@@ -111,9 +111,12 @@ class LLMEngine:
                 raise RequestError("prompt is empty")
             return self.tokenizer.encode(prompt)
         if isinstance(prompt, list) and prompt and not any(isinstance(m, (int, str)) for m in prompt):
-            text = self.tokenizer.apply_chat_template(normalize_messages(prompt), add_generation_prompt=True, tools=tools)
-            return self.tokenizer.encode(text)
+            return self._encode_chat(normalize_messages(prompt), tools)
         raise RequestError("prompt must be a non-empty string or a non-empty list of chat messages")
+
+    def _encode_chat(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+        """Messages already normalized (engine.messages) through the chat template."""
+        return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools))
 
     def format_messages(self, messages: list[dict], fmt: OutputFormat) -> tuple[list[dict], list[dict] | None]:
         """The chat messages, and the tools for the chat template, that a request with this output
@@ -136,7 +139,7 @@ class LLMEngine:
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
         elif fmt.described and isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self.encode_prompt(*self.format_messages(normalize_messages(prompt), fmt))
+            ids = self._encode_chat(*self.format_messages(normalize_messages(prompt), fmt))
         else:
             ids = self.encode_prompt(prompt)
         if not ids:

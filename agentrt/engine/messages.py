@@ -1,9 +1,9 @@
 """Chat messages as callers send them -> what the chat template can render.
 
 OpenAI-style content may be a string, a list of parts ({"type": "text", "text": ...}, concatenated
-as the server's chat API does), or null/absent for an assistant message that only calls tools. Anything else is a
-RequestError naming the message and field, before the template sees it (a template fed an int
-or a list fails with a TypeError from inside Jinja)."""
+as the server's chat API does), or null/absent for an assistant message that only calls tools.
+Anything else is a RequestError naming the message and field, before the template sees it (a
+template fed an int or a list fails with a TypeError from inside Jinja)."""
 from __future__ import annotations
 
 from typing import Any

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, Iterator
 
 _SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties")
+_SUBSCHEMA_MAPS = ("properties", "patternProperties")  # $defs are reached through the $refs that use them
 
 
 def resolve(schema: dict, ref: str) -> Any:
@@ -91,8 +91,6 @@ def _refs(node: Any) -> Iterator[str]:
 
 def _children(node: dict, path: str) -> Iterator[tuple[str, Any]]:
     for key in _SUBSCHEMA_MAPS:
-        if key == "$defs" or key == "definitions":
-            continue  # reached through the $refs that use them
         for name, sub in (node.get(key) or {}).items():
             yield f"{path}/{key}/{name}", sub
     for key in _SUBSCHEMA_LISTS:
