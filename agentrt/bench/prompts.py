@@ -89,6 +89,21 @@ TOOLCALL_REQUESTS: list[tuple[str, str]] = [
 
 TOOLCALL_SYSTEM = "You are a helpful assistant. Answer every request by calling exactly one tool."
 
+# Requests that need several calls in one turn (parallel tool calls: the output is a JSON list).
+MULTI_CALL_REQUESTS: list[str] = [
+    "What's the weather in Paris, Berlin and Madrid? Use celsius.",
+    "Get the stock prices of AAPL, MSFT, NVDA and AMZN.",
+    "Search the web for fusion energy news (3 results) and for solar panel prices (5 results).",
+    "Translate 'good morning' into French, German, Italian and Spanish.",
+    "Read the files notes/a.md, notes/b.md and notes/c.md.",
+    "Convert 5 miles to kilometers, 10 pounds to kilograms and 100 fahrenheit to celsius.",
+]
+MULTI_CALL_SYSTEM = "You are a helpful assistant. Answer with a JSON list of every tool call the request needs."
+
+
+def multi_call_messages() -> list[list[dict]]:
+    return [[{"role": "system", "content": MULTI_CALL_SYSTEM}, {"role": "user", "content": q}] for q in MULTI_CALL_REQUESTS]
+
 
 def toolcall_messages() -> list[list[dict]]:
     return [[{"role": "system", "content": TOOLCALL_SYSTEM}, {"role": "user", "content": q}] for q, _ in TOOLCALL_REQUESTS]

@@ -11,8 +11,9 @@ repeat uses fresh engines and keeps each prompt's fastest run. tok/s is decode s
 ((tokens - 1) / (last - first token)): the ~1100-token prompt's prefill is the same for every
 policy, e2e_tok_s includes it. valid = parsed result and no error.
 
-Summary: tokens_per_pass, speedup (decode tok/s, template adaptive / no speculation), valid, total.
-Goals: tokens_per_pass >= 4, speedup >= 3, valid == total.
+Summary: tokens_per_pass, speedup (decode tok/s, template adaptive / no speculation), valid, total;
+and from lists of calls under every budget (toolcall_budget.py) valid_under_budget.
+Goals: tokens_per_pass >= 4, speedup >= 3, valid == total, valid_under_budget == 1.
 """
 from __future__ import annotations
 
@@ -25,6 +26,8 @@ import torch
 from rich.console import Console
 
 from agentrt.bench.common import BenchResult
+from agentrt.tables import print_table
+from agentrt.bench.toolcall_budget import run_budgets
 from agentrt.bench.prompts import TOOLCALL_REQUESTS, TOOLS, toolcall_messages
 from agentrt.bench.spec import load_hf, new_engine, run_hf, run_ours, shared_cost_model
 
@@ -218,6 +221,10 @@ def run(args: argparse.Namespace) -> BenchResult:
     load_after = os.getloadavg()[0]
     rows = table(best, POLICIES, fmt, expected, loaded.tokenizer)
     summary = summarize(rows, len(prompts))
+    console.print("[bold]lists of calls under every budget[/] (validity only, not timed)")
+    budget_rows, budget_summary = run_budgets(loaded, cost_model, ["none", "template"], args.quick, console.print)
+    print_table("bench toolcall: multi-call outputs under max_tokens", budget_rows, console)
+    summary.update(budget_summary)
     details = per_request(best, POLICIES, expected)
     notes = [
         f"same greedy tokens with and without speculation: {sum(d['same_tokens'] for d in details)}/{len(details)} "
@@ -225,9 +232,12 @@ def run(args: argparse.Namespace) -> BenchResult:
         "tok_s: decode tokens/s after the first token; speedup: tok_s over constrained without speculation. "
         "Goals: tokens_per_pass >= 4, speedup >= 3, valid == total.",
         f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} CPUs",
+        f"multi-call outputs valid at every budget from the schema's minimum up: "
+        f"{budget_summary['valid_under_budget']:.3f} of {budget_summary['budget_outputs']} "
+        f"({budget_summary['budget_length_share']:.0%} reached their budget)",
     ]
     config = {"model": args.model, "dtype": args.dtype, "max_new_tokens": max_tokens, "repeats": repeats,
               "tools": [t["function"]["name"] for t in TOOLS], "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
               "cost_model": cost_model.source, "threads": torch.get_num_threads(), "loadavg_before_after": [load_before, load_after],
-              "requests": details}
+              "requests": details, "budget": budget_rows}
     return BenchResult(rows=rows, summary=summary, notes=notes, config=config)

@@ -67,6 +67,11 @@ class Constraints:
             if grammar is not None:
                 try:
                     bm = self.grammars.new_bitmask(r.k + 1)
+                    if grammar.closing:  # finishing within max_tokens (engine.budget): drafts are the completion
+                        grammar.fill_closing_masks(r.k, bm, 0)
+                        parts.append((offset, bm))
+                        offset += r.num_rows
+                        continue
                     allowed = grammar.fill_masks(r.draft, bm, 0)
                 except Exception as e:  # noqa: BLE001 - one request's grammar fails that request only
                     r.failed = f"grammar failed: {type(e).__name__}: {e}"

@@ -16,6 +16,7 @@ from typing import Callable
 
 import torch
 
+from agentrt.engine.budget import fit_emitted, force_closings, plan_closings
 from agentrt.engine.block_manager import BlockManager
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.model_loader import LoadedModel, load_model
@@ -106,17 +107,21 @@ class LLMEngine:
 
     # ---- requests -------------------------------------------------------------------------
     def encode_prompt(self, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
+        return self.tokenizer.encode(self.prompt_text(prompt, tools))
+
+    def prompt_text(self, prompt: str | list[dict], tools: list[dict] | None = None) -> str:
+        """The text a prompt (a string, or chat messages through the chat template) is tokenized from."""
         if isinstance(prompt, str):
             if not prompt:
                 raise RequestError("prompt is empty")
-            return self.tokenizer.encode(prompt)
+            return prompt
         if isinstance(prompt, list) and prompt and not any(isinstance(m, (int, str)) for m in prompt):
-            return self._encode_chat(normalize_messages(prompt), tools)
+            return self._render_chat(normalize_messages(prompt), tools)
         raise RequestError("prompt must be a non-empty string or a non-empty list of chat messages")
 
-    def _encode_chat(self, messages: list[dict], tools: list[dict] | None) -> list[int]:
+    def _render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
         """Messages already normalized (engine.messages) through the chat template."""
-        return self.tokenizer.encode(self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools))
+        return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
 
     def format_messages(self, messages: list[dict], fmt: OutputFormat) -> tuple[list[dict], list[dict] | None]:
         """The chat messages, and the tools for the chat template, that a request with this output
@@ -136,12 +141,15 @@ class LLMEngine:
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be SamplingParams, got {type(params).__name__}")
         fmt = parse_response_format(params.response_format)
+        text = None
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
-        elif fmt.described and isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            ids = self._encode_chat(*self.format_messages(normalize_messages(prompt), fmt))
         else:
-            ids = self.encode_prompt(prompt)
+            if fmt.described and isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+                text = self._render_chat(*self.format_messages(normalize_messages(prompt), fmt))
+            else:
+                text = self.prompt_text(prompt)
+            ids = self.tokenizer.encode(text)
         if not ids:
             raise RequestError("prompt is empty")
         bad = [t for t in ids if not 0 <= t < self.model.cfg.vocab_size]
@@ -155,7 +163,7 @@ class LLMEngine:
         rid = next(self._ids)
         seed = params.seed if params.seed is not None else int(torch.randint(0, 2**62, (1,), generator=self._seed_gen))
         seq = Sequence(rid, ids, params, priority=priority, generator=torch.Generator().manual_seed(seed), seed=seed,
-                       meta=meta or {})
+                       meta=meta or {}, prompt_text=text)
         seq.penalties = self._penalties(params, fmt)
         if fmt.constrained:
             seq.output_format = fmt
@@ -225,7 +233,10 @@ class LLMEngine:
             return []
         rows = rows_of(batch.seqs, batch.num_new)
         limit_drafts(rows, self.blocks, self.max_model_len)
+        plan_closings(rows, self.tokenizer.encode, self.tokenizer.decode)
         drafting = self.spec.propose(rows)
+        if self.spec.drafter is not None:
+            force_closings(rows)
         fit_drafts_to_kv(rows, self.blocks)
         masks = self.constraints.step_masks(rows)
         reserve_draft_kv(rows, self.blocks)
@@ -263,13 +274,21 @@ class LLMEngine:
             self.blocks.truncate(seq.seq_id, seq.num_computed)
             self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
             return None
+        closing = None
+        if seq.grammar is not None:  # cut back to what can still be completed within max_tokens
+            row.emitted, closing = fit_emitted(seq, row.emitted, self.tokenizer.encode, self.tokenizer.decode)
         seq.num_computed += row.num_new + len(row.emitted) - 1
         self.blocks.truncate(seq.seq_id, seq.num_computed)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
             self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)  # siblings reuse the prompt
-        kept, text, reason = self._stops[seq.seq_id].apply(row.emitted)
+        stops = self._stops[seq.seq_id]
+        kept, text, reason = stops.apply(row.emitted)
         self.constraints.commit(seq, kept)
+        if closing is not None:
+            seq.grammar.closing, seq.grammar.closing_length = closing, len(closing) + 1
+        if reason is None and seq.grammar is not None and seq.grammar.closed:
+            text, reason = text + stops.flush(), "length"  # completed within max_tokens (engine.budget)
         self.spec.on_verified(row, kept, self.step_no)
         logprobs = None if row.logprobs is None else row.logprobs[: len(kept)]
         if logprobs is not None:
@@ -332,6 +351,8 @@ class LLMEngine:
             prompt_token_ids=list(seq.prompt_ids),
             cached_tokens=seq.cached_tokens,
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
+            prompt_text=seq.prompt_text,
+            completion_tokens=seq.grammar.closing_length if seq.grammar is not None else 0,
         )
         del self._seqs[seq.seq_id]
         return TokenEvent(seq.seq_id, list(kept), text, finished=True, finish_reason=reason, error=error, result=result,
@@ -342,7 +363,7 @@ class LLMEngine:
         fmt = seq.output_format
         if fmt is None or error is not None or reason in ("abort", "error"):
             return None, error
-        if reason == "length" and not seq.grammar.terminated and not fmt.is_text_answer(text):
+        if reason == "length" and not seq.grammar.complete and not fmt.is_text_answer(text):
             return None, (f"structured output truncated: max_tokens={seq.params.max_tokens} was reached before the "
                           f"JSON was complete; raw text: {text!r}")
         try:

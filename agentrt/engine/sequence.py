@@ -40,6 +40,7 @@ class Sequence:
     grammar: Any = None  # agentrt.spec.grammar.GrammarState when constrained
     penalties: Any = None  # agentrt.spec.penalties.Penalties when the request asks for any
     logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked for
+    prompt_text: str | None = None  # the text prompt_ids were encoded from (None: given as token ids)
 
     @property
     def all_ids(self) -> list[int]:

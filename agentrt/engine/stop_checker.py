@@ -27,7 +27,7 @@ class StopChecker:
             seq.output_ids.append(t)
             kept.append(t)
             if t in self.stop_ids:
-                return kept, new_text + self._flush(), "stop"
+                return kept, new_text + self.flush(), "stop"
             piece = self.detok.push(t)
             if p.stop:
                 buf = self._held + piece
@@ -46,10 +46,11 @@ class StopChecker:
                 new_text += piece
                 self.text += piece
             if len(seq.output_ids) >= p.max_tokens:
-                return kept, new_text + self._flush(), "length"
+                return kept, new_text + self.flush(), "length"
         return kept, new_text, None
 
-    def _flush(self) -> str:
+    def flush(self) -> str:
+        """Text held back for stop strings, now given out (the request ends without one)."""
         out, self._held = self._held, ""
         self.text += out
         return out

@@ -46,6 +46,20 @@ def shared_grammar_cache(tokenizer: Any, vocab_size: int, stop_token_ids: list[i
         return per[key]
 
 
+LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+STRICT_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'
+
+
+def strict_strings(grammar: xgr.Grammar) -> xgr.Grammar:
+    """xgrammar's rule for the characters of a length-bounded string allows raw control characters
+    (its rule for other strings does not), which JSON forbids: json.loads rejects such output. The
+    same grammar, with that rule as strict as the other."""
+    text = str(grammar)
+    if LOOSE_STRING_CHAR not in text:
+        return grammar
+    return xgr.Grammar.from_ebnf(text.replace(LOOSE_STRING_CHAR, STRICT_STRING_CHAR))
+
+
 class GrammarCache:
     """Compiles each output format once per tokenizer (xgrammar also caches internally)."""
 
@@ -61,7 +75,8 @@ class GrammarCache:
             if key in self._compiled:
                 return self._compiled[key]
         try:
-            json_grammar = xgr.Grammar.from_json_schema(fmt.schema, any_whitespace=False, separators=SEPARATORS)
+            json_grammar = strict_strings(xgr.Grammar.from_json_schema(fmt.schema, any_whitespace=False,
+                                                                       separators=SEPARATORS))
             if fmt.kind == "tool_call" and fmt.tool_choice == "none":
                 grammar = xgr.Grammar.from_ebnf('root ::= [^\\[{ \\t\\n] [^]*')  # text only
             elif fmt.kind == "tool_call" and fmt.allow_text:
@@ -82,11 +97,90 @@ class GrammarCache:
         return xgr.allocate_token_bitmask(rows, self.info.vocab_size)
 
 
+# Characters a completion tries, in order: inside a JSON string, end it; outside, end an array
+# or object, then separators (before digits, or a number would grow digit by digit), then the
+# shortest values; then the rest of printable ASCII (keys, enum values). A backslash is never
+# tried: escapes would need a pair.
+_REST = "".join(chr(c) for c in range(32, 127) if chr(c) not in '"}],:0tfn[{\\')
+ORDER_IN_STRING = '"' + _REST + '}],:0tfn[{'
+ORDER_OUTSIDE = ']},:"0tfn[{' + _REST
+COMPLETION_MAX_OPS = 4000  # matcher steps one search may take (each ~1 us)
+COMPLETION_MAX_CHARS = 400  # also bounds the search's recursion
+
+
+def in_json_string(text: str, inside: bool = False) -> bool:
+    """Whether JSON text that starts inside (or outside) a string ends inside one."""
+    escaped = False
+    for ch in text:
+        if escaped:
+            escaped = False
+        elif ch == "\\" and inside:
+            escaped = True
+        elif ch == '"':
+            inside = not inside
+    return inside
+
+
+def completion_from(m: xgr.GrammarMatcher, encode: Any, text: str) -> str | None:
+    """A short text that completes the output `text` from matcher m's state (m is advanced: pass
+    a fork). Depth first over characters (ORDER_IN_STRING / ORDER_OUTSIDE by where the text
+    stands), taking the grammar's forced strings whole: close what is open, add what is
+    required, the shortest scalars. Short, not always shortest; None when the search gives up."""
+    if m.is_terminated() or m.is_completed():
+        return ""
+    ops = [0]
+
+    def accept(ids: list[int]) -> int:
+        n = 0
+        for t in ids:
+            ops[0] += 1
+            if not m.accept_token(t):
+                break
+            n += 1
+        return n
+
+    def search(depth: int, inside: bool) -> str | None:
+        if m.is_completed():
+            return ""
+        if depth >= COMPLETION_MAX_CHARS or ops[0] >= COMPLETION_MAX_OPS:
+            return None
+        forced = m.find_jump_forward_string()
+        for piece in [forced] if forced else ORDER_IN_STRING if inside else ORDER_OUTSIDE:
+            if ops[0] >= COMPLETION_MAX_OPS:
+                return None
+            ids = encode(piece)
+            n = accept(ids)
+            if n == len(ids):
+                rest = search(depth + len(piece), in_json_string(piece, inside))
+                if rest is not None:
+                    return piece + rest
+            m.rollback(n)
+        return None
+
+    return search(0, in_json_string(text))
+
+
 class GrammarState:
-    """One sequence's position in its grammar."""
+    """One sequence's position in its grammar. `closing`: once set, the tokens that complete the
+    output within its budget, forced one per position until they are all emitted."""
 
     def __init__(self, compiled: xgr.CompiledGrammar):
         self.matcher = xgr.GrammarMatcher(compiled)
+        self.closing: list[int] | None = None
+        self.completion_tokens = 0  # the last completion's length (engine.budget)
+        self.closing_length = 0  # tokens of the completion forced in all
+        self.completion_cache: tuple | None = None  # ((output length, tokens after), completion ids)
+
+    def completion(self, encode: Any, text: str, after: list[int] = ()) -> str | None:
+        """A short text that completes the output `text` (written so far, then `after` tokens
+        more, which the grammar must allow) so that the grammar's root is matched and a stop
+        token may follow; None when the search gives up or `after` is not allowed. "" when
+        already complete. See completion_from."""
+        m = self.matcher.fork()
+        for t in after:
+            if m.is_terminated() or not m.accept_token(t):
+                return "" if m.is_terminated() else None
+        return completion_from(m, encode, text)
 
     def fill_masks(self, draft: list[int], bitmask: torch.Tensor, row0: int) -> int:
         """Fill rows row0..row0+m of `bitmask` with the masks after each accepted prefix of the
@@ -111,6 +205,22 @@ class GrammarState:
                 return
             if not self.matcher.accept_token(t):
                 raise RuntimeError(f"grammar rejected emitted token {t}: masking and sampling disagree")
+            if self.closing:
+                if self.closing[0] != t:
+                    raise RuntimeError(f"emitted token {t} where the completion forced {self.closing[0]}")
+                self.closing = self.closing[1:]
+
+    @property
+    def closed(self) -> bool:
+        """A completion was forced and has been emitted in full: the output is complete."""
+        return self.closing is not None and not self.closing
+
+    def fill_closing_masks(self, k: int, bitmask: torch.Tensor, row0: int) -> None:
+        """Rows row0..row0+k of `bitmask`: each allows only the next token of the completion."""
+        bitmask[row0 : row0 + k + 1] = 0
+        for j, t in enumerate(self.closing[: k + 1]):
+            bit = 1 << (t % 32)
+            bitmask[row0 + j, t // 32] = bit - (1 << 32) if bit >= 1 << 31 else bit  # int32 words
 
     def forced_string(self) -> str:
         return "" if self.matcher.is_terminated() else self.matcher.find_jump_forward_string()
@@ -132,6 +242,11 @@ class GrammarState:
     @property
     def terminated(self) -> bool:
         return self.matcher.is_terminated()
+
+    @property
+    def complete(self) -> bool:
+        """The output so far is a whole value of the grammar (a stop token may follow)."""
+        return self.matcher.is_terminated() or self.matcher.is_completed()
 
 
 def apply_masks(logits: torch.Tensor, bitmask: torch.Tensor, rows: list[int]) -> None:

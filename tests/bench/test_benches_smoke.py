@@ -65,6 +65,25 @@ def test_toolcall_bench_rows_and_summary(tiny, tiny_hf):
     assert len(toolcall.per_request(best, toolcall.POLICIES, expected)) == len(chats)
 
 
+def test_toolcall_budget_sweep_is_valid_at_every_budget(tiny):
+    """A random model writes arbitrary (grammar-allowed) calls: every output still parses at
+    every budget from the minimum up, which is what valid_under_budget reports."""
+    from agentrt.bench import toolcall_budget
+
+    def tool(name, properties):  # small schemas: the tiny model's context is 512 tokens
+        return {"type": "function", "function": {"name": name, "description": name, "parameters": {
+            "type": "object", "properties": properties, "required": sorted(properties)}}}
+
+    tools = [tool("weather", {"city": {"type": "string", "maxLength": 12},
+                              "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}})]
+    chats = [[{"role": "user", "content": q}] for q in ("book two meetings", "search a and b")]
+    rows, summary = toolcall_budget.run_budgets(tiny, None, ["none", "template"], quick=True, log=lambda msg: None,
+                                                tools=tools, chats=chats, span=24)
+    assert [r["outputs"] for r in rows] == [12, 12]
+    assert summary["valid_under_budget"] == 1.0 and summary["budget_outputs"] == 24
+    assert all(r["valid"] == r["outputs"] and r["min_budget"] > 10 for r in rows)
+
+
 def test_batch_sweep_rows_and_breakeven(tiny):
     from agentrt.bench import batch_sweep
     from agentrt.spec.cost_model import StepCostModel
