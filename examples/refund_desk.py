@@ -1,14 +1,17 @@
-"""Refund desk: a customer asks for a refund; the order is looked up, the model proposes a
-refund, and a person approves or declines it before any money moves (`wait_for`: the run waits,
-status "waiting", until the decision is posted). Approved: the refund is issued (a write to a
-local ledger, not idempotent: never issued twice, even across a server restart) and the model
-confirms it; declined: the model writes a polite reply with the reviewer's note.
+"""Refund desk: a customer asks for a refund; the order is looked up, the refund policy for its
+price is picked (a branch whose predicates read the order and whose cases are fixed texts: no
+model call), the model proposes a refund under that policy, and a person approves or declines it
+before any money moves (`wait_for`: the run waits, status "waiting", until the decision is
+posted). Approved: the refund is issued (a write to a local ledger, not idempotent: never issued
+twice, even across a server restart) and the model confirms it; declined: the model writes a
+polite reply with the reviewer's note.
 
     agentrt run examples/refund_desk.py --answer approval='{"approved": true, "note": ""}'
     agentrt serve examples/refund_desk.py      # then POST /v1/runs/RUN_ID/input/approval {"value": {...}}
 
-    order (lookup_order) ── proposal (LLM, JSON) ── approval (wait_for) ── approved? refund ─ reply
-                                                                                     └ no: decline
+    order (lookup_order) ── policy (price <= 40? costly? else: a fixed text) ── proposal (LLM, JSON)
+        ── approval (wait_for) ── approved? refund ─ reply
+                                          └ no: decline
 """
 from __future__ import annotations
 
@@ -60,9 +63,18 @@ PROPOSAL = {"type": "object", "properties": {
     "amount": {"type": "number", "minimum": 0, "maximum": 1000},
     "reason": {"type": "string", "maxLength": 120}}, "required": ["amount", "reason"]}
 
+
+def costly(order: dict) -> bool:
+    return order["price"] >= 50
+
+
 p = Program("refund_desk", inputs={"order_id": int, "message": str}, tools=tools)
 order = p.tool("order", "lookup_order", args={"order_id": p.input("order_id")})
-proposal = p.llm("proposal", prompt="A customer wrote: {message}\nTheir order: {order}\n"
+policy = p.branch("policy", on=order, cases=[  # the first case whose predicate holds; each case is a constant
+    (lambda o: o["price"] <= 40, "Orders up to 40 EUR: refund the full price, no questions asked."),
+    (costly, "Orders of 50 EUR or more: the full price if the item arrived broken, else at most half of it."),
+], default="Refund what is fair for the problem described, at most the price.")
+proposal = p.llm("proposal", prompt="A customer wrote: {message}\nTheir order: {order}\nRefund policy: {policy}\n"
                                     "Propose a refund: the amount in EUR (at most the price) and a short reason.",
                  output=JsonSchema(PROPOSAL), max_tokens=64)
 decision = p.wait_for("approval", DECISION,

@@ -2,12 +2,14 @@
 creates (deterministic data) in the temp directory on first use. The schema is inspected first;
 then an agent loop queries, reads the rows or the SQL error (and repairs the query), and answers.
 The tools are described to the model by the engine (structured output); the system prompt only
-says how to work.
+says how to work. The first step must query (tool_choice="required_first"): left to choose, a
+small model mostly answers at once from the table names, making the numbers up.
 
     agentrt run examples/sql_agent.py
     agentrt run examples/sql_agent.py --input question="Which city has the most customers?"
 
-    schema (inspect_schema) ── agent loop: LLM ─ run_query ─ LLM ─ run_query ─ ... ─ answer (at most 4 LLM steps)
+    schema (inspect_schema) ── agent loop: LLM ─ run_query ─ LLM ─ run_query ─ ... ─ answer (at most 4 LLM steps;
+                                           the first one calls run_query)
 """
 from __future__ import annotations
 
@@ -123,7 +125,8 @@ p.output(p.agent_loop(
     system="You answer questions about a shop database by running SQLite queries. If a query fails, fix it. "
            "When you have the rows you need, answer in one sentence.",
     prompt="Tables: {schema}\nQuestion: {question}",
-    tools=["run_query"], max_steps=4, max_tokens=128))
+    # max_tokens: a call with the longest SQL run_query takes (200 characters, up to one token each) fits
+    tools=["run_query"], max_steps=4, max_tokens=256, tool_choice="required_first"))
 program = p.compile()
 
 DEFAULT_INPUTS = {"question": "How many orders were placed in March 2025?"}

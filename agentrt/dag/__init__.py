@@ -15,12 +15,12 @@ from agentrt.dag.outputs import JsonSchema, OutputSpec, Text, ToolCall
 from agentrt.dag.refs import Ref, Template, resolve
 from agentrt.dag.render import render_prompt, tool_arguments
 from agentrt.dag.run import ProgramRun
-from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, Case, FanOutSpec, InputSpec, ItemSpec, LLMSpec, NodeSpec,
-                               ToolSpec)
+from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, Case, Constant, FanOutSpec, InputSpec, ItemSpec, LLMSpec,
+                               NodeSpec, ToolSpec)
 from agentrt.dag.tooldefs import ToolDef
 
 __all__ = [
-    "AgentLoopSpec", "BranchSpec", "CallCount", "Case", "CompiledProgram", "FanOutSpec", "InputSpec", "ItemSpec",
-    "JsonSchema", "LLMSpec", "NodeSpec", "OutputSpec", "Program", "ProgramRun", "Ref", "Scope", "Template", "Text",
-    "ToolCall", "ToolDef", "ToolSpec", "render_prompt", "resolve", "tool_arguments",
+    "AgentLoopSpec", "BranchSpec", "CallCount", "Case", "CompiledProgram", "Constant", "FanOutSpec", "InputSpec",
+    "ItemSpec", "JsonSchema", "LLMSpec", "NodeSpec", "OutputSpec", "Program", "ProgramRun", "Ref", "Scope", "Template",
+    "Text", "ToolCall", "ToolDef", "ToolSpec", "render_prompt", "resolve", "tool_arguments",
 ]

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from agentrt.dag.outputs import JsonSchema, OutputSpec, Text, ToolCall
 from agentrt.dag.refs import Ref, Template, placeholders
-from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, Case, FanOutSpec, InputSpec, ItemSpec, LLMSpec,
-                               NodeSpec, ToolSpec, walk_args)
+from agentrt.dag.specs import (LOOP_CHOICES, LOOP_OUTPUTS, AgentLoopSpec, BranchSpec, Case, Constant, FanOutSpec,
+                               InputSpec, ItemSpec, LLMSpec, NodeSpec, ToolSpec, walk_args)
 from agentrt.dag.tooldefs import ToolDef, schema_problems, to_tool_def
 from agentrt.errors import ProgramValidationError
 
@@ -28,6 +28,7 @@ _LABEL = re.compile(r"^[A-Za-z0-9_-]+$")
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 ITEM = "item"  # the local name of a fan-out branch's item
 INPUT_TOOL = "(input)"  # what a wait_for node is called where a tool name is shown
+CaseBody = Any  # a function (Scope -> Ref) declaring a branch case's nodes, or a JSON constant: Scope.branch
 
 
 class _NoFallback:
@@ -77,12 +78,48 @@ def _check_json_value(node: str, where: str, value: Any) -> None:
         raise _fail(node, f"{where} must be JSON data (or a Ref / Template in tool args): {e}") from None
 
 
-def _case_label(node: str, key: Any) -> str:
+def _case_pairs(node: str, cases: Any) -> list[tuple[Any, Any]]:
+    """The (key, body) pairs of a branch, in the order they are tried."""
+    if isinstance(cases, Mapping):
+        pairs = list(cases.items())
+    elif isinstance(cases, (list, tuple)) and all(isinstance(c, (list, tuple)) and len(c) == 2 for c in cases):
+        pairs = [(key, body) for key, body in cases]
+    else:
+        pairs = []
+    if not pairs:
+        raise _fail(node, "cases must be a non-empty dict {key: body} or list [(key or predicate, body), ...]")
+    return pairs
+
+
+def _case_label(node: str, key: Any, position: int) -> str:
+    """The id-safe name of a case, in its nodes' ids: the key; for a predicate its function name,
+    or case<position> when it has none that fits (a lambda)."""
+    if callable(key):
+        name = getattr(key, "__name__", "")
+        return name if _LABEL.match(name) else f"case{position}"
     if isinstance(key, bool) or key is None:
         return json.dumps(key)
     if isinstance(key, int) or (isinstance(key, str) and _LABEL.match(key)):
         return str(key)
-    raise _fail(node, f"case key {key!r} must be a bool, an int, None, or a str of letters, digits, '_', '-'")
+    raise _fail(node, f"case key {key!r} must be a bool, an int, None, a str of letters, digits, '_', '-', "
+                      "or a predicate (a function of the value answering True or False)")
+
+
+def _check_case_labels(node: str, entries: list[tuple[Any, str, Any, bool]]) -> None:
+    """Labels name the cases' nodes, so they must differ; an equality key given twice is an
+    error of its own, since the second case could never be taken."""
+    first_key: dict[str, Any] = {}
+    for key, label, _, is_default in entries:
+        if label not in first_key:
+            first_key[label] = key
+            continue
+        earlier = first_key[label]
+        if not is_default and not callable(key) and not callable(earlier) \
+                and isinstance(key, bool) == isinstance(earlier, bool) and key == earlier:
+            raise _fail(node, f"case {label} is given twice: the second can never match (the first match wins)")
+        raise _fail(node, f"two cases are labelled '{label}' (their nodes are named '{node}?{label}.<id>'); "
+                          "rename one (a predicate is labelled by its function name, and a key 'default' "
+                          "clashes with default=)")
 
 
 class Scope:
@@ -229,11 +266,23 @@ class Scope:
         result = self._run_body(node, body, Scope(self._program, prefix, item), "body")
         return self._add(FanOutSpec(node, over, prefix, result))
 
-    def branch(self, id: str, on: Ref, cases: Mapping[Any, Callable[[Scope], Ref]],
-               default: Callable[[Scope], Ref] | None = None) -> Ref:
-        """Take the case whose key equals the value of `on` (a bool, int, None or short str);
-        `default` when none matches (without one, no match ends the run with an error). The
-        output is the taken case's result. Case nodes get ids "<id>?<key>.<local id>".
+    def branch(self, id: str, on: Ref, cases: Mapping[Any, CaseBody] | Sequence[tuple[Any, CaseBody]],
+               default: CaseBody | None = None) -> Ref:
+        """Take the first case that matches the value of `on` (a node, e.g. on=tri, or a part of
+        one, on=tri["urgency"]); `default` when none does (without one, no match ends the run with
+        an error). The output is the taken case's result.
+
+        cases: a dict {key: body}, or a list of (key, body) pairs, tried in order (the first match
+        wins; `default` always comes last). A key is either a value `on` must equal (a bool, int,
+        None or short str; JSON semantics: true is not 1) or a predicate, a function of the value
+        that answers True or False; it gets a copy of the value, and if it raises or answers
+        anything but a bool the run fails naming the branch and the case. A body is either a
+        function that declares the case's nodes on its scope and returns its result Ref, or a plain
+        JSON value, the output when that case is taken (no node needed; Constant(None) makes a null
+        default, since default=None means no default).
+
+        Case nodes get ids "<id>?<label>.<local id>": the label is the key, a predicate's function
+        name, or case<i> for a lambda (i: its position in cases).
 
         >>> p = Program("demo", inputs={"question": str})
         >>> kind = p.llm("kind", prompt="Is this about math? {question}",
@@ -242,30 +291,47 @@ class Scope:
         ...     "math": lambda b: b.llm("solve", prompt="Solve step by step: {question}"),
         ...     "other": lambda b: b.llm("reply", prompt="Answer briefly: {question}")})
         Ref('answer')
+
+        Predicates read as much of the value as they like, and a case may just be a value:
+
+        >>> p = Program("triage", inputs={"ticket": str})
+        >>> tri = p.llm("tri", prompt="Triage: {ticket}", output=JsonSchema({"type": "object", "properties": {
+        ...     "urgency": {"type": "integer"}, "topic": {"type": "string"}}, "required": ["urgency", "topic"]}))
+        >>> def urgent(t):
+        ...     return t["urgency"] >= 4
+        >>> p.output(p.branch("route", on=tri, cases=[
+        ...     (urgent, lambda b: b.llm("page", prompt="Write the on-call page for: {ticket}")),
+        ...     (lambda t: t["topic"] == "billing", lambda b: b.llm("bill", prompt="Answer the bill: {ticket}")),
+        ...     (lambda t: t["urgency"] < 2, "no action needed")],
+        ...     default=lambda b: b.llm("reply", prompt="Reply to: {ticket}")))
+        >>> program = p.compile()
+        >>> run = program.start({"ticket": "My invoice is wrong and the site is down"})
+        >>> run.complete("tri", {"urgency": 5, "topic": "billing"})  # urgent and billing: the first wins
+        ['route?urgent.page']
+        >>> run = program.start({"ticket": "Thanks, all good"})
+        >>> run.complete("tri", {"urgency": 0, "topic": "praise"}), run.result
+        ([], 'no action needed')
         """
         node = self._new_id(id)
         if not isinstance(on, Ref):
-            raise _fail(node, f"on must be a Ref, got {on!r}")
-        if not isinstance(cases, Mapping) or not cases:
-            raise _fail(node, "cases must be a non-empty dict {key: body}")
-        bodies = [(key, _case_label(node, key), body, False) for key, body in cases.items()]
+            raise _fail(node, f"on must be a Ref (a node, or a part of one), got {on!r}")
+        pairs = _case_pairs(node, cases)
+        entries = [(key, _case_label(node, key, i), body, False) for i, (key, body) in enumerate(pairs)]
         if default is not None:
-            bodies.append((None, "default", default, True))
-        labels = [b[1] for b in bodies]
-        if len(set(labels)) != len(labels):
-            raise _fail(node, f"case labels collide: {labels} (a key 'default' clashes with default=)")
+            entries.append((None, "default", default, True))
+        _check_case_labels(node, entries)
         built = []
-        for key, label, body, is_default in bodies:
-            if not callable(body):
-                raise _fail(node, f"case {label}: body must be a function taking the case scope")
+        for key, label, body, is_default in entries:
             prefix = f"{node}?{label}."
-            result = self._run_body(node, body, Scope(self._program, prefix, self._item), f"case {label}")
-            built.append(Case(key, label, prefix, result, is_default))
+            result = self._case_result(node, label, prefix, body)
+            predicate = key if callable(key) else None
+            built.append(Case(None if predicate else key, label, prefix, result, is_default, predicate))
         return self._add(BranchSpec(node, on, tuple(built)))
 
     def agent_loop(self, id: str, prompt: str, tools: Sequence[str], *, system: str | None = None,
                    max_steps: int = 8, max_tokens: int = 512, temperature: float = 0.0,
-                   on_max_steps: Literal["answer", "error"] = "answer") -> Ref:
+                   on_max_steps: Literal["answer", "error"] = "answer", tool_choice: str = "auto",
+                   output: Literal["text", "detail"] = "text") -> Ref:
         """A bounded agent loop: at each step the model picks one of `tools` (its result, or its
         error, goes back to the model) or gives a final text answer, which is the output.
 
@@ -274,10 +340,34 @@ class Scope:
         before and reuses that KV); "error": a tool pick at the last step ends the run with an
         error naming this node.
 
+        tool_choice: when the model must call a tool rather than answer (the grammar forbids
+        text; a small model otherwise tends to answer at once, without looking anything up):
+        "auto" never; "required_first" at step 1; "required" at every step but the last (the
+        loop then ends only there, answering under on_max_steps="answer", or answering or failing
+        under "error"); a tool's name: step 1 calls that tool. Every step's prompt still describes
+        all the tools and that text may answer, so each step extends the step before's prompt.
+
+        output="detail": the value is {"answer", "ended", "steps", "tool_calls": [{"name",
+        "arguments", "ok"}]}; "ended" is "answered" (the model chose to) or
+        "answered_at_max_steps" (the last step had to), so later nodes may branch on it. Either
+        way the run's graph and trace record how the loop ended.
+
         >>> p = Program("demo", inputs={"question": str}, tools=[{"name": "run_query", "parameters": {
         ...     "type": "object", "properties": {"sql": {"type": "string"}}}}])
-        >>> p.agent_loop("agent", prompt="Answer with SQL: {question}", tools=["run_query"], max_steps=5)
-        Ref('agent')
+        >>> agent = p.agent_loop("agent", prompt="Answer with SQL: {question}", tools=["run_query"], max_steps=5,
+        ...                      tool_choice="required_first", output="detail")
+        >>> p.output(agent["answer"])
+        >>> run = p.compile().start({"question": "How many users?"})
+        >>> run.spec("agent#1.llm").output.describe()
+        'tool call (required): run_query'
+        >>> run.complete("agent#1.llm", {"name": "run_query", "arguments": {"sql": "SELECT count(*) FROM users"}})
+        ['agent#1.tool']
+        >>> run.complete("agent#1.tool", [[42]])
+        ['agent#2.llm']
+        >>> run.complete("agent#2.llm", "42 users.")
+        []
+        >>> run.values["agent"]["ended"], run.values["agent"]["steps"], run.result
+        ('answered', 2, '42 users.')
         """
         node = self._new_id(id)
         if isinstance(tools, str) or not tools or not all(isinstance(t, str) for t in tools):
@@ -286,10 +376,14 @@ class Scope:
             raise _fail(node, f"max_steps must be an int >= 1, got {max_steps!r}")
         if on_max_steps not in ("answer", "error"):
             raise _fail(node, f"on_max_steps must be 'answer' or 'error', got {on_max_steps!r}")
+        _check_loop_choice(node, tool_choice, tuple(tools), max_steps, on_max_steps)
+        if output not in LOOP_OUTPUTS:
+            raise _fail(node, f"output must be 'text' or 'detail', got {output!r}")
         self._check_sampling(node, max_tokens, temperature)
         spec = AgentLoopSpec(node, _check_template(node, "prompt", prompt),
                              None if system is None else _check_template(node, "system", system),
-                             tuple(tools), max_steps, max_tokens, float(temperature), on_max_steps)
+                             tuple(tools), max_steps, max_tokens, float(temperature), on_max_steps,
+                             tool_choice=tool_choice, output=output)
         return self._add(spec)
 
     # -- internals --
@@ -311,15 +405,46 @@ class Scope:
         if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < 0:
             raise _fail(node, f"temperature must be a number >= 0, got {temperature!r}")
 
-    def _run_body(self, node: str, body: Callable[[Scope], Ref], scope: Scope, what: str) -> Ref:
+    def _case_result(self, node: str, label: str, prefix: str, body: Any) -> Ref | Constant:
+        """A function body declares the case's nodes and returns the result; any other body is
+        the case's result itself, a constant."""
+        if callable(body):
+            return self._run_body(node, body, Scope(self._program, prefix, self._item), f"case {label}",
+                                  " (for a fixed value, give the value itself as the case's body)")
+        if isinstance(body, (Ref, Template)):
+            raise _fail(node, f"case {label}: the body is {body!r}; to take a node's output, give a function "
+                              "returning its Ref (lambda b: ref)")
+        constant = body if isinstance(body, Constant) else Constant(body)
+        try:
+            json.dumps(constant.value)
+        except (TypeError, ValueError) as e:
+            raise _fail(node, f"case {label}: the body must be a function declaring the case's nodes or a JSON "
+                              f"value (its result), got {constant.value!r}: {e}") from None
+        return constant
+
+    def _run_body(self, node: str, body: Callable[[Scope], Ref], scope: Scope, what: str, hint: str = "") -> Ref:
         result = body(scope)
         scope._open = False
         if not isinstance(result, Ref):
-            raise _fail(node, f"{what} must return the Ref of its result, got {result!r}")
+            raise _fail(node, f"{what} must return the Ref of its result, got {result!r}{hint}")
         return result
 
     def _add(self, spec: NodeSpec) -> Ref:
         return self._program._declare(spec)
+
+
+def _check_loop_choice(node: str, choice: Any, tools: tuple[str, ...], max_steps: int, on_max_steps: str) -> None:
+    """A tool_choice is a keyword or one of the loop's tools; one that makes step 1 call needs a
+    step after it: with max_steps=1, step 1 is the last step, which under on_max_steps="answer"
+    must answer in text, and under "error" fails the run when it calls."""
+    # "none" would make a named tool's step answer in text (ToolCall reads it as the keyword)
+    if not isinstance(choice, str) or choice == "none" or (choice not in LOOP_CHOICES and choice not in tools):
+        raise _fail(node, f"tool_choice must be 'auto', 'required', 'required_first' or one of the loop's tools "
+                          f"({', '.join(tools)}), got {choice!r}")
+    if choice != "auto" and max_steps < 2:
+        last = "must answer in text" if on_max_steps == "answer" else "fails the run if it calls a tool"
+        raise _fail(node, f"tool_choice={choice!r} makes step 1 call a tool, but with max_steps=1 step 1 is the "
+                          f"last step, which {last} (on_max_steps={on_max_steps!r}): use max_steps >= 2")
 
 
 def _strip_refs(value: Any) -> Any:

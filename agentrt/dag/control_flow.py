@@ -8,7 +8,9 @@ from dataclasses import replace
 from typing import Any, Callable
 
 from agentrt.dag.refs import Ref, type_name
-from agentrt.dag.specs import ItemSpec, NodeSpec, ToolSpec
+from agentrt.dag.specs import ItemSpec, NodeSpec, PredicateError, ToolSpec
+
+PREVIEW_CHARS = 200  # of a value quoted in an error
 
 
 class ControlFlow:
@@ -53,10 +55,14 @@ class ControlFlow:
         return lambda s: new + s[len(old):] if s.startswith(old) else s
 
     def _choose(self, node: str) -> None:
-        """Branch: keep the case matching `on`, remove the others, open the kept case's gate."""
+        """Branch: keep the case matching `on`, remove the others, open the kept case's gate. A
+        case predicate that fails fails the branch, naming the case."""
         spec = self.spec(node)
         value = self._resolve_for(node, spec.on)
-        case = spec.case_for(value)
+        try:
+            case = spec.case_for(value)
+        except PredicateError as e:
+            self._die(node, f"{e} (on {spec.on!s} = {_preview(value)})")
         if case is None:
             labels = ", ".join(c.label for c in spec.cases)
             self._die(node, f"{spec.on!s} = {value!r} matches no case ({labels}) and there is no default")
@@ -68,7 +74,8 @@ class ControlFlow:
                 attrs = self.graph.nodes[n]
                 attrs["gates"] = tuple(g for g in attrs["gates"] if g != case.prefix)
         self.graph.nodes[node]["case"] = case.label
-        self._rewire(node, [spec.on.node, case.result.node])
+        result = [case.result.node] if isinstance(case.result, Ref) else []  # a Constant is known already
+        self._rewire(node, [spec.on.node, *result])
 
     def _start_loop(self, loop: str) -> None:
         spec = self.spec(loop)
@@ -78,14 +85,16 @@ class ControlFlow:
 
     def _advance_loop(self, loop: str, node: str) -> None:
         """After a loop step: a text answer ends the loop; a tool pick adds the tool step; a tool
-        result adds the next LLM step."""
+        result adds the next LLM step. The loop's attribute "ended" says how it ended (see
+        _end_loop; "exceeded_max_steps": the last step called a tool, under on_max_steps="error")."""
         spec, attrs, step_spec = self.spec(loop), self.graph.nodes[loop], self.spec(node)
         step = len(step_spec.history) + 1 if step_spec.kind == "llm" else attrs["tool_steps"]
         if step_spec.kind == "llm":
             value = self._values[node]
             if isinstance(value, str) or value["name"] is None:
-                self._finish(loop, value if isinstance(value, str) else value["text"])
+                self._end_loop(loop, step, value if isinstance(value, str) else value["text"])
             elif step >= spec.max_steps:
+                attrs["ended"] = "exceeded_max_steps"
                 self._die(loop, f"no final answer after max_steps={spec.max_steps}: "
                                 f"step {step} called '{value['name']}'")
             else:
@@ -98,6 +107,23 @@ class ControlFlow:
         self._add_step(loop, spec.step_spec(step + 1, history), (step + 1, 0), [node])
         attrs["llm_steps"] += 1
 
+    def _end_loop(self, loop: str, step: int, answer: str) -> None:
+        """The text answer of step `step` ends the loop: "ended" is "answered" (the model chose
+        to) or "answered_at_max_steps" (the step had to); the value is the answer, or with
+        output="detail" the answer and how the loop went (AgentLoopSpec.detail_schema)."""
+        spec, attrs = self.spec(loop), self.graph.nodes[loop]
+        attrs["ended"] = spec.ended_at(step)
+        if spec.output == "text":
+            self._finish(loop, answer)
+            return
+        calls = []
+        for k in range(1, attrs["tool_steps"] + 1):
+            call, tool = self._values[spec.step_id(k, "llm")], spec.step_id(k, "tool")
+            calls.append({"name": call["name"], "arguments": call["arguments"],
+                          "ok": "error" not in self.graph.nodes[tool]})  # ProgramRun.fail marks a failed step
+        self._finish(loop, {"answer": answer, "ended": attrs["ended"], "steps": attrs["llm_steps"],
+                            "tool_calls": calls})
+
     def _add_step(self, loop: str, spec: NodeSpec, order: tuple[int, int], preds: list[str]) -> None:
         loop_attrs = self.graph.nodes[loop]
         self.graph.add_node(spec.id, kind=spec.kind, spec=spec, order=loop_attrs["order"] + order,
@@ -108,3 +134,8 @@ class ControlFlow:
     def _rewire(self, node: str, preds: list[str]) -> None:
         self.graph.remove_edges_from(list(self.graph.in_edges(node)))
         self.graph.add_edges_from((p, node) for p in preds)
+
+
+def _preview(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "..."

@@ -7,6 +7,8 @@ from typing import Any, Mapping
 
 import networkx as nx
 
+from agentrt.dag.specs import Case, Constant, predicate_name
+
 _MERMAID_SHAPES = {"input": ("([", "])"), "llm": ("[", "]"), "tool": ("[[", "]]"), "item": (">", "]"),
                    "fan_out": ("[/", "/]"), "branch": ("{", "}"), "agent_loop": ("{{", "}}")}
 _DOT_SHAPES = {"input": "ellipse", "llm": "box", "tool": "component", "item": "cds", "fan_out": "trapezium",
@@ -32,7 +34,9 @@ def describe(attrs: Mapping[str, Any]) -> str:
         return f"fan-out over {spec.over!s}" + (f" x{attrs['width']}" if "width" in attrs else "")
     if kind == "branch":
         return f"branch on {spec.on!s}" + (f" -> {attrs['case']}" if "case" in attrs else "")
-    return f"agent loop, max {spec.max_steps} steps: {', '.join(spec.tools)}"
+    choice = f", tool_choice {spec.tool_choice}" if spec.tool_choice != "auto" else ""
+    ended = f" -> {attrs['ended']} at step {attrs['llm_steps']}" if "ended" in attrs else ""
+    return f"agent loop, max {spec.max_steps} steps{choice}: {', '.join(spec.tools)}{ended}"
 
 
 def _ordered(graph: nx.DiGraph) -> list[str]:
@@ -118,13 +122,16 @@ def to_dot(graph: nx.DiGraph) -> str:
 def to_json(graph: nx.DiGraph) -> dict[str, Any]:
     """The graph as JSON (what a server or a web page draws): nodes in declaration order with
     kind and a one-line description (plus the tool of a tool node, template for a fan-out body
-    not yet expanded, state on a run's graph), and edges (control: a branch decision -> case)."""
+    not yet expanded, state on a run's graph; a branch's cases, in the order they are tried), and
+    edges (control: a branch decision -> case)."""
     nodes = []
     for node in _ordered(graph):
         attrs = graph.nodes[node]
         entry: dict[str, Any] = {"id": node, "kind": attrs["kind"], "label": describe(attrs)}
         if attrs["kind"] == "tool":
             entry["tool"] = attrs["spec"].tool
+        if attrs["kind"] == "branch":
+            entry["cases"] = [_case_json(c) for c in attrs["spec"].cases]
         if attrs.get("template"):
             entry["template"] = True
         if "state" in attrs:
@@ -133,3 +140,12 @@ def to_json(graph: nx.DiGraph) -> dict[str, Any]:
     edges = [{"source": u, "target": v, **({"control": True} if graph.edges[u, v].get("control") else {})}
              for u, v in _ordered_edges(graph)]
     return {"nodes": nodes, "edges": edges}
+
+
+def _case_json(case: Case) -> dict[str, Any]:
+    """How a case matches (equals a key, a predicate by its name, or default) and what it gives:
+    its result reference or its constant. A predicate is code: only its name is shown."""
+    when = {"default": True} if case.is_default else \
+        {"predicate": predicate_name(case.predicate)} if case.predicate is not None else {"equals": case.key}
+    gives = {"constant": case.result.value} if isinstance(case.result, Constant) else {"result": str(case.result)}
+    return {"label": case.label, **when, **gives}

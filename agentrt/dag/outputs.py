@@ -63,6 +63,9 @@ class JsonSchema:
         return "json"
 
 
+CHOICES = ("auto", "none", "required")
+
+
 @dataclass(frozen=True)
 class ToolCall:
     """A call to one of `tools` (named as declared in Program(tools=...)), or text if allow_text.
@@ -71,27 +74,47 @@ class ToolCall:
     {"name": None, "arguments": None, "text": "..."} when the model answered in text.
     compile() attaches the tool definitions that `to_response_format()` needs.
 
+    choice (OpenAI's tool_choice) narrows what the model may write, never what its prompt says:
+    that describes `tools`, and that text may answer, whatever the choice, so the steps of an
+    agent loop share their prompt (and its KV) whichever they allow. "auto": a call, or text if
+    allow_text; "none": text (the tools described, not callable); "required": a call; a tool's
+    name: a call of that tool (a keyword wins over a tool so named). For a node that must call
+    and stands alone, ToolCall(tools) describes just that.
+
     >>> call = ToolCall(["get_weather"], definitions=(ToolDef("get_weather", "", {"type": "object"}),))
     >>> call.to_response_format()["tools"][0]["function"]["name"]
     'get_weather'
+    >>> ToolCall(["search", "lookup"], choice="lookup").describe()
+    'tool call: lookup (tools described: search|lookup)'
     """
 
     tools: tuple[str, ...]
     allow_text: bool = False
     definitions: tuple[ToolDef, ...] = field(default=(), compare=False)
-    # "none": the tools are described to the model but not callable, so it answers in text
-    # (OpenAI's tool_choice); an agent loop's last step, whose prompt so matches its earlier steps'
     choice: str = "auto"
 
     def __post_init__(self) -> None:
         tools = (self.tools,) if isinstance(self.tools, str) else tuple(self.tools)
         if not tools or not all(isinstance(t, str) for t in tools):
             raise ValueError(f"ToolCall needs one or more tool names (str), got {self.tools!r}")
-        if self.choice not in ("auto", "none"):
-            raise ValueError(f"ToolCall choice must be 'auto' or 'none', got {self.choice!r}")
+        if not isinstance(self.choice, str) or (self.choice not in CHOICES and self.choice not in tools):
+            raise ValueError(f"ToolCall choice must be 'auto', 'none', 'required' or one of its tools "
+                             f"{list(tools)}, got {self.choice!r}")
         object.__setattr__(self, "tools", tools)
+        if self.choice != "auto":  # "none" answers in text; "required" and a named tool never do
+            object.__setattr__(self, "allow_text", self.choice == "none")
+
+    @property
+    def named(self) -> str | None:
+        """The one tool a named choice makes the model call, else None."""
+        return None if self.choice in CHOICES else self.choice
+
+    @property
+    def callable_tools(self) -> tuple[str, ...]:
+        """The tools a call may name: all of them, the named one, or none (choice "none")."""
         if self.choice == "none":
-            object.__setattr__(self, "allow_text", True)
+            return ()
+        return (self.named,) if self.named else self.tools
 
     def to_response_format(self) -> dict[str, Any]:
         if len(self.definitions) != len(self.tools):
@@ -99,11 +122,15 @@ class ToolCall:
                              f"a compiled program (Program.compile() attaches them)")
         rf = {"type": "tool_call", "tools": [d.openai_schema() for d in self.definitions],
               "allow_text": self.allow_text}
-        return rf if self.choice == "auto" else {**rf, "tool_choice": self.choice}
+        if self.choice == "auto":
+            return rf
+        choice = {"type": "function", "function": {"name": self.named}} if self.named else self.choice
+        return {**rf, "tool_choice": choice}
 
     def value_schema(self) -> dict[str, Any]:
-        # With one tool, its parameters describe "arguments"; with several, they are unknown here.
-        arguments = dict(self.definitions[0].parameters) if len(self.definitions) == 1 else {}
+        # With one callable tool, its parameters describe "arguments"; with several, they are unknown here.
+        defs = [d for d in self.definitions if d.name in self.callable_tools]
+        arguments = dict(defs[0].parameters) if len(defs) == 1 else {}
         return {"type": "object", "properties": {"name": {}, "arguments": arguments, "text": {}},
                 "additionalProperties": False}
 
@@ -116,20 +143,27 @@ class ToolCall:
                                  "described, not callable)")
             if value["name"] not in self.tools:
                 raise ValueError(f"called tool '{value['name']}', which is not one of {list(self.tools)}")
+            if self.named and value["name"] != self.named:
+                raise ValueError(f"called tool '{value['name']}', but this call must call '{self.named}'")
             if not isinstance(value.get("arguments"), Mapping):
                 raise ValueError(f"tool call to '{value['name']}' has no arguments object")
             return {"name": value["name"], "arguments": dict(value["arguments"]), "text": None}
         if isinstance(value, Mapping) and isinstance(value.get("text"), str):
             if not self.allow_text:
-                raise ValueError(f"answered in text, but this call must call one of {list(self.tools)}")
+                raise ValueError(f"answered in text, but this call must call one of {list(self.callable_tools)}")
             return {"name": None, "arguments": None, "text": value["text"]}
         raise ValueError("a ToolCall output must be {'name': tool, 'arguments': {...}} or {'text': '...'}, "
                          f"got {value!r}")
 
     def describe(self) -> str:
+        tools = "|".join(self.tools)
         if self.choice == "none":
-            return "text (tools described: " + "|".join(self.tools) + ")"
-        return "tool call: " + "|".join(self.tools) + (" or text" if self.allow_text else "")
+            return f"text (tools described: {tools})"
+        if self.named:
+            return f"tool call: {self.named} (tools described: {tools})"
+        if self.choice == "required":
+            return f"tool call (required): {tools}"
+        return f"tool call: {tools}" + (" or text" if self.allow_text else "")
 
 
 OutputSpec = Text | JsonSchema | ToolCall

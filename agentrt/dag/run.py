@@ -5,6 +5,7 @@ agent-loop steps) and the graph shows each expansion as it happens.
 """
 from __future__ import annotations
 
+import copy
 from collections import ChainMap
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Callable, Mapping
@@ -14,7 +15,7 @@ import networkx as nx
 from agentrt.dag import analysis, export
 from agentrt.dag.control_flow import ControlFlow
 from agentrt.dag.refs import Ref, resolve, type_name
-from agentrt.dag.specs import NodeSpec, ToolSpec
+from agentrt.dag.specs import Constant, NodeSpec, ToolSpec
 from agentrt.errors import ProgramRunError
 
 if TYPE_CHECKING:
@@ -238,11 +239,14 @@ class ProgramRun(ControlFlow):
         return False
 
     def _collect(self, node: str, spec: Any, attrs: dict[str, Any]) -> Any:
-        """Fan-in: the list of branch results in item order; branch: the taken case's result."""
+        """Fan-in: the list of branch results in item order; branch: the taken case's result (a
+        constant's own copy: the spec is shared by every run of the program)."""
         if attrs["kind"] == "fan_out":
             return [self._resolve_for(node, spec.result.renamed(self._branch_rename(spec, i)))
                     for i in range(attrs["width"])]
         case = next(c for c in spec.cases if c.label == attrs["case"])
+        if isinstance(case.result, Constant):
+            return copy.deepcopy(case.result.value)
         return self._resolve_for(node, case.result)
 
     def _resolve_for(self, node: str, ref: Ref) -> Any:

@@ -5,6 +5,7 @@ Every spec has `id` (its node id), `kind`, `refs()` (the outputs it reads) and `
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, replace
 from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 
@@ -176,28 +177,77 @@ class FanOutSpec:
         return f"{self.id}[{index}]."
 
 
+Predicate = Callable[[Any], bool]
+
+
+@dataclass(frozen=True)
+class Constant:
+    """A fixed JSON value as a branch case's result, so that a case which only has to say
+    something ("no action needed") needs no node to say it. Any case body that is not a function
+    is taken as a constant; write Constant(None) for a null `default=` (default=None means none)."""
+
+    value: Any
+
+
+class PredicateError(Exception):
+    """A case predicate raised, or answered something other than a bool; `label` names the case."""
+
+    def __init__(self, label: str, reason: str) -> None:
+        super().__init__(f"case {label}: {reason}")
+        self.label = label
+        self.reason = reason
+
+
 @dataclass(frozen=True)
 class Case:
-    """One case of a branch: taken when `on` equals `key` (or, if is_default, when none match).
-    Its nodes live under `prefix` (e.g. "route?yes."); `result` is the branch output."""
+    """One case of a branch: taken when `on` equals `key`, or when `predicate(value)` is True (or,
+    if is_default, when no other case is). Its nodes live under `prefix` (e.g. "route?yes.");
+    `result` is the branch output: a Ref to one of them, or a Constant (then the case has none)."""
 
     key: Any
     label: str
     prefix: str
-    result: Ref
+    result: Ref | Constant
     is_default: bool = False
+    predicate: Predicate | None = None
+
+    @property
+    def is_equality(self) -> bool:
+        return not self.is_default and self.predicate is None
 
     def matches(self, value: Any) -> bool:
+        """Raises PredicateError when the predicate raises or answers a non-bool."""
+        if self.predicate is not None:
+            return self._ask(value)
         # JSON semantics: true is not 1.
-        return not self.is_default and isinstance(value, bool) == isinstance(self.key, bool) and value == self.key
+        return self.is_equality and isinstance(value, bool) == isinstance(self.key, bool) and value == self.key
+
+    def _ask(self, value: Any) -> bool:
+        """The predicate's answer on its own copy of the value: whatever it does to it, the run's
+        values (and what later predicates see) stay as they were."""
+        name = predicate_name(self.predicate)
+        try:
+            answer = self.predicate(copy.deepcopy(value))
+        except Exception as e:  # the author's code: whatever it raises fails the branch, not the process
+            raise PredicateError(self.label, f"predicate {name} raised {type(e).__name__}: {e}") from e
+        if not isinstance(answer, bool):
+            raise PredicateError(self.label, f"predicate {name} returned {answer!r}, not a bool")
+        return answer
 
     def renamed(self, rename: Rename) -> Case:
-        return replace(self, prefix=rename(self.prefix), result=self.result.renamed(rename))
+        result = self.result.renamed(rename) if isinstance(self.result, Ref) else self.result
+        return replace(self, prefix=rename(self.prefix), result=result)
+
+
+def predicate_name(predicate: Any) -> str:
+    """How a predicate is shown: its function name, "<lambda>", or its type for other callables."""
+    return getattr(predicate, "__name__", None) or type(predicate).__name__
 
 
 @dataclass(frozen=True)
 class BranchSpec:
-    """Take the case whose key equals the value of `on`; the output is that case's result."""
+    """Take the first case (in declaration order) whose key equals the value of `on` or whose
+    predicate accepts it, else the default; the output is that case's result."""
 
     id: str
     on: Ref
@@ -206,15 +256,21 @@ class BranchSpec:
 
     def refs(self) -> list[RefUse]:
         return [RefUse("on", self.on),
-                *(RefUse(f"case {c.label} result", c.result, c.prefix) for c in self.cases)]
+                *(RefUse(f"case {c.label} result", c.result, c.prefix) for c in self.cases
+                  if isinstance(c.result, Ref))]
 
     def renamed(self, rename: Rename) -> BranchSpec:
         return replace(self, id=rename(self.id), on=self.on.renamed(rename),
                        cases=tuple(c.renamed(rename) for c in self.cases))
 
     def case_for(self, value: Any) -> Case | None:
+        """The case taken for `value`; raises PredicateError as Case.matches does."""
         found = next((c for c in self.cases if c.matches(value)), None)
         return found or next((c for c in self.cases if c.is_default), None)
+
+
+LOOP_CHOICES = ("auto", "required", "required_first")  # agent_loop(tool_choice=...), besides a tool's name
+LOOP_OUTPUTS = ("text", "detail")
 
 
 @dataclass(frozen=True)
@@ -222,7 +278,13 @@ class AgentLoopSpec:
     """A bounded agent loop: step k is an LLM call (id "<loop>#k.llm") that picks one of `tools`
     or answers in text; a tool pick runs as "<loop>#k.tool" and its result (or error) goes back to
     the model. At most `max_steps` LLM steps; with on_max_steps="answer" the last step must answer
-    in text, with "error" a tool pick at the last step ends the run with an error."""
+    in text, with "error" a tool pick at the last step ends the run with an error.
+
+    tool_choice: which steps before that last one must call a tool (the grammar forbids text):
+    none ("auto"), step 1 ("required_first"), all of them ("required"), or step 1 and only the
+    named tool (a tool's name). Every step describes all the tools alike (ToolCall.choice).
+    output: "text" (the answer) or "detail" (the answer and how the loop ended: detail_schema()).
+    """
 
     id: str
     prompt: Template
@@ -233,6 +295,8 @@ class AgentLoopSpec:
     temperature: float
     on_max_steps: Literal["answer", "error"] = "answer"
     definitions: tuple[ToolDef, ...] = ()
+    tool_choice: str = "auto"
+    output: Literal["text", "detail"] = "text"
     kind: ClassVar[str] = "agent_loop"
 
     def refs(self) -> list[RefUse]:
@@ -245,15 +309,55 @@ class AgentLoopSpec:
     def step_id(self, step: int, part: Literal["llm", "tool"]) -> str:
         return f"{self.id}#{step}.{part}"
 
+    def forces_answer(self, step: int) -> bool:
+        """Whether step `step` must answer in text: the last one, with on_max_steps="answer"."""
+        return step == self.max_steps and self.on_max_steps == "answer"
+
+    def step_choice(self, step: int) -> str:
+        """The ToolCall choice of step `step`."""
+        if self.forces_answer(step):
+            return "none"
+        if self.tool_choice == "required":
+            return "required" if step < self.max_steps else "auto"
+        if self.tool_choice != "auto" and step == 1:
+            return "required" if self.tool_choice == "required_first" else self.tool_choice
+        return "auto"
+
     def step_output(self, step: int) -> OutputSpec:
-        if step == self.max_steps and self.on_max_steps == "answer":
-            # the tools stay described, not callable: the prompt starts as the earlier steps' did
-            return ToolCall(self.tools, definitions=self.definitions, choice="none")
-        return ToolCall(self.tools, allow_text=True, definitions=self.definitions)
+        # Every step describes the tools and that text may answer (the last step's tools stay
+        # described, not callable): each step's prompt starts as the step before's did.
+        return ToolCall(self.tools, allow_text=True, definitions=self.definitions, choice=self.step_choice(step))
 
     def step_spec(self, step: int, history: tuple[tuple[str, str], ...]) -> LLMSpec:
         return LLMSpec(self.step_id(step, "llm"), self.prompt, self.system, self.step_output(step),
                        self.max_tokens, self.temperature, loop=self.id, history=history)
+
+    def ended_at(self, step: int) -> str:
+        """How a text answer at step `step` ends the loop: "answered_at_max_steps" if that step
+        had to answer, else "answered" (the model chose to)."""
+        return "answered_at_max_steps" if self.forces_answer(step) else "answered"
+
+    def possible_ends(self) -> tuple[str, ...]:
+        """The ways this loop can end with an answer. Steps 2 .. max_steps-1 all have the same
+        choice, so steps 1, 2, max_steps-1 and max_steps stand for them all."""
+        steps = {s for s in (1, 2, self.max_steps - 1, self.max_steps) if 1 <= s <= self.max_steps}
+        ends = {self.ended_at(s) for s in steps if self.step_choice(s) in ("auto", "none")}
+        return tuple(e for e in ("answered", "answered_at_max_steps") if e in ends)
+
+    def value_schema(self) -> dict[str, Any]:
+        return {"type": "string"} if self.output == "text" else self.detail_schema()
+
+    def detail_schema(self) -> dict[str, Any]:
+        """output="detail": the answer, how the loop ended, its LLM steps and its tool calls (ok:
+        the tool returned; False when its error went back to the model)."""
+        call = {"type": "object", "properties": {"name": {"enum": list(self.tools)}, "arguments": {"type": "object"},
+                                                 "ok": {"type": "boolean"}},
+                "required": ["name", "arguments", "ok"], "additionalProperties": False}
+        return {"type": "object",
+                "properties": {"answer": {"type": "string"}, "ended": {"enum": list(self.possible_ends())},
+                               "steps": {"type": "integer", "minimum": 1, "maximum": self.max_steps},
+                               "tool_calls": {"type": "array", "items": call, "maxItems": self.max_steps - 1}},
+                "required": ["answer", "ended", "steps", "tool_calls"], "additionalProperties": False}
 
 
 NodeSpec = InputSpec | LLMSpec | ToolSpec | ItemSpec | FanOutSpec | BranchSpec | AgentLoopSpec

@@ -1,8 +1,9 @@
 """Compile-time type checks: references into outputs whose shape is known (JSON schemas, Text,
 tool output schemas), tool arguments against tool parameters, fan-out lists, branch enums.
 
-Where a shape is unknown (a tool without output_schema, a branch, a schema without "type") the
-check is skipped rather than guessed.
+Where a shape is unknown (a tool without output_schema, a schema without "type", a branch with
+such a case) the check is skipped rather than guessed. A branch's shape is the union of its cases'
+results, a constant's inferred from its value.
 """
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from typing import Any, Mapping
 
 from agentrt.dag.outputs import ToolCall
 from agentrt.dag.refs import Ref, Template, path_text
-from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, FanOutSpec, InputSpec, ItemSpec, LLMSpec, NodeSpec,
-                               ToolSpec)
+from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, Constant, FanOutSpec, InputSpec, ItemSpec, LLMSpec,
+                               NodeSpec, ToolSpec)
 from agentrt.dag.tooldefs import ToolDef, value_problem
 
 Problems = list[tuple[str, str]]
@@ -47,9 +48,10 @@ class Shapes:
         elif isinstance(spec, FanOutSpec):
             found = {"type": "array", "items": self.at(spec.result)[0] or {}}
         elif isinstance(spec, AgentLoopSpec):
-            found = {"type": "string"}
-        else:  # a branch: its cases may produce different shapes
-            found = None
+            found = spec.value_schema()
+        else:  # a branch: whichever case is taken
+            found = union_schema([constant_schema(c.result.value) if isinstance(c.result, Constant)
+                                  else self.at(c.result)[0] for c in spec.cases])
         self._busy.discard(node)
         self._cache[node] = found
         return found
@@ -91,6 +93,79 @@ def json_types(schema: Mapping[str, Any]) -> set[str] | None:
     if isinstance(t, list):
         return set(t)
     return None
+
+
+def json_type(value: Any) -> str:
+    """The JSON type name of a scalar (bool before int: true is not 1)."""
+    for py, name in ((bool, "boolean"), (int, "integer"), (float, "number"), (str, "string")):
+        if isinstance(value, py):
+            return name
+    return "null"
+
+
+def constant_schema(value: Any) -> dict[str, Any]:
+    """The exact shape of a JSON value: scalars as a one-value enum, objects with every property.
+
+    >>> constant_schema({"action": "none", "score": 0})["properties"]["action"]
+    {'type': 'string', 'enum': ['none']}
+    """
+    if isinstance(value, dict):
+        return {"type": "object", "properties": {k: constant_schema(v) for k, v in value.items()},
+                "required": list(value), "additionalProperties": False}
+    if isinstance(value, (list, tuple)):
+        items = union_schema([constant_schema(v) for v in value]) if value else None
+        return {"type": "array", **({"items": items} if items else {})}
+    return {"type": json_type(value), "enum": [value]}
+
+
+def union_schema(schemas: list[Mapping[str, Any] | None]) -> Mapping[str, Any] | None:
+    """A shape every one of `schemas` fits: the one schema if they agree, objects with each
+    property any of them has, else their JSON types (and enums, if each has one). None if any is
+    unknown or has no type: nothing is guessed.
+
+    >>> union_schema([{"type": "string"}, {"type": "null", "enum": [None]}])
+    {'type': ['null', 'string']}
+    >>> union_schema([{"type": "string", "enum": ["low"]}, {"type": "string", "enum": ["high"]}])
+    {'type': 'string', 'enum': ['low', 'high']}
+    """
+    distinct: list[Mapping[str, Any]] = []
+    for s in schemas:
+        if not isinstance(s, Mapping):
+            return None
+        if s not in distinct:
+            distinct.append(s)
+    if len(distinct) <= 1:
+        return distinct[0] if distinct else None
+    types = [json_types(s) for s in distinct]
+    if any(t is None for t in types):
+        return None
+    union = sorted(set().union(*types))
+    if union == ["object"] and all(isinstance(s.get("properties"), Mapping) for s in distinct):
+        return _union_objects(distinct)
+    merged: dict[str, Any] = {"type": union[0] if len(union) == 1 else union}
+    if all(isinstance(s.get("enum"), list) for s in distinct):
+        merged["enum"] = _unique([v for s in distinct for v in s["enum"]])
+    return merged
+
+
+def _union_objects(schemas: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Each property any schema has (its shape: the union over those that have it; {} if that is
+    unknown), required where every schema requires it, open if any schema is."""
+    names = list(dict.fromkeys(k for s in schemas for k in s["properties"]))
+    properties = {k: union_schema([s["properties"][k] for s in schemas if k in s["properties"]]) or {} for k in names}
+    required = [k for k in names if all(k in s.get("required", ()) for s in schemas)]
+    merged: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
+    if any(s.get("additionalProperties") is True for s in schemas):
+        merged["additionalProperties"] = True
+    return merged
+
+
+def _unique(values: list[Any]) -> list[Any]:
+    kept: list[Any] = []
+    for v in values:  # JSON semantics: true and 1 are different values
+        if not any(isinstance(k, bool) == isinstance(v, bool) and k == v for k in kept):
+            kept.append(v)
+    return kept
 
 
 def _disjoint(a: set[str], b: set[str]) -> bool:
@@ -186,10 +261,19 @@ def _has_refs(value: Any) -> bool:
 
 
 def _check_case_keys(spec: BranchSpec, shapes: Shapes, problems: Problems) -> None:
+    """Equality keys against what `on` can be (its enum, else its JSON types); a predicate can
+    only be judged by running it."""
     schema = shapes.at(spec.on)[0]
-    enum = schema.get("enum") if isinstance(schema, Mapping) else None
-    if not isinstance(enum, list):
+    if not isinstance(schema, Mapping):
         return
+    enum = schema.get("enum")
+    types = json_types(schema)
     for case in spec.cases:
-        if not case.is_default and not any(case.matches(v) for v in enum):
-            problems.append((spec.id, f"case {case.label} can never match: {spec.on!s} is one of {enum}"))
+        if not case.is_equality:
+            continue
+        if isinstance(enum, list):
+            if not any(case.matches(v) for v in enum):
+                problems.append((spec.id, f"case {case.label} can never match: {spec.on!s} is one of {enum}"))
+        elif types is not None and _disjoint({json_type(case.key)}, types):
+            problems.append((spec.id, f"case {case.label} can never match: {spec.on!s} is "
+                                      f"{' or '.join(sorted(types))}, never equal to {case.key!r}"))

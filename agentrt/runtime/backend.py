@@ -24,7 +24,8 @@ class LLMRequest:
     """One LLM node's call. response_format is the DSL's OpenAI-style dict: {"type": "text"},
     {"type": "json_schema", "json_schema": {...}} or {"type": "tool_call", "tools": [...],
     "allow_text": bool} (with "tool_choice": "none" the tools are described but the answer is
-    text: an agent loop's last step). priority: smaller runs sooner. hints: what a scheduler may use, e.g.
+    text: an agent loop's last step; with "required" or a named tool, the answer is a call:
+    agentrt.spec.structured). priority: smaller runs sooner. hints: what a scheduler may use, e.g.
     {"next_is_tool": True} when a tool call follows this call (its KV could be held)."""
 
     messages: tuple[Mapping[str, Any], ...]
@@ -65,6 +66,19 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class PromptRecord:
+    """What the model was sent: the messages as encoded (the backend's format instructions
+    added), the tools handed to the chat template (None: none), the exact text that was
+    tokenized (None when the backend does not render one), and its parts as
+    [{"part", "tokens", "added"}] (engine.prompt_parts)."""
+
+    messages: tuple[Mapping[str, Any], ...]
+    text: str | None = None
+    parts: tuple[Mapping[str, Any], ...] = ()
+    tools: tuple[Mapping[str, Any], ...] | None = None
+
+
+@dataclass(frozen=True)
 class LLMResponse:
     """text: what the model wrote; parsed: the structured value the engine decoded (JSON for
     json_schema, {"name", "arguments"} for tool_call, None otherwise or when the model answered
@@ -85,6 +99,7 @@ class LLMResponse:
     # when sampling asked for logprobs: per generated token, OpenAI's shape ({"token", "logprob",
     # "bytes", "top_logprobs": [{"token", "logprob", "bytes"}]})
     logprobs: tuple[Mapping[str, Any], ...] | None = None
+    prompt: PromptRecord | None = None
 
 
 @dataclass(frozen=True)

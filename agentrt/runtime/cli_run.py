@@ -89,6 +89,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
                    help="engine priorities: least attained service per program (las) or first come first served")
     p.add_argument("--no-live", action="store_true", help="no live progress display")
     p.add_argument("--verbose", "-v", action="store_true", help="print each node's value (or error) as it finishes")
+    p.add_argument("--redact", action="store_true",
+                   help="keep prompts, outputs, tool arguments and results out of the trace (only their sizes)")
     p.add_argument("--answer", action="append", default=[], metavar="NODE=JSON",
                    help="the value a wait_for node asks for (repeatable); else it is asked at the terminal")
 
@@ -115,20 +117,24 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
                       console: Console | None = None, max_tokens: int | None = None, live: bool = True,
                       meta: Mapping[str, Any] | None = None, policy: str = "las", store: Any = None,
                       run_id: str | None = None, resume: Any = None,
-                      answers: Mapping[str, Any] | None = None, verbose: bool = False) -> tuple[Any, Path]:
+                      answers: Mapping[str, Any] | None = None, verbose: bool = False,
+                      redact: bool = False) -> tuple[Any, Path]:
     """Run one example program on `backend`, print the report, save the trace. Returns
     (RunResult, trace path). store: a RunStore the run is recorded in (resume: what it recorded
-    of run_id, to go on from there)."""
+    of run_id, to go on from there). redact: the trace keeps the sizes of prompts, outputs and
+    tool arguments and results, not their content."""
     from agentrt.runtime.live import LiveProgress
     from agentrt.runtime.runtime import Runtime
     from agentrt.runtime.summary import summarize
     from agentrt.runtime.terminal import render_report, report_console
     from agentrt.runtime.trace import Trace
+    from agentrt.runtime.trace_content import TraceContent
 
     console = console or report_console()
     trace = Trace(name=example.name, meta={"model": backend.model_name, "example": str(example.path),
                                            "max_tokens_cap": max_tokens, **(meta or {})})
-    runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens, policy=policy, store=store)
+    runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens, policy=policy, store=store,
+                      trace_content=TraceContent(redact=redact))
     answer_inputs(runtime, answers or {}, console)
     if verbose:
         runtime.subscribe_events(lambda ev: print_finished_node(ev, console))
@@ -208,7 +214,8 @@ def run_on_engine(args: argparse.Namespace, example: Example, inputs: Mapping[st
         result, _ = asyncio.run(run_example(example, inputs, backend, trace_path=args.trace, console=console,
                                             max_tokens=args.max_tokens, live=not args.no_live, meta=meta,
                                             policy=args.policy, store=store, run_id=run_id, resume=resume,
-                                            answers=parse_answers(args.answer), verbose=getattr(args, "verbose", False)))
+                                            answers=parse_answers(args.answer), verbose=getattr(args, "verbose", False),
+                                            redact=getattr(args, "redact", False)))
     finally:
         backend.close()
         engine.close()

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from agentrt.errors import RequestError
-from agentrt.runtime.backend import EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
+from agentrt.runtime.backend import (EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, PromptRecord, StepCallback,
+                                     Usage)
 
 
 @dataclass(frozen=True)
@@ -179,6 +180,7 @@ class EngineBackend:
             prompt_token_ids=tuple(result.prompt_token_ids), token_ids=tuple(result.token_ids),
             sent_messages=self._sent_messages(messages, params.response_format),
             logprobs=None if result.logprobs is None else tuple(self._logprob_entry(lp) for lp in result.logprobs),
+            prompt=self._prompt_record(messages, params.response_format, result.prompt_text),
         )
 
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
@@ -196,6 +198,19 @@ class EngineBackend:
 
         sent, tools = self.engine.engine.format_messages(messages, parse_response_format(response_format))
         return None if tools is not None or sent == messages else tuple(sent)
+
+    def _prompt_record(self, messages: list[dict[str, Any]], response_format: Any, text: str | None) -> PromptRecord:
+        """The messages and tools the engine encoded this request from, the text it tokenized
+        (GenerationResult.prompt_text) and the tokens of each part."""
+        from agentrt.engine.messages import normalize_messages
+        from agentrt.engine.prompt_parts import prompt_parts
+        from agentrt.spec.structured import parse_response_format
+
+        llm = self.engine.engine
+        asked = normalize_messages(messages)
+        sent, tools = llm.format_messages(asked, parse_response_format(response_format))
+        parts = prompt_parts(llm.tokenizer, asked, sent, tools)
+        return PromptRecord(tuple(sent), text, tuple(parts), None if tools is None else tuple(tools))
 
     # -- KV holds --
     @property

@@ -245,7 +245,17 @@ class LLMCall:
             self.rt.start_streamed(self.ps, self.ns.node)
 
 
-def record_response(ps: ProgramState, ns: NodeState, response: LLMResponse) -> None:
+def record_response(rt: Runtime, ps: ProgramState, ns: NodeState, request: LLMRequest, response: LLMResponse) -> None:
+    """Usage, α, and what the model was sent and wrote (within the runtime's TraceContent)."""
+    content, prompt = rt.trace_content, response.prompt
+    content.put(ns.attributes, "agentrt.prompt.messages", [dict(m) for m in (prompt.messages if prompt else request.messages)])
+    if prompt is not None:
+        if prompt.tools is not None:
+            content.put(ns.attributes, "agentrt.prompt.tools", [dict(t) for t in prompt.tools])
+        if prompt.text is not None:
+            content.put(ns.attributes, "agentrt.prompt.text", prompt.text)
+        ns.attributes["agentrt.prompt.parts"] = [dict(p) for p in prompt.parts]
+    content.put(ns.attributes, "agentrt.output.text", response.text)
     ns.attributes.update({
         "gen_ai.usage.input_tokens": response.usage.input_tokens,
         "gen_ai.usage.output_tokens": response.usage.output_tokens,
@@ -256,7 +266,7 @@ def record_response(ps: ProgramState, ns: NodeState, response: LLMResponse) -> N
     ps.stats.cached_tokens += response.usage.cached_input_tokens
 
 
-def response_outcome(ns: NodeState, response_format: dict[str, Any], response: LLMResponse) -> Outcome:
+def response_outcome(rt: Runtime, ns: NodeState, response_format: dict[str, Any], response: LLMResponse) -> Outcome:
     """The node's value from the response, or why it failed."""
     if response.error is not None or response.finish_reason == "error":
         return Outcome.failed(f"the engine failed: {response.error or 'unknown error'}", "engine_error")
@@ -269,7 +279,7 @@ def response_outcome(ns: NodeState, response_format: dict[str, Any], response: L
         return Outcome.failed(f"{e}{hint}", "invalid_output")
     if isinstance(value, dict) and value.get("name") is not None and response_format["type"] == "tool_call":
         ns.attributes["agentrt.tool_call"] = value["name"]
-    ns.attributes["agentrt.value"] = preview(value)
+    rt.trace_content.put(ns.attributes, "agentrt.value", value)
     return Outcome(True, value)
 
 
@@ -316,11 +326,11 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
         return Outcome.failed(f"the engine rejected the request: {e}", "invalid_request")
     except Exception as e:  # noqa: BLE001 - a broken backend fails this node, not the process
         return Outcome.failed(f"the LLM backend raised {type(e).__name__}: {e}", type(e).__name__)
-    record_response(ps, ns, response)
+    record_response(rt, ps, ns, request, response)
     if is_continued(ps, ns.node):
         ps.sent[ns.node] = response.sent_messages or messages
     settle_holds(rt, ps, ns, response)
-    outcome = response_outcome(ns, response_format, response)
+    outcome = response_outcome(rt, ns, response_format, response)
     outcome.sent = ps.sent.get(ns.node)
     if outcome.ok and call.follows_tool:
         hold_kv(rt, ps, ns, spec, outcome.value, response)
@@ -374,7 +384,7 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
         args = tool_arguments(spec, ps.run.known)  # known: a tool started early reads streamed members
     except ProgramRunError as e:
         return Outcome.failed(str(e), "invalid_arguments")
-    ns.attributes["gen_ai.tool.call.arguments"] = preview(args)
+    rt.trace_content.put(ns.attributes, "gen_ai.tool.call.arguments", args)
     digest = args_hash(args) if rt.store is not None else None
     if rt.store is not None:
         rt.store.node_started(ps.run_id, ns.node, "tool", args_hash=digest)
@@ -410,7 +420,7 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     ns.log.replace_from(queued_at, transitions)
     ns.attributes["agentrt.tool.attempts"] = len(result.attempts)
     if result.ok:
-        ns.attributes["gen_ai.tool.call.result"] = preview(result.value)
+        rt.trace_content.put(ns.attributes, "gen_ai.tool.call.result", result.value)
         return Outcome(True, result.value)
     err = result.error
     ns.attributes["error.type"] = err.kind

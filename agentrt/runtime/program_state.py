@@ -49,6 +49,9 @@ class ProgramState:
     start: float
     nodes: dict[str, NodeState] = field(default_factory=dict)
     inflight: dict[asyncio.Task, str] = field(default_factory=dict)
+    # node tasks as they end: the drive loop waits on this, not on a snapshot of `inflight`, so a
+    # node started while it waits (a tool started early on streamed output) is heard of at once
+    ended: asyncio.Queue = field(default_factory=asyncio.Queue)
     status: str = "running"
     result: RunResult | None = None
     task: asyncio.Task | None = None
@@ -93,3 +96,19 @@ def task_outcome(task: asyncio.Task) -> Outcome:
         return task.result()
     except Exception as e:  # noqa: BLE001 - nothing a node does may take the runtime down
         return Outcome.failed(f"internal error running the node: {type(e).__name__}: {e}", "internal_error")
+
+
+def loop_attributes(run: ProgramRun, node: str) -> dict[str, Any]:
+    """Span attributes of an agent-loop step (a loop has no span of its own): agentrt.loop, its
+    loop; and on the LLM step that ended the loop, how it did (agentrt.loop.ended: "answered",
+    "answered_at_max_steps" or "exceeded_max_steps") after how many steps (agentrt.loop.llm_steps,
+    agentrt.loop.tool_steps)."""
+    loop = getattr(run.spec(node), "loop", None) if node in run.graph else None
+    if loop is None or loop not in run.graph:
+        return {}
+    attrs = run.graph.nodes[loop]
+    out: dict[str, Any] = {"agentrt.loop": loop}
+    if "ended" in attrs and node == run.spec(loop).step_id(attrs["llm_steps"], "llm"):
+        out.update({"agentrt.loop.ended": attrs["ended"], "agentrt.loop.llm_steps": attrs["llm_steps"],
+                    "agentrt.loop.tool_steps": attrs["tool_steps"]})
+    return out

@@ -28,11 +28,12 @@ from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStep
 from agentrt.runtime.events import RunEvent, RunEventListener
 from agentrt.runtime.node_exec import InputWait, charge, run_input, run_llm, run_recorded, run_tool
 from agentrt.runtime.node_state import NodeState, Outcome
-from agentrt.runtime.program_state import ProgramHandle, ProgramState, RunResult, task_outcome
+from agentrt.runtime.program_state import ProgramHandle, ProgramState, RunResult, loop_attributes, task_outcome
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
 from agentrt.runtime.store import Recorded, RunStore, StoredRun
 from agentrt.runtime.trace import Trace, new_id
+from agentrt.runtime.trace_content import TraceContent
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.errors import UnknownToolError
 
@@ -51,12 +52,14 @@ class Runtime:
     the idempotent tools that read only members of it that are final already, and the fan-out
     branches over its items (see ProgramRun.stream). store: where runs are recorded durably
     (store.py): node outcomes as they end, tool attempts, the run's status; a run submitted with
-    `resume=store.recorded(run_id)` takes recorded outcomes instead of running those nodes again."""
+    `resume=store.recorded(run_id)` takes recorded outcomes instead of running those nodes again.
+    trace_content: what of each node's prompt, output, arguments and result the trace keeps
+    (TraceContent: all of it up to a size by default, or only sizes with redact=True)."""
 
     def __init__(self, backend: LLMBackend, tools: ToolRegistry | Iterable[Tool | Any] = (), *,
                  policy: SchedulingPolicy | str | None = None, kv_hold: KVHoldPolicy | bool | None = True,
                  trace: Trace | None = None, max_tokens: int | None = None, stream_outputs: bool = True,
-                 store: RunStore | None = None) -> None:
+                 store: RunStore | None = None, trace_content: TraceContent | None = None) -> None:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise RunConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         self.backend = backend
@@ -67,6 +70,7 @@ class Runtime:
         self.max_tokens = max_tokens
         self.stream_outputs = stream_outputs
         self.store = store
+        self.trace_content = trace_content or TraceContent()
         self.programs: dict[str, ProgramState] = {}
         self.calls: dict[str, ProgramStats] = {}  # single LLM calls in flight (complete()), by call id
         self._unsubscribe = None
@@ -266,8 +270,10 @@ class Runtime:
             self._sync_nodes(ps)
             self._start_ready(ps, ps.run.ready(), cause=None)
             while ps.inflight and ps.run.status == "running":
-                done, _ = await asyncio.wait(ps.inflight, return_when=asyncio.FIRST_COMPLETED)
-                for task in sorted(done, key=lambda t: ps.inflight[t]):
+                done = [await ps.ended.get()]
+                while not ps.ended.empty():
+                    done.append(ps.ended.get_nowait())
+                for task in sorted((t for t in done if t in ps.inflight), key=lambda t: ps.inflight[t]):
                     node = ps.inflight.pop(task)
                     self._report(ps, node, task_outcome(task))
                     self._start_ready(ps, ps.run.ready(), cause=node)
@@ -303,6 +309,7 @@ class Runtime:
             raise
         finally:
             ps.stats.critical_path = ps.run.critical_path_length() if ps.run.status == "running" else 0.0
+            ns.attributes.update(loop_attributes(ps.run, node))
         ns.finish("ok" if outcome.ok else "error", now, outcome.error)
         self._emit_finished(ps, ns, outcome.value)
         self._sync_nodes(ps)
@@ -351,6 +358,7 @@ class Runtime:
                 runner = run_input if ps.run.spec(node).is_input else run_tool
             task = asyncio.get_running_loop().create_task(runner(self, ps, ns), name=f"agentrt:{ps.run_id}:{node}")
             ps.inflight[task] = node
+            task.add_done_callback(ps.ended.put_nowait)
 
     def _sync_nodes(self, ps: ProgramState) -> None:
         """Track the run's LLM and tool nodes: new ones (fan-out branches, loop steps) start
@@ -400,12 +408,15 @@ class Runtime:
         ps.status = status
         ps.result = RunResult(ps.run_id, ps.program.name, status, output, error, failed_node, ps.start, end, node_errors,
                               dict(ps.run.values))
-        self.trace.add({
+        record = {
             "type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
-            "inputs": inputs, "start": round(ps.start, 6), "end": round(end, 6), "status": status, "output": output,
+            "start": round(ps.start, 6), "end": round(end, 6), "status": status,
             "error": None if error is None else {"node": failed_node, "message": error},
             "service": ps.stats.to_record(), "nodes": len(ps.nodes),
-        })
+        }
+        self.trace_content.put(record, "inputs", inputs)
+        self.trace_content.put(record, "output", output)
+        self.trace.add(record)
         if self.store is not None and not ps.interrupted:
             self.store.update_run(ps.run_id, status=status, ended_at=time.time(), output=output,
                                   error=None if error is None else {"node": failed_node, "message": error})

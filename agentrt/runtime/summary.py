@@ -7,11 +7,12 @@ HTML views read it too). Computed from the records alone:
                           queued_tool_s, preempted_s, tool_backoff_s,
                           llm_active_s, tool_only_s, neither_s},
                "warnings": [str: a node cut at max_tokens, or a text answer shaped like a tool call],
+               "loops": [{loop, ended, llm_steps, tool_steps}: how each agent loop ended],
                "nodes": [{node, kind, name, status, error, start, end, duration_s,
                           phases: {phase: seconds}, waited_on, value (preview), tool, attempts,
                           usage: {input_tokens, cached_input_tokens, output_tokens},
                           spec: {drafted, accepted, forced, alpha, alpha_free, alpha_forced,
-                                 target_passes, tokens_per_pass}, steps, finish_reason}]}],
+                                 target_passes, tokens_per_pass}, steps, finish_reason, tool_call}]}],
      "engine": {steps, busy_s, idle_s, busy_fraction, mean_batch, max_batch, drafted, accepted,
                 alpha, max_k}}
 
@@ -21,6 +22,7 @@ the run's wall time into: some LLM call of the run in the engine, only tools run
 """
 from __future__ import annotations
 
+import json
 import re
 
 from typing import Any, Iterable
@@ -65,6 +67,18 @@ def _minus(intervals: list[tuple[float, float]], cut: list[tuple[float, float]])
     return out
 
 
+PREVIEW_CHARS = 300
+
+
+def value_preview(value: Any) -> str | None:
+    """A node's value as a prompt shows it (text as is, else JSON), cut to PREVIEW_CHARS; the
+    whole value is in the node span's attributes (`agentrt inspect TRACE --node ID`)."""
+    if value is None:
+        return None
+    text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, default=repr)
+    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
+
+
 def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str, Any]:
     a = span["attributes"]
     durations: dict[str, float] = {}
@@ -77,7 +91,8 @@ def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str
         "node": a["agentrt.node"], "kind": a["agentrt.node.kind"], "name": span["name"], "status": span["status"],
         "error": span.get("error"), "start": span["start"], "end": span["end"],
         "duration_s": _r(span["end"] - span["start"]), "phases": {k: _r(v) for k, v in durations.items()},
-        "waited_on": a.get("agentrt.waited_on"), "value": a.get("agentrt.value", a.get("gen_ai.tool.call.result")),
+        "waited_on": a.get("agentrt.waited_on"),
+        "value": value_preview(a.get("agentrt.value", a.get("gen_ai.tool.call.result"))),
     }
     if out["kind"] == "tool":
         out.update(tool=a.get("gen_ai.tool.name"), attempts=a.get("agentrt.tool.attempts", 0))
@@ -89,6 +104,7 @@ def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str
             "drafted", "accepted", "forced", "alpha", "alpha_free", "alpha_forced", "target_passes", "tokens_per_pass")}
         out["steps"] = steps
         out["finish_reason"] = (a.get("gen_ai.response.finish_reasons") or [None])[0]
+        out["tool_call"] = a.get("agentrt.tool_call")  # the tool it called (its value is that call)
     return out
 
 
@@ -106,9 +122,17 @@ def run_warnings(nodes: list[dict[str, Any]]) -> list[str]:
         if n.get("finish_reason") == "length":
             out.append(f"{n['node']}: cut at max_tokens ({(n.get('usage') or {}).get('output_tokens')} tokens): "
                        "the answer may be incomplete")
-        if isinstance(n.get("value"), str) and _TOOL_CALL_TEXT.match(n["value"]):
+        if not n.get("tool_call") and isinstance(n.get("value"), str) and _TOOL_CALL_TEXT.match(n["value"]):
             out.append(f"{n['node']}: answered with text shaped like a tool call, which no tool ran")
     return out
+
+
+def run_loops(node_spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """How each agent loop of a run ended, from the span of the LLM step that ended it
+    (agentrt.loop.* attributes), in the order they ended."""
+    ends = sorted((s for s in node_spans if "agentrt.loop.ended" in s["attributes"]), key=lambda s: s["end"])
+    return [{"loop": a["agentrt.loop"], "ended": a["agentrt.loop.ended"], "llm_steps": a.get("agentrt.loop.llm_steps"),
+             "tool_steps": a.get("agentrt.loop.tool_steps")} for a in (s["attributes"] for s in ends)]
 
 
 def run_stalls(nodes: list[dict[str, Any]], phase_spans: list[dict[str, Any]], start: float, end: float) -> dict[str, float]:
@@ -167,7 +191,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
             "start": prog["start"], "end": prog["end"], "duration_s": _r(prog["end"] - prog["start"]),
             "error": prog.get("error"), "output": prog.get("output"), "inputs": prog.get("inputs"),
             "service": prog.get("service"), "stalls": run_stalls(nodes, phase_spans, prog["start"], prog["end"]),
-            "warnings": run_warnings(nodes), "nodes": nodes,
+            "warnings": run_warnings(nodes), "loops": run_loops(node_spans), "nodes": nodes,
         })
     return {"trace": {"name": header.get("name"), "wall_start": header.get("wall_start"), "end": end,
                       "meta": header.get("meta", {})},

@@ -180,6 +180,17 @@ def timeline(summary: dict[str, Any], records: list[dict[str, Any]], total_width
     return Group(*lines)
 
 
+def loop_line(loop: dict[str, Any]) -> str:
+    """How an agent loop ended, e.g. "agent loop agent: answered at step 1, without calling a tool"."""
+    steps, calls = loop.get("llm_steps"), loop.get("tool_steps") or 0
+    how = {"answered": f"answered at step {steps}",
+           "answered_at_max_steps": f"made to answer at its last step ({steps})",
+           "exceeded_max_steps": f"still calling a tool at its last step ({steps})"}.get(
+        loop["ended"], f"{loop['ended']} at step {steps}")
+    tools = "without calling a tool" if not calls else f"after {calls} tool call{'s' if calls > 1 else ''}"
+    return f"agent loop {loop['loop']}: {how}, {tools}"
+
+
 def render_report(console: Console, summary: dict[str, Any], records: list[dict[str, Any]], *,
                   show_output: bool = True) -> None:
     """Everything `agentrt run` prints after a run and `agentrt inspect` prints for a trace."""
@@ -188,6 +199,8 @@ def render_report(console: Console, summary: dict[str, Any], records: list[dict[
             console.print(output_view(run))
         for warning in run.get("warnings", ()):
             console.print(Text(f"warning: {warning}", style="yellow"))
+        for loop in run.get("loops", ()):
+            console.print(Text(loop_line(loop), style="dim"))
         console.print(alpha_table(run))
         console.print(stall_table(run))
     eng = summary["engine"]

@@ -7,11 +7,18 @@ Response formats (plain dicts, as agentrt.dag emits them):
     {"type": "json_schema", "json_schema": {"name": ..., "schema": {...}}}
     {"type": "tool_call", "tools": [openai tool dicts], "allow_text": bool}
     {"type": "tool_call", "tools": [...], "tool_choice": "none"}     tools described, text answer
+    {"type": "tool_call", "tools": [...], "tool_choice": "required"} a call, never text
+    {"type": "tool_call", "tools": [...], "tool_choice": {"type": "function", "function": {"name": T}}}
+                                                                    a call of tool T, never text
     {"type": "tool_call", "tools": [...], "parallel": True}          a list of one or more calls
 A tool call is emitted as {"name": "<tool>", "arguments": {...}}; with "parallel", as a JSON list
 of them (OpenAI's parallel_tool_calls: several calls in one turn). JSON is written with
 json.dumps' default separators (", " and ": "): the grammar emits exactly that format and the
 prompt shows schemas and tools in it too, so values copied from the prompt tokenize alike.
+A tool_choice (OpenAI's) narrows what the grammar allows, never what the prompt describes: all
+the tools, and that text may answer, as for allow_text. So the steps of an agent loop, whichever
+they allow, share their prompt's tokens (and KV). Without one, allow_text False describes a turn
+that can only call.
 """
 from __future__ import annotations
 
@@ -39,6 +46,8 @@ class OutputFormat:
     # the answer is text, which the grammar keeps from starting like a call (a small model shown
     # calls otherwise writes one as its answer). The last step of an agent loop answers so: its
     # prompt then starts with exactly the tokens of the steps before it, whose KV is cached.
+    # "required": the prompt is that same one, the answer a call of a tool `schema` allows (all
+    # the tools, or the one a named tool_choice picked): an agent loop's step that must call.
     tool_choice: str = "auto"
     parallel: bool = False  # tool_call: a list of calls
 
@@ -50,6 +59,12 @@ class OutputFormat:
     def is_text_answer(self, text: str) -> bool:
         """Whether a tool_call output that allows text is the text answer, not a call."""
         return self.kind == "tool_call" and self.allow_text and not text.lstrip().startswith(self.json_start)
+
+    @property
+    def offers_text(self) -> bool:
+        """Whether the prompt says that text may answer: when the grammar allows it, and under any
+        tool_choice, which narrows the grammar only (see the module docstring)."""
+        return self.allow_text or self.tool_choice != "auto"
 
     @property
     def described(self) -> bool:
@@ -179,13 +194,29 @@ def parse_response_format(rf: dict | None) -> OutputFormat:
         names = [t["function"]["name"] for t in tools]
         if len(set(names)) != len(names):
             raise RequestError(f"response_format tool_call: duplicate tool names {names}")
-        choice = rf.get("tool_choice", "auto")
-        if choice not in ("auto", "none"):
-            raise RequestError(f"response_format tool_call: tool_choice must be 'auto' or 'none', got {choice!r}")
+        choice, callable_tools = _tool_choice(rf.get("tool_choice", "auto"), tools)
         parallel = bool(rf.get("parallel", False))
-        return OutputFormat("tool_call", tool_call_schema(tools, parallel), tools,
-                            choice == "none" or bool(rf.get("allow_text", False)), choice, parallel)
+        allow_text = choice == "none" or (choice == "auto" and bool(rf.get("allow_text", False)))
+        return OutputFormat("tool_call", tool_call_schema(callable_tools, parallel), tools, allow_text, choice, parallel)
     raise RequestError(f"response_format: unknown type {kind!r} (text, json_object, json_schema, tool_call)")
+
+
+def _tool_choice(choice: Any, tools: tuple) -> tuple[str, tuple]:
+    """(the tool_choice as OutputFormat keeps it, the tools a call may name). A named choice
+    ({"type": "function", "function": {"name": T}}) becomes "required" with T alone callable;
+    every tool stays described."""
+    if isinstance(choice, str) and choice in ("auto", "none", "required"):
+        return choice, tools
+    fn = choice.get("function") if isinstance(choice, dict) else None
+    name = fn.get("name") if isinstance(fn, dict) else None
+    if not isinstance(name, str):
+        raise RequestError("response_format tool_call: tool_choice must be 'auto', 'none', 'required' or "
+                           f"{{'type': 'function', 'function': {{'name': <tool>}}}}, got {choice!r}")
+    named = tuple(t for t in tools if t["function"]["name"] == name)
+    if not named:
+        names = ", ".join(t["function"]["name"] for t in tools)
+        raise RequestError(f"response_format tool_call: tool_choice names '{name}', which is not among the tools ({names})")
+    return "required", named
 
 
 def dumps(value: Any) -> str:
@@ -204,7 +235,7 @@ def instructions(fmt: OutputFormat) -> str | None:
                          '[{"name": <tool name>, "arguments": <arguments>}].')
         else:
             lines.append('To call a tool, reply with only a JSON object: {"name": <tool name>, "arguments": <arguments>}.')
-        if fmt.allow_text:
+        if fmt.offers_text:
             lines.append("If no tool is needed, reply in plain text instead.")
         return "\n".join(lines)
     return None

@@ -1,0 +1,59 @@
+"""What of a node's content a trace keeps: prompts, raw outputs, values, tool arguments, results.
+
+Traces are for debugging a program, so by default they keep what each node was sent and what it
+produced, as JSON values (not JSON text inside JSON). A value whose JSON is longer than
+max_chars is kept as the start of that JSON text, marked cut; with redact, content is replaced by
+its size, for traces that leave the machine (token counts, timings and α stay).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, MutableMapping
+
+from agentrt.errors import RunConfigError
+
+TRUNCATED_ATTR = "agentrt.content.truncated"
+REDACTED_ATTR = "agentrt.content.redacted"
+
+
+@dataclass(frozen=True)
+class TraceContent:
+    """max_chars: the longest JSON text kept per attribute; redact: keep sizes, not content."""
+
+    max_chars: int = 32_000
+    redact: bool = False
+
+    def __post_init__(self) -> None:
+        if isinstance(self.max_chars, bool) or not isinstance(self.max_chars, int) or self.max_chars < 16:
+            raise RunConfigError(f"TraceContent.max_chars must be an int >= 16, got {self.max_chars!r}")
+
+    def put(self, attributes: MutableMapping[str, Any], name: str, value: Any) -> None:
+        """attributes[name] = value, cut to max_chars or redacted; cut or redacted names are listed
+        under TRUNCATED_ATTR / REDACTED_ATTR so a reader knows the value is not whole."""
+        text = json.dumps(value, ensure_ascii=False, default=repr)
+        if self.redact:
+            attributes[name] = f"[redacted: {len(text)} characters of JSON]"
+            _mark(attributes, REDACTED_ATTR, name)
+        elif len(text) > self.max_chars:
+            attributes[name] = text[: self.max_chars] + "…"
+            _mark(attributes, TRUNCATED_ATTR, name)
+        else:
+            attributes[name] = json.loads(text) if not _plain_json(value) else value
+
+
+def _plain_json(value: Any) -> bool:
+    """Whether value is already what json.loads would give back (no tuples, no odd keys or types)."""
+    if value is None or isinstance(value, (str, bool, int, float)):
+        return True
+    if isinstance(value, list):
+        return all(_plain_json(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain_json(v) for k, v in value.items())
+    return False
+
+
+def _mark(attributes: MutableMapping[str, Any], key: str, name: str) -> None:
+    names = attributes.setdefault(key, [])
+    if name not in names:
+        names.append(name)
