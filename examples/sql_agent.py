@@ -25,7 +25,7 @@ from pydantic import Field
 from agentrt.dag import Program
 from agentrt.tools import ToolRaisedError, tool
 
-DB_VERSION = 1
+DB_VERSION = 2
 MAX_ROWS = 20
 CITIES = ["Lyon", "Lisbon", "Oslo", "Leeds", "Porto", "Graz", "Turin", "Ghent"]
 FIRST = ["Ana", "Ben", "Chloe", "Dara", "Emil", "Fatima", "Goran", "Hana", "Ivo", "Jade", "Karim", "Lena",
@@ -41,7 +41,7 @@ CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT NOT NULL, city TEXT NO
 CREATE TABLE products (id INTEGER PRIMARY KEY, name TEXT NOT NULL, category TEXT NOT NULL, price REAL NOT NULL);
 CREATE TABLE orders (id INTEGER PRIMARY KEY, customer_id INTEGER NOT NULL REFERENCES customers(id),
                      product_id INTEGER NOT NULL REFERENCES products(id), quantity INTEGER NOT NULL,
-                     ordered_at DATE NOT NULL);
+                     order_date DATE NOT NULL);
 """
 
 
@@ -122,11 +122,15 @@ p = Program("sql_agent", inputs={"question": str}, tools=tools)
 schema = p.tool("schema", "inspect_schema", args={})
 p.output(p.agent_loop(
     "agent",
-    system="You answer questions about a shop database by running SQLite queries. If a query fails, fix it. "
+    system="You answer questions about a shop database by running SQLite queries. Dates are text like "
+           "'2025-03-14'. Example: to count the customers who joined in 2024, run "
+           "SELECT COUNT(*) FROM customers WHERE joined LIKE '2024-%'. If a query fails, fix it. "
            "When you have the rows you need, answer in one sentence.",
     prompt="Tables: {schema}\nQuestion: {question}",
     # max_tokens: a call with the longest SQL run_query takes (200 characters, up to one token each) fits
-    tools=["run_query"], max_steps=4, max_tokens=256, tool_choice="required_first"))
+    # the penalty keeps the model from repeating a condition until the query runs out of room
+    tools=["run_query"], max_steps=4, max_tokens=256, tool_choice="required_first",
+    sampling={"frequency_penalty": 0.3}))
 program = p.compile()
 
 DEFAULT_INPUTS = {"question": "How many orders were placed in March 2025?"}

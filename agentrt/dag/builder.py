@@ -331,7 +331,7 @@ class Scope:
     def agent_loop(self, id: str, prompt: str, tools: Sequence[str], *, system: str | None = None,
                    max_steps: int = 8, max_tokens: int = 512, temperature: float = 0.0,
                    on_max_steps: Literal["answer", "error"] = "answer", tool_choice: str = "auto",
-                   output: Literal["text", "detail"] = "text") -> Ref:
+                   output: Literal["text", "detail"] = "text", sampling: Mapping[str, Any] | None = None) -> Ref:
         """A bounded agent loop: at each step the model picks one of `tools` (its result, or its
         error, goes back to the model) or gives a final text answer, which is the output.
 
@@ -351,6 +351,9 @@ class Scope:
         "arguments", "ok"}]}; "ended" is "answered" (the model chose to) or
         "answered_at_max_steps" (the last step had to), so later nodes may branch on it. Either
         way the run's graph and trace record how the loop ended.
+
+        sampling: every step's further sampling settings, as in llm() (e.g. {"frequency_penalty":
+        0.5} keeps a small model from repeating a query until it runs out of tokens).
 
         >>> p = Program("demo", inputs={"question": str}, tools=[{"name": "run_query", "parameters": {
         ...     "type": "object", "properties": {"sql": {"type": "string"}}}}])
@@ -383,7 +386,8 @@ class Scope:
         spec = AgentLoopSpec(node, _check_template(node, "prompt", prompt),
                              None if system is None else _check_template(node, "system", system),
                              tuple(tools), max_steps, max_tokens, float(temperature), on_max_steps,
-                             tool_choice=tool_choice, output=output)
+                             tool_choice=tool_choice, output=output,
+                             sampling=_check_extra_sampling(node, sampling))
         return self._add(spec)
 
     # -- internals --

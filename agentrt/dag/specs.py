@@ -297,6 +297,7 @@ class AgentLoopSpec:
     definitions: tuple[ToolDef, ...] = ()
     tool_choice: str = "auto"
     output: Literal["text", "detail"] = "text"
+    sampling: tuple[tuple[str, Any], ...] = ()  # every step's further sampling settings (LLMSpec.sampling)
     kind: ClassVar[str] = "agent_loop"
 
     def refs(self) -> list[RefUse]:
@@ -330,7 +331,7 @@ class AgentLoopSpec:
 
     def step_spec(self, step: int, history: tuple[tuple[str, str], ...]) -> LLMSpec:
         return LLMSpec(self.step_id(step, "llm"), self.prompt, self.system, self.step_output(step),
-                       self.max_tokens, self.temperature, loop=self.id, history=history)
+                       self.max_tokens, self.temperature, loop=self.id, history=history, sampling=self.sampling)
 
     def ended_at(self, step: int) -> str:
         """How a text answer at step `step` ends the loop: "answered_at_max_steps" if that step

@@ -150,13 +150,18 @@ def union_schema(schemas: list[Mapping[str, Any] | None]) -> Mapping[str, Any] |
 
 def _union_objects(schemas: list[Mapping[str, Any]]) -> dict[str, Any]:
     """Each property any schema has (its shape: the union over those that have it; {} if that is
-    unknown), required where every schema requires it, open if any schema is."""
+    unknown), required where every schema requires it, open if any schema is (other properties
+    shaped as the union of the schemas that shape them)."""
     names = list(dict.fromkeys(k for s in schemas for k in s["properties"]))
     properties = {k: union_schema([s["properties"][k] for s in schemas if k in s["properties"]]) or {} for k in names}
     required = [k for k in names if all(k in s.get("required", ()) for s in schemas)]
     merged: dict[str, Any] = {"type": "object", "properties": properties, "required": required}
-    if any(s.get("additionalProperties") is True for s in schemas):
+    extras = [s.get("additionalProperties") for s in schemas]
+    shaped = [e for e in extras if isinstance(e, Mapping)]
+    if any(e is True for e in extras):
         merged["additionalProperties"] = True
+    elif shaped:
+        merged["additionalProperties"] = union_schema(shaped) or True
     return merged
 
 

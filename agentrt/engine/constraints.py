@@ -54,7 +54,9 @@ class Constraints:
 
     def state(self, fmt: OutputFormat) -> GrammarState:
         """A fresh grammar state for a request with this (constrained) output format."""
-        return GrammarState(self.grammars.compile(fmt))
+        state = GrammarState(self.grammars.compile(fmt))
+        state.completion_tokens = self.grammars.minimum_tokens(fmt, self._tokenizer.encode)  # engine.budget
+        return state
 
     def step_masks(self, rows: list[StepRow]) -> StepMasks | None:
         """Masks for every verified row of constrained sequences, None when none is; cuts each

@@ -29,7 +29,7 @@ from agentrt.engine.constraints import Constraints
 from agentrt.engine.spec_runner import DraftStep, SpecConfig, SpecRunner, build_drafter
 from agentrt.engine.step_rows import (StepRow, build_forward_batch, fit_drafts_to_kv, limit_drafts, reserve_draft_kv,
                                       rows_of)
-from agentrt.engine.step_sampler import sample_rows
+from agentrt.engine.step_sampler import sample_rows, token_logprobs
 from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
@@ -276,7 +276,12 @@ class LLMEngine:
             return None
         closing = None
         if seq.grammar is not None:  # cut back to what can still be completed within max_tokens
-            row.emitted, closing = fit_emitted(seq, row.emitted, self.tokenizer.encode, self.tokenizer.decode)
+            emitted, closing = fit_emitted(seq, row.emitted, self.tokenizer.encode, self.tokenizer.decode,
+                                           self.eos_ids[0])
+            if emitted != row.emitted:
+                row.verified, row.emitted = row.accepted, emitted
+                if row.raw_logprobs is not None:
+                    row.logprobs = token_logprobs(row.raw_logprobs, emitted, seq.params.logprobs)
         seq.num_computed += row.num_new + len(row.emitted) - 1
         self.blocks.truncate(seq.seq_id, seq.num_computed)
         if seq.first_token_time is None:

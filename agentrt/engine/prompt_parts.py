@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from agentrt.errors import AgentRTError
+
 
 def message_token_counts(tokenizer: Any, messages: list[dict], tools: list[dict] | None) -> tuple[list[int], int]:
     """(tokens of each message, tokens of the generation prompt) for a chat prompt.
@@ -31,12 +33,21 @@ def prompt_parts(tokenizer: Any, asked: list[dict], sent: list[dict], tools: lis
     ("0:system", "1:user", ...), then "generation prompt". `sent` is `asked` with the engine's
     additions (spec.structured.with_instructions: instructions joined to a message, or a system
     message put first) and `tools` what it gave the chat template; `added` is how many of a part's
-    tokens those additions account for (the same count for the message as asked, subtracted)."""
-    sent_counts, generation = message_token_counts(tokenizer, sent, tools)
+    tokens those additions account for (the same count for the message as asked, subtracted).
+    A chat template that refuses a part of the conversation (some require the tools' user turn)
+    gives one part, the whole prompt."""
+    try:
+        sent_counts, generation = message_token_counts(tokenizer, sent, tools)
+    except AgentRTError:
+        whole = tokenizer.apply_chat_template(sent, add_generation_prompt=True, tools=tools)
+        return [{"part": "whole prompt", "tokens": len(tokenizer.encode(whole)), "added": 0}]
     if sent == asked and tools is None:
         asked_counts = sent_counts
     else:
-        asked_counts, _ = message_token_counts(tokenizer, asked, None)
+        try:
+            asked_counts, _ = message_token_counts(tokenizer, asked, None)
+        except AgentRTError:
+            asked_counts = sent_counts  # nothing to tell apart: no part counted as added
     inserted = len(sent) - len(asked)  # 1: a system message put first, 0: joined to a message
     parts = []
     for i, (message, tokens) in enumerate(zip(sent, sent_counts)):

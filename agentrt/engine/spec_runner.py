@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from agentrt.engine.budget import closing
 from agentrt.engine.outputs import StepRecord
 from agentrt.engine.sequence import Sequence
 from agentrt.engine.step_rows import StepRow
@@ -127,7 +128,8 @@ class SpecRunner:
         if self.drafter is None:
             return DraftStep()
         t0 = time.monotonic()
-        live = [r for r in rows if r.samples and min(self.config.kmax, r.max_draft) > 0]
+        # rows forcing a completion within their budget take it as their draft (engine.budget)
+        live = [r for r in rows if r.samples and min(self.config.kmax, r.max_draft) > 0 and not closing(r.seq)]
         reqs = {r: self._request(r.seq, min(self.config.kmax, r.max_draft)) for r in live}
         if self.drafter.deterministic:
             # Model-free drafts are nearly free: draft as deep as allowed, then let the controller
@@ -201,14 +203,15 @@ class SpecRunner:
         if stats is None:
             return
         k = row.k
-        accepted = min(row.accepted, len(kept))
+        # a stop cuts the accepted run short; a cut by the budget (row.verified) does not unaccept
+        accepted = row.accepted if row.verified is not None else min(row.accepted, len(kept))
         forced = sum(row.forced[:accepted])
         if (scores := self._scores.pop(seq.seq_id, None)) is not None and k:
             # the verified draft's free positions (observe() censors them at the first rejection)
             self.calibration.observe([x for x in scores[:k] if x is not None],
                                      sum(x is not None for x in scores[:accepted]))
         if self.drafter is not None:
-            self.drafter.on_verified(seq.seq_id, accepted, kept)
+            self.drafter.on_verified(seq.seq_id, min(accepted, len(kept)), kept)
             alpha = self._seq_alpha[seq.seq_id]
             alpha.update(k, accepted, forced) if k else alpha.tick()
         stats.record(SpecStepEvent(

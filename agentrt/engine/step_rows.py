@@ -35,6 +35,8 @@ class StepRow:
     emitted: list[int] = field(default_factory=list)  # what the step decided ([] while prefilling)
     logprobs: list[TokenLogprob] | None = None  # per emitted token, when the request asks
     failed: str | None = None  # this request's own error in this step (its grammar raised): it ends
+    verified: int | None = None  # drafts accepted at verification, when the budget then cut the run
+    raw_logprobs: torch.Tensor | None = None  # [k + 1, vocab] log-softmax, when the request asks for logprobs
 
     @property
     def k(self) -> int:
@@ -52,6 +54,9 @@ class StepRow:
 
     @property
     def accepted(self) -> int:
+        """Drafts the target accepted (a cut by the budget, engine.budget, does not reject them)."""
+        if self.verified is not None:
+            return self.verified
         return max(0, len(self.emitted) - 1) if self.draft else 0
 
     def cut(self, k: int) -> None:

@@ -46,7 +46,8 @@ def sample_rows(rows: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
     for r, toks in zip(sampling, emitted):
         r.emitted = toks
         if r in raw:
-            r.logprobs = _token_logprobs(raw[r], toks, r.seq.params.logprobs)
+            r.raw_logprobs = raw[r]
+            r.logprobs = token_logprobs(raw[r], toks, r.seq.params.logprobs)
 
 
 def _flat_drafts(sampling: list[StepRow]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,7 +112,8 @@ def _raw_logprobs(sampling: list[StepRow], logits: torch.Tensor) -> dict[StepRow
             for r in sampling if r.seq.params.logprobs is not None}
 
 
-def _token_logprobs(lp: torch.Tensor, toks: list[int], top_n: int) -> list[TokenLogprob]:
+def token_logprobs(lp: torch.Tensor, toks: list[int], top_n: int) -> list[TokenLogprob]:
+    """Each token's log-probability in its row of lp [rows, vocab], with the top_n alternatives."""
     top = lp[: len(toks)].topk(top_n, dim=-1) if top_n else None
     return [TokenLogprob(t, float(lp[j, t]), tuple(zip(top.indices[j].tolist(), top.values[j].tolist()))
                          if top is not None else ()) for j, t in enumerate(toks)]

@@ -207,9 +207,12 @@ class EngineBackend:
         from agentrt.spec.structured import parse_response_format
 
         llm = self.engine.engine
-        asked = normalize_messages(messages)
-        sent, tools = llm.format_messages(asked, parse_response_format(response_format))
-        parts = prompt_parts(llm.tokenizer, asked, sent, tools)
+        try:
+            asked = normalize_messages(messages)
+            sent, tools = llm.format_messages(asked, parse_response_format(response_format))
+            parts = prompt_parts(llm.tokenizer, asked, sent, tools)
+        except Exception:  # noqa: BLE001 - what the trace shows of a prompt never fails the call
+            return PromptRecord(tuple(messages), text)
         return PromptRecord(tuple(sent), text, tuple(parts), None if tools is None else tuple(tools))
 
     # -- KV holds --

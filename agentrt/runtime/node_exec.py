@@ -269,14 +269,16 @@ def record_response(rt: Runtime, ps: ProgramState, ns: NodeState, request: LLMRe
 def response_outcome(rt: Runtime, ns: NodeState, response_format: dict[str, Any], response: LLMResponse) -> Outcome:
     """The node's value from the response, or why it failed."""
     if response.error is not None or response.finish_reason == "error":
-        return Outcome.failed(f"the engine failed: {response.error or 'unknown error'}", "engine_error")
+        error = rt.trace_content.error(response.error) or "unknown error"
+        return Outcome.failed(f"the engine failed: {error}", "engine_error")
     if response.finish_reason == "abort":  # not by us: cancelling the node task never gets here
         return Outcome.failed("the engine aborted the request", "aborted")
     try:
         value = node_value(response_format, response)
     except OutputParseError as e:
         hint = " (generation hit max_tokens)" if response.finish_reason == "length" else ""
-        return Outcome.failed(f"{e}{hint}", "invalid_output")
+        shown = str(e).split(":")[0] + ": [redacted]" if rt.trace_content.redact else str(e)
+        return Outcome.failed(f"{shown}{hint}", "invalid_output")
     if isinstance(value, dict) and value.get("name") is not None and response_format["type"] == "tool_call":
         ns.attributes["agentrt.tool_call"] = value["name"]
     rt.trace_content.put(ns.attributes, "agentrt.value", value)

@@ -33,7 +33,7 @@ from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, Progra
                                     policy_from_name)
 from agentrt.runtime.store import Recorded, RunStore, StoredRun
 from agentrt.runtime.trace import Trace, new_id
-from agentrt.runtime.trace_content import TraceContent
+from agentrt.runtime.trace_content import REDACTED_ATTR, TraceContent
 from agentrt.tools import Tool, ToolRegistry
 from agentrt.tools.errors import UnknownToolError
 
@@ -414,8 +414,10 @@ class Runtime:
             "error": None if error is None else {"node": failed_node, "message": error},
             "service": ps.stats.to_record(), "nodes": len(ps.nodes),
         }
-        self.trace_content.put(record, "inputs", inputs)
-        self.trace_content.put(record, "output", output)
+        if self.trace_content.redact:  # the values whole otherwise: a server serves runs from them
+            record.update(inputs={}, output=None, **{REDACTED_ATTR: ["inputs", "output"]})
+        else:
+            record.update(inputs=inputs, output=output)
         self.trace.add(record)
         if self.store is not None and not ps.interrupted:
             self.store.update_run(ps.run_id, status=status, ended_at=time.time(), output=output,

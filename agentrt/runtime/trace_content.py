@@ -3,7 +3,8 @@
 Traces are for debugging a program, so by default they keep what each node was sent and what it
 produced, as JSON values (not JSON text inside JSON). A value whose JSON is longer than
 max_chars is kept as the start of that JSON text, marked cut; with redact, content is replaced by
-its size, for traces that leave the machine (token counts, timings and α stay).
+its size, for traces that leave the machine (token counts, timings and α stay; error messages
+too, less the raw output the engine's errors quote).
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any, MutableMapping
 
 from agentrt.errors import RunConfigError
 
+RAW_TEXT = "raw text:"  # how the engine's errors quote an output (engine.llm_engine._structured)
 TRUNCATED_ATTR = "agentrt.content.truncated"
 REDACTED_ATTR = "agentrt.content.redacted"
 
@@ -39,18 +41,14 @@ class TraceContent:
             attributes[name] = text[: self.max_chars] + "…"
             _mark(attributes, TRUNCATED_ATTR, name)
         else:
-            attributes[name] = json.loads(text) if not _plain_json(value) else value
+            attributes[name] = json.loads(text)  # a copy: the trace keeps the value as it was then
 
-
-def _plain_json(value: Any) -> bool:
-    """Whether value is already what json.loads would give back (no tuples, no odd keys or types)."""
-    if value is None or isinstance(value, (str, bool, int, float)):
-        return True
-    if isinstance(value, list):
-        return all(_plain_json(v) for v in value)
-    if isinstance(value, dict):
-        return all(isinstance(k, str) and _plain_json(v) for k, v in value.items())
-    return False
+    def error(self, message: str | None) -> str | None:
+        """An error message as the trace keeps it: with redact, without the model's raw text the
+        engine quotes in it (other error messages are kept as they are)."""
+        if not self.redact or message is None or RAW_TEXT not in message:
+            return message
+        return message[: message.index(RAW_TEXT)] + RAW_TEXT + " [redacted]"
 
 
 def _mark(attributes: MutableMapping[str, Any], key: str, name: str) -> None:

@@ -93,6 +93,23 @@ class GrammarCache:
             self._compiled[key] = compiled
         return compiled
 
+    def minimum_tokens(self, fmt: OutputFormat, encode: Any) -> int:
+        """Tokens of the shortest output the completion search finds for this format (a call, for
+        a tool-call format that may also answer in text): the least max_tokens that can be valid."""
+        key = ("minimum", fmt.cache_key())
+        with self._lock:
+            if key in self._compiled:
+                return self._compiled[key]
+        m = xgr.GrammarMatcher(self.compile(fmt))
+        start = fmt.json_start if fmt.kind == "tool_call" and fmt.allow_text else ""
+        ids = encode(start)
+        ok = all(m.accept_token(t) for t in ids)
+        text = completion_from(m, encode, start) if ok else None
+        n = 0 if text is None else len(encode(start + text))
+        with self._lock:
+            self._compiled[key] = n
+        return n
+
     def new_bitmask(self, rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(rows, self.info.vocab_size)
 
@@ -104,13 +121,15 @@ class GrammarCache:
 _REST = "".join(chr(c) for c in range(32, 127) if chr(c) not in '"}],:0tfn[{\\')
 ORDER_IN_STRING = '"' + _REST + '}],:0tfn[{'
 ORDER_OUTSIDE = ']},:"0tfn[{' + _REST
+ORDER_ESCAPED = 'n"\\/bfrt'  # after a backslash in a string: the one-character escapes
 COMPLETION_MAX_OPS = 4000  # matcher steps one search may take (each ~1 us)
 COMPLETION_MAX_CHARS = 400  # also bounds the search's recursion
 
 
-def in_json_string(text: str, inside: bool = False) -> bool:
-    """Whether JSON text that starts inside (or outside) a string ends inside one."""
-    escaped = False
+def json_string_state(text: str, state: tuple[bool, bool] = (False, False)) -> tuple[bool, bool]:
+    """(inside a string, right after a backslash in one) at the end of JSON text that starts in
+    `state`."""
+    inside, escaped = state
     for ch in text:
         if escaped:
             escaped = False
@@ -118,7 +137,7 @@ def in_json_string(text: str, inside: bool = False) -> bool:
             escaped = True
         elif ch == '"':
             inside = not inside
-    return inside
+    return inside, escaped
 
 
 def completion_from(m: xgr.GrammarMatcher, encode: Any, text: str) -> str | None:
@@ -139,25 +158,26 @@ def completion_from(m: xgr.GrammarMatcher, encode: Any, text: str) -> str | None
             n += 1
         return n
 
-    def search(depth: int, inside: bool) -> str | None:
+    def search(depth: int, state: tuple[bool, bool]) -> str | None:
         if m.is_completed():
             return ""
         if depth >= COMPLETION_MAX_CHARS or ops[0] >= COMPLETION_MAX_OPS:
             return None
         forced = m.find_jump_forward_string()
-        for piece in [forced] if forced else ORDER_IN_STRING if inside else ORDER_OUTSIDE:
+        order = ORDER_ESCAPED if state[1] else ORDER_IN_STRING if state[0] else ORDER_OUTSIDE
+        for piece in [forced] if forced else order:
             if ops[0] >= COMPLETION_MAX_OPS:
                 return None
             ids = encode(piece)
             n = accept(ids)
             if n == len(ids):
-                rest = search(depth + len(piece), in_json_string(piece, inside))
+                rest = search(depth + len(piece), json_string_state(piece, state))
                 if rest is not None:
                     return piece + rest
             m.rollback(n)
         return None
 
-    return search(0, in_json_string(text))
+    return search(0, json_string_state(text))
 
 
 class GrammarState:

@@ -268,3 +268,13 @@ def test_a_branch_on_how_the_loop_ended():
     # required_first with 2 steps: step 2 is the last and must answer, so "answered" can never happen
     with pytest.raises(ProgramValidationError, match="case answered can never match"):
         p.compile()
+
+
+def test_loop_sampling_reaches_every_step():
+    p = Program("demo", inputs={"q": str}, tools=[{"name": "look", "parameters": {"type": "object", "properties": {}}}])
+    p.output(p.agent_loop("agent", prompt="{q}", tools=["look"], max_steps=3, sampling={"frequency_penalty": 0.3}))
+    run = p.compile().start({"q": "x"})
+    assert dict(run.spec("agent#1.llm").sampling) == {"frequency_penalty": 0.3}
+    with pytest.raises(ProgramValidationError, match="agent"):
+        p2 = Program("demo", inputs={"q": str}, tools=[{"name": "look", "parameters": {"type": "object", "properties": {}}}])
+        p2.agent_loop("agent", prompt="{q}", tools=["look"], sampling={"not_a_setting": 1})

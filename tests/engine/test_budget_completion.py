@@ -117,3 +117,64 @@ def test_strings_never_take_raw_control_characters(smollm2_fp32, make_engine, sc
     for ch in "\x00\x03\x1f\t\n":
         assert state.try_advance(engine.tokenizer.encode(ch)) == 0, repr(ch)
     assert state.try_advance(engine.tokenizer.encode("y")) == 1
+
+
+def test_a_call_is_never_completed_into_a_text_answer(smollm2_fp32, make_engine):
+    """A tool-call format that may answer in text: below what a call needs, the output is the
+    model's call cut (an error), never a text answer made up by the completion."""
+    engine = make_engine(smollm2_fp32)
+    rf = {"type": "tool_call", "tools": TOOLS[1:], "allow_text": True}
+    prompt = '{"name": "weather", "arguments": {"city": "Oslo"}} -- reply exactly with this JSON.'
+    full = run_budgets(engine, rf, prompt, [200])[200]
+    assert isinstance(full.parsed, dict) and full.parsed["name"] == "weather"
+    for b, r in run_budgets(engine, rf, prompt, list(range(1, 30, 2))).items():
+        assert r.text.lstrip().startswith("{"), (b, r.text)
+        assert (r.parsed is not None and r.parsed["name"] == "weather") or "truncated" in r.error, (b, r.text)
+
+
+def test_escapes_and_complete_prefixes(smollm2_fp32, make_engine):
+    engine = make_engine(smollm2_fp32)
+    tok = engine.tokenizer
+    rf = {"type": "json_schema", "json_schema": {"name": "s", "schema": {
+        "type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}}}
+    state = GrammarState(engine.constraints.grammars.compile(parse_response_format(rf)))
+    text = '{"a": "x\\'
+    assert state.try_advance(tok.encode(text)) == len(tok.encode(text))
+    completion = state.completion(tok.encode, text)
+    assert json.loads(text + completion)["a"].startswith("x")
+    # a number that is complete before the token the model wrote: the output ends there
+    number = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "number"}}}
+    for b, r in run_budgets(engine, number, "Give the value of pi as JSON.", [1, 2, 3]).items():
+        assert r.error is None and isinstance(r.parsed, (int, float)), (b, r.text, r.error)
+
+
+@pytest.mark.parametrize("drafter", ["none", "template"])
+def test_logprobs_follow_the_tokens_after_a_cut(smollm2_fp32, make_engine, drafter):
+    engine = make_engine(smollm2_fp32, spec=SpecConfig(drafter=drafter))
+    rf, prompt = CASES["calls"]
+    low = minimum_tokens(engine, rf)
+    messages = [{"role": "user", "content": prompt}]
+    rids = [engine.add_request(messages, SamplingParams(max_tokens=b, temperature=0, response_format=rf, logprobs=2))
+            for b in range(low, low + 12)]
+    results = {}
+    while len(results) < len(rids):
+        results.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
+    assert any(r.completion_tokens for r in results.values())
+    for r in results.values():
+        assert r.parsed is not None
+        assert [lp.token_id for lp in r.logprobs] == r.token_ids
+
+
+def test_a_schema_whose_minimum_exceeds_the_window(smollm2_fp32, make_engine):
+    """15 required fields: the shortest valid output is over 100 tokens, longer than the fixed
+    window; the search starts early enough anyway (at a multiple of the schema's minimum)."""
+    engine = make_engine(smollm2_fp32)
+    props = {"essay": {"type": "string"}, **{f"field_number_{i}": {"type": "string"} for i in range(14)}}
+    rf = {"type": "json_schema", "json_schema": {"name": "e", "schema": {
+        "type": "object", "properties": props, "required": list(props)}}}
+    low = minimum_tokens(engine, rf)
+    assert low > CLOSING_WINDOW
+    results = run_budgets(engine, rf, "Write a long essay about the history of pancakes as JSON, essay first.",
+                          [low, low + 40])
+    for b, r in results.items():
+        assert r.error is None and set(r.parsed) == set(props), (b, r.error)

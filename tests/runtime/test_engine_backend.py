@@ -81,3 +81,28 @@ def test_tool_call_turns_render_for_plain_templates():
     assert out[1]["content"] == '{"name": "run_query", "arguments": {"sql": "SELECT 1"}}'
     assert out[1]["tool_calls"] == messages[1]["tool_calls"]  # templates that know tool calls still see them
     assert out[0] == messages[0] and out[2] == messages[2]
+
+
+async def test_an_idle_engine_starts_a_request_within_one_step(engine):
+    """From the node's submission to its first prefill step (its queued phase: prompt rendering,
+    tokenizing, compiling a schema the engine has not seen) takes less than that first step."""
+    from agentrt.dag import JsonSchema, Program
+    from agentrt.runtime import Runtime
+
+    schema = {"type": "object", "properties": {"verdict": {"type": "string", "enum": ["yes", "no"]},
+                                               "why": {"type": "string", "maxLength": 37}}, "required": ["verdict"]}
+    p = Program("judge", inputs={"claim": str})
+    p.output(p.llm("judge", prompt="Is this claim true? {claim}", output=JsonSchema(schema), max_tokens=24,
+                   system="You check claims. " * 20))
+    await engine.warm_up()  # as agentrt run and serve do at start: one-off costs are not the request's
+    rt = Runtime(EngineBackend(engine))
+    result = await rt.run(p, {"claim": "Water boils at 100 C at sea level."})
+    assert result.status == "done", result.error
+    records = rt.trace.records()
+    span = next(r for r in records if r["type"] == "span" and r["parent_id"] is None)
+    phases = {r["attributes"]["agentrt.phase"]: r for r in records if r.get("parent_id") == span["span_id"]}
+    queued = phases["queued"]["end"] - phases["queued"]["start"]
+    first = min((r for r in records if r["type"] == "engine_step" and r["start"] >= phases["queued"]["start"]),
+                key=lambda r: r["start"])
+    print(f"queued {queued * 1e3:.1f} ms, first prefill step {(first['end'] - first['start']) * 1e3:.1f} ms")
+    assert first["num_prefill_tokens"] > 100 and queued < first["end"] - first["start"], (queued, first)

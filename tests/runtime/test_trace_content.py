@@ -99,3 +99,19 @@ async def test_redacted_traces_keep_sizes_not_content(scripted, tmp_path):
     assert "Reykjavik" not in text and "secret plans" not in text
     attrs = spans(rt)["where"]["attributes"]
     assert attrs["gen_ai.usage.input_tokens"] > 0 and "agentrt.value" in attrs[REDACTED_ATTR]
+
+
+async def test_redaction_drops_the_raw_output_errors_quote(scripted, tmp_path):
+    rt = Runtime(scripted({"where": "Reykjavik is not JSON"}), tools=[weather], trace_content=TraceContent(redact=True))
+    result = await rt.run(weather_program(), {"request": "secret"})
+    assert result.status == "failed" and result.failed_node == "where"
+    text = rt.trace.write(tmp_path / "w.jsonl").read_text()
+    assert "Reykjavik" not in text and "[redacted]" in text
+
+
+def test_trace_values_are_copies():
+    attrs: dict = {}
+    value = {"a": [1]}
+    TraceContent().put(attrs, "v", value)
+    value["a"].append(2)
+    assert attrs["v"] == {"a": [1]}
