@@ -70,6 +70,10 @@ def _startup_s(model: str, dtype: str) -> float:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--determinism", action="store_true",
                    help="also: greedy outputs with vs without speculation, and the verify step's cost")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="with --determinism: also the PyTorch path's batch-invariant mode, and what it costs")
+    p.add_argument("--determinism-requests", type=int, default=None, metavar="N",
+                   help="with --determinism: only the first N of the 24 tool-call requests")
 
 
 def run(args: argparse.Namespace) -> BenchResult:
@@ -124,23 +128,44 @@ def run(args: argparse.Namespace) -> BenchResult:
     config = {"model": args.model, "dtype": args.dtype, "new_tokens": n_tokens, "repeats": repeats,
               "step_ms": step_s * 1e3, "floor_ms": floor_s * 1e3, "read_bw_gb_s": bw / 1e9}
     if getattr(args, "determinism", False):
-        summary |= _determinism(engine, args.quick, console, notes, config)
+        summary |= _determinism(engine, args.quick, console, notes, config, getattr(args, "batch_invariant", False),
+                                getattr(args, "determinism_requests", None))
     return BenchResult(rows=rows, summary=summary, notes=notes, config=config)
 
 
-def _determinism(engine, quick: bool, console: Console, notes: list[str], config: dict) -> dict:
+def _determinism(engine, quick: bool, console: Console, notes: list[str], config: dict, invariant: bool = False,
+                 limit: int | None = None) -> dict:
     from agentrt.bench.determinism import identical_outputs, verify_step_ms
     from agentrt.tables import print_table
 
-    rows = identical_outputs(engine.loaded, max_tokens=64 if quick else 96, progress=console)
+    rows = identical_outputs(engine.loaded, max_tokens=64 if quick else 96, progress=console, limit=limit)
     console.print("  determinism: verify steps")
     ms = verify_step_ms(engine.loaded, reps=10 if quick else 30)
     print_table("greedy tool calls vs each request alone without drafts", rows, console)
     notes.append("verify step, 300 cached positions: " + ", ".join(f"{k + 1} tokens {v:.1f} ms" for k, v in ms.items()))
     config["determinism"] = rows
     config["verify_ms"] = ms
-    return {"identical_min": min(r["identical_fraction"] for r in rows), "verify_k4_ms": ms[4], "verify_k15_ms": ms[15],
-            "verify_k4_over_1": ms[4] / ms[0], "verify_k15_over_1": ms[15] / ms[0]}
+    out = {"identical_min": min(r["identical_fraction"] for r in rows), "verify_k4_ms": ms[4], "verify_k15_ms": ms[15],
+           "verify_k4_over_1": ms[4] / ms[0], "verify_k15_over_1": ms[15] / ms[0]}
+    if invariant:
+        if engine.loaded.model.kernels_enabled:
+            notes.append("--batch-invariant: the C kernels run here and are invariant already; the mode applies to "
+                         "the PyTorch path (fp32, or AGENTRT_KERNELS=0)")
+        inv_rows = identical_outputs(engine.loaded, max_tokens=64 if quick else 96, progress=console, limit=limit,
+                                     batch_invariant=True)
+        inv_ms = verify_step_ms(engine.loaded, reps=10 if quick else 30, batch_invariant=True)
+        prefill = {inv: verify_step_ms(engine.loaded, ks=(255,), ctx=16, reps=3, batch_invariant=inv)[255]
+                   for inv in (False, True)}
+        notes.append(f"prefill of 256 tokens: {prefill[False]:.0f} ms, batch-invariant {prefill[True]:.0f} ms")
+        print_table("the same, batch-invariant mode", inv_rows, console)
+        notes.append("verify step, batch-invariant mode: " + ", ".join(f"{k + 1} tokens {v:.1f} ms" for k, v in inv_ms.items()))
+        config["determinism_invariant"] = inv_rows
+        config["verify_ms_invariant"] = inv_ms
+        out |= {"identical_min_invariant": min(r["identical_fraction"] for r in inv_rows),
+                "invariant_batch_tok_s_ratio": inv_rows[0]["tok_s"] / rows[0]["tok_s"],
+                "invariant_step_ratio": inv_ms[0] / ms[0], "invariant_k15_ratio": inv_ms[15] / ms[15],
+                "invariant_prefill256_ratio": prefill[True] / prefill[False]}
+    return out
 
 
 def _weights(model) -> list[torch.Tensor]:

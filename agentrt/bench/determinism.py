@@ -35,9 +35,11 @@ def _generate(engine, requests: list[tuple[list[dict], Any]], max_in_flight: int
     return [done[i] for i in range(len(requests))], time.perf_counter() - t0
 
 
-def identical_outputs(loaded, max_tokens: int, progress=None, limit: int | None = None) -> list[dict[str, Any]]:
+def identical_outputs(loaded, max_tokens: int, progress=None, limit: int | None = None,
+                      batch_invariant: bool = False) -> list[dict[str, Any]]:
     """One row per drafter and k: requests identical to their alone-without-drafts reference,
-    and tokens/s against the plain batch. limit: only the first `limit` requests."""
+    and tokens/s against the plain batch. limit: only the first `limit` requests.
+    batch_invariant: engines with EngineConfig.batch_invariant (the PyTorch path's invariant mode)."""
     from agentrt.bench.prompts import TOOLS, toolcall_messages
     from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
 
@@ -46,13 +48,15 @@ def identical_outputs(loaded, max_tokens: int, progress=None, limit: int | None 
 
     def engine(spec: SpecConfig, prefix_caching: bool = True) -> LLMEngine:
         dtype = str(loaded.model.dtype).removeprefix("torch.")
-        cfg = EngineConfig(model=str(loaded.source.path), dtype=dtype, spec=spec, prefix_caching=prefix_caching)
+        cfg = EngineConfig(model=str(loaded.source.path), dtype=dtype, spec=spec, prefix_caching=prefix_caching,
+                           batch_invariant=batch_invariant)
         return LLMEngine(cfg, loaded=loaded)
 
     alone = [_generate(engine(SpecConfig(), prefix_caching=False), [r], 1)[0][0] for r in requests]
     rows, plain_tok_s = [], None
     for drafter, k in DRAFTERS:
-        label = drafter if drafter == "none" else f"{drafter} k={'adaptive' if k is None else k}"
+        label = (drafter if drafter == "none" else f"{drafter} k={'adaptive' if k is None else k}") + (
+            " (batch-invariant)" if batch_invariant else "")
         if progress is not None:
             progress.print(f"  determinism: {label}")
         tokens, wall = _generate(engine(SpecConfig(drafter=drafter, k=k)), requests, 8)
@@ -64,7 +68,8 @@ def identical_outputs(loaded, max_tokens: int, progress=None, limit: int | None 
     return rows
 
 
-def verify_step_ms(loaded, ks=(0, 4, 15), ctx: int = 300, reps: int = 20) -> dict[int, float]:
+def verify_step_ms(loaded, ks=(0, 4, 15), ctx: int = 300, reps: int = 20,
+                   batch_invariant: bool = False) -> dict[int, float]:
     """Median ms of a forward of k + 1 tokens for one sequence with ctx cached positions."""
     from agentrt.engine.block_manager import BlockManager
     from agentrt.engine.kv_cache import KVCache
@@ -91,7 +96,7 @@ def verify_step_ms(loaded, ks=(0, 4, 15), ctx: int = 300, reps: int = 20) -> dic
             times = []
             for _ in range(reps + 2):
                 t0 = time.perf_counter()
-                model.forward(fb, kv)
+                model.forward(fb, kv, batch_invariant=batch_invariant)
                 times.append(time.perf_counter() - t0)
             out[k] = 1000 * statistics.median(times[2:])
     return out

@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="on the PyTorch path (fp32, or bf16 without AMX): greedy output independent of the "
+                        "batch and of speculation, several times slower (the C kernels are invariant anyway)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--system", default=None, help="a system message")
     p.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
@@ -43,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=tuple(args.stop),
     )
-    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec, k=args.k))
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec, k=args.k),
+                          batch_invariant=getattr(args, "batch_invariant", False))
     engine = AsyncEngine.from_config(config)
     if args.raw:
         prompt = args.prompt

@@ -58,6 +58,10 @@ class EngineConfig:
     group_prefills: bool = False  # split a burst of prompts over steps for least mean time to first token
     spec: SpecConfig = SpecConfig()
     seed: int = 0
+    # the PyTorch path (fp32, or bf16 without AMX) computed so that a token's result does not depend
+    # on the rest of the batch: greedy output the same with and without speculation, alone or
+    # batched (models/invariant.py; several times slower). The C kernels are invariant anyway.
+    batch_invariant: bool = False
 
 
 class LLMEngine:
@@ -241,7 +245,8 @@ class LLMEngine:
         masks = self.constraints.step_masks(rows)
         reserve_draft_kv(rows, self.blocks)
         self.kv.copy_blocks(self.blocks.pop_copies())  # copy-on-write of shared, partly filled blocks
-        logits = self.model.forward(build_forward_batch(rows, self.blocks, self.device), self.kv).logits  # [rows, vocab]
+        logits = self.model.forward(build_forward_batch(rows, self.blocks, self.device), self.kv,
+                                    batch_invariant=self.config.batch_invariant).logits  # [rows, vocab]
         sample_rows(rows, logits, masks)
         duration = time.monotonic() - t0
         events = [ev for r in rows if (ev := self._advance_or_fail(r)) is not None]

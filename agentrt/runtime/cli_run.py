@@ -81,6 +81,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="on the PyTorch path (fp32, or bf16 without AMX): greedy output independent of the "
+                        "batch and of speculation, several times slower (the C kernels are invariant anyway)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--spec", default="template",
                    help="drafter: none | suffix | template (suffix + grammar-forced drafts) | layerskip:N | draft:PATH")
@@ -202,7 +205,8 @@ def run_on_engine(args: argparse.Namespace, example: Example, inputs: Mapping[st
 
     with console.status(f"loading {args.model} ..."):
         t0 = time.perf_counter()
-        config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec))
+        config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec),
+                              batch_invariant=getattr(args, "batch_invariant", False))
         engine = AsyncEngine(LLMEngine(config))
         load_s = time.perf_counter() - t0
         # the first call of a fresh engine pays one-off costs: not inside the program's first LLM node

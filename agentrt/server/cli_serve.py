@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
     p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
                    help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="on the PyTorch path (fp32, or bf16 without AMX): greedy output independent of the "
+                        "batch and of speculation, several times slower (the C kernels are invariant anyway)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--spec", default="template",
                    help="drafter: none | suffix | template | layerskip:N | draft:PATH")
@@ -194,7 +197,8 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
     from agentrt.runtime.trace import Trace
     from agentrt.tools import ToolRegistry
 
-    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec))
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec),
+                          batch_invariant=getattr(args, "batch_invariant", False))
     engine = AsyncEngine(await asyncio.to_thread(LLMEngine, config))
     # before /ready says so, not on a client's request
     print(f"agentrt serve: engine warmed up in {await engine.warm_up():.1f} s", flush=True)

@@ -16,6 +16,7 @@ from agentrt.engine.config import ModelConfig
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.models.attention import AttentionMetadata, paged_attention  # noqa: F401  (re-export)
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F401  (re-export)
+from agentrt.engine.models import invariant
 from agentrt.engine.models.kernel_forward import KernelDecoder, kernel_forward, kernel_support
 from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, rms_norm
 from agentrt.errors import ModelLoadError
@@ -79,14 +80,19 @@ class LlamaModel:
 
     @torch.inference_mode()
     def forward(
-        self, batch: ForwardBatch, kv: KVCache, num_layers: int | None = None, return_hidden: bool = False
+        self, batch: ForwardBatch, kv: KVCache, num_layers: int | None = None, return_hidden: bool = False,
+        batch_invariant: bool = False,
     ) -> ForwardOutput:
         """num_layers < all runs the first layers only (a layer-skip self-draft): their K/V at
-        accepted positions equal the full model's, so the draft shares the target's cache."""
+        accepted positions equal the full model's, so the draft shares the target's cache.
+        batch_invariant: on the PyTorch path, each token's result does not depend on the rest of
+        the batch (models/invariant.py; slower); the C kernels are invariant anyway."""
         n_layers = num_layers or len(self.layers)
         T = batch.input_ids.shape[0]
         if self._kernels_enabled:
             return kernel_forward(self, batch, kv, n_layers, return_hidden)
+        if batch_invariant:
+            return self._forward_invariant(batch, kv, n_layers, return_hidden)
         cfg = self.cfg
         h = self.embed[batch.input_ids]  # [T, hidden]
         cos, sin = self.rope.tables(batch.positions, self.dtype)  # [T, 1, d]
@@ -107,6 +113,30 @@ class LlamaModel:
             h = h[batch.logits_indices]
         h = rms_norm(h, self.norm, cfg.rms_norm_eps)  # [n_out, hidden]
         logits = self.lm_head(h).float()  # [n_out, vocab]
+        return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
+
+    def _forward_invariant(self, batch: ForwardBatch, kv: KVCache, n_layers: int, return_hidden: bool) -> ForwardOutput:
+        """The PyTorch forward with every batch-dependent op replaced (models/invariant.py)."""
+        cfg, T = self.cfg, batch.input_ids.shape[0]
+        h = self.embed[batch.input_ids]  # [T, hidden]
+        cos, sin = self.rope.tables(batch.positions, self.dtype)  # [T, 1, d]
+        nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        for li, layer in enumerate(self.layers[:n_layers]):
+            x = invariant.rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
+            qkv = invariant.linear(layer.qkv, x)  # [T, (nq + 2 nkv) d]
+            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
+            q = apply_rotary(q.view(T, nq, d), cos, sin)
+            k = apply_rotary(k.view(T, nkv, d), cos, sin)
+            kv.write(li, batch.slot_mapping, k, v.view(T, nkv, d))
+            o = invariant.attention(q, kv.k[li], kv.v[li], batch.attn, self.scale)  # [T, nq, d]
+            h = h + invariant.linear(layer.o, o.reshape(T, nq * d))
+            x = invariant.rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)
+            gate, up = invariant.linear(layer.gate_up, x).chunk(2, dim=-1)
+            h = h + invariant.linear(layer.down, torch.nn.functional.silu(gate) * up)
+        if batch.logits_indices is not None:
+            h = h[batch.logits_indices]
+        h = invariant.rms_norm(h, self.norm, cfg.rms_norm_eps)  # [n_out, hidden]
+        logits = invariant.linear(self.lm_head, h).float()  # [n_out, vocab]
         return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
 
 

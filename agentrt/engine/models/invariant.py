@@ -1,0 +1,81 @@
+"""The batch-invariant PyTorch path (EngineConfig.batch_invariant): each token's arithmetic is
+the same whatever else is in the step, so greedy output does not change with speculation, the
+batch around a request, chunked prefill or cache hits, on machines without the C kernels (which
+are invariant by construction, at no cost).
+
+Why the plain path is not: a library matmul picks its kernel, blocking and threading by the
+matrix sizes (a row of a 1-row product and of a 64-row product can differ in the last bit), and
+the padded attention grid reduces over the longest context in the batch, not the query's own.
+
+How this path avoids both, using only ops whose shapes do not depend on the batch:
+- linears and RMSNorm run on blocks of exactly ROWS rows (the last block zero-padded), so every
+  call has one shape; within it a row's result depends on that row alone (checked for every
+  linear shape of the model in tests/engine/test_batch_invariant_torch.py);
+- attention runs per query over that query's own context (positions 0..p): scores, softmax and
+  the weighted sum have shapes that depend on p only (computed in fp32 whatever the dtype).
+The cost (measured by `agentrt bench decode --determinism --batch-invariant`): a 1-row decode step
+computes ROWS rows, and queries are not batched.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from agentrt.engine.models.attention import AttentionMetadata
+from agentrt.kernels.linear import rms_norm_reference
+
+ROWS = 16
+
+
+def _blocks(x: torch.Tensor, fn) -> torch.Tensor:
+    """fn over x [T, K] in blocks of exactly ROWS rows (the last one zero-padded), -> [T, N]."""
+    T = x.shape[0]
+    if T == 0:
+        return fn(x)
+    padded = (T + ROWS - 1) // ROWS * ROWS
+    if padded != T:
+        x = torch.cat([x, x.new_zeros(padded - T, x.shape[1])])
+    return torch.cat([fn(x[i : i + ROWS]) for i in range(0, padded, ROWS)])[:T]
+
+
+def linear(layer, x: torch.Tensor) -> torch.Tensor:
+    """layer(x) (a layers.Linear) row-block by row-block: [T, K] -> [T, N]."""
+    return _blocks(x, layer)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    return _blocks(x, lambda b: rms_norm_reference(b, weight, eps))
+
+
+def attention(
+    q: torch.Tensor,  # [T, nq, d], rotary applied
+    k_cache: torch.Tensor,  # [num_slots, nkv, d]
+    v_cache: torch.Tensor,  # [num_slots, nkv, d]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, nq, d]
+    """Each query over its own context, positions 0..p: shapes depend on p alone."""
+    T, nq, d = q.shape
+    nkv = k_cache.shape[1]
+    g = nq // nkv
+    bs = meta.block_size
+    out = torch.empty_like(q)
+    cu = meta.cu_q.tolist()
+    positions = meta.positions.tolist()
+    for b in range(meta.num_seqs):
+        rows = range(cu[b], cu[b + 1])
+        if not rows:
+            continue
+        length = positions[rows[-1]] + 1  # the sequence's context after this step
+        offs = torch.arange(length, device=q.device)
+        slots = meta.block_tables[b, offs // bs] * bs + offs % bs
+        # in fp32 (exact for bf16 inputs): CPU bf16 batched matmuls of these small shapes are slow
+        k = k_cache[slots].float().permute(1, 2, 0)  # [nkv, d, L]: strides independent of L
+        v = v_cache[slots].float().permute(1, 0, 2)  # [nkv, L, d]
+        qf = q[rows.start : rows.stop].float()
+        for t in rows:
+            n = positions[t] + 1
+            scores = torch.bmm(qf[t - rows.start].view(nkv, g, d), k[:, :, :n]) * scale  # [nkv, g, n]
+            probs = torch.softmax(scores, dim=-1)
+            out[t] = torch.bmm(probs, v[:, :n]).view(nq, d).to(q.dtype)
+    return out
