@@ -1,7 +1,8 @@
 """Session fixtures shared across the test suite.
 
-tests/engine/tiny_models.py is registered as module `tiny_models` here (the suite runs with
---import-mode=importlib, so test directories are not on sys.path): tests may `import tiny_models`.
+tests/engine/tiny_models.py and engine_runs.py are registered as modules `tiny_models` and
+`engine_runs` here (the suite runs with --import-mode=importlib, so test directories are not on
+sys.path): tests may import them.
 It imports torch and transformers only when a model is built.
 """
 from __future__ import annotations
@@ -13,17 +14,22 @@ from pathlib import Path
 import pytest
 
 
-def _tiny_models():
-    """tests/engine/tiny_models.py as module `tiny_models` (tests/ is not a package)."""
-    if "tiny_models" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("tiny_models", Path(__file__).parent / "engine" / "tiny_models.py")
+def _helper(name: str):
+    """tests/engine/<name>.py as module `name` (tests/ is not a package)."""
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "engine" / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
-        sys.modules["tiny_models"] = module
+        sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules["tiny_models"]
+    return sys.modules[name]
+
+
+def _tiny_models():
+    return _helper("tiny_models")
 
 
 _tiny_models()
+_helper("engine_runs")
 
 
 @pytest.fixture(scope="session")

@@ -1,35 +1,20 @@
 """The batch-invariant PyTorch path (EngineConfig.batch_invariant, engine/models/invariant.py):
 on machines without the C kernels, and in fp32, a request's greedy tokens do not depend on the
 batch around it, speculation or chunked prefill. Each replaced op is checked bit for bit, then
-whole engines on a tiny random model (whose logits are full of near-ties, so any changed bit
-would flip tokens) and on SmolLM2 in fp32."""
+whole engines on tiny random models (whose logits are full of near-ties, so any changed bit
+would flip tokens); `agentrt bench decode --determinism --batch-invariant` does it on SmolLM2."""
 from __future__ import annotations
-
-import itertools
 
 import pytest
 import torch
+
+from engine_runs import run_requests
 
 from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
 from agentrt.engine.models import invariant
 from agentrt.engine.models.attention import build_attention_metadata
 from agentrt.engine.models.layers import Linear
 
-
-def _run(engine: LLMEngine, requests: list[tuple], arrivals: list[int] | None = None) -> list[list[int]]:
-    arrivals = arrivals or [0] * len(requests)
-    rids: dict[int, int] = {}
-    results: dict[int, list[int]] = {}
-    for now in itertools.count():
-        if len(results) == len(requests):
-            break
-        for i, (prompt, params) in enumerate(requests):
-            if i not in rids and arrivals[i] <= now:
-                rids[i] = engine.add_request(prompt, params)
-        for ev in engine.step():
-            if ev.finished:
-                results[ev.request_id] = ev.result.token_ids
-    return [results[rids[i]] for i in range(len(requests))]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -91,8 +76,8 @@ def test_tiny_random_model_greedy_is_invariant(tiny_loaded, variant, dtype):
             return LLMEngine(EngineConfig(model=str(loaded.source.path), dtype=dtype, kv_cache_tokens=4096,
                                           batch_invariant=True, **kw), loaded=loaded)
 
-        alone = [_run(engine(prefix_caching=False), [(p, params)])[0] for p in prompts]
+        alone = [run_requests(engine(prefix_caching=False), [(p, params)])[0] for p in prompts]
         for spec in (SpecConfig(drafter="suffix", k=8), SpecConfig(drafter="suffix")):
-            assert _run(engine(spec=spec, max_num_batched_tokens=16), [(p, params) for p in prompts], [0, 2, 5]) == alone
+            assert run_requests(engine(spec=spec, max_num_batched_tokens=16), [(p, params) for p in prompts], [0, 2, 5]) == alone
     finally:
         loaded.model.kernels_enabled = was

@@ -9,11 +9,11 @@ What makes it hold: every C kernel computes a row the same way whatever else is 
 its scenarios with hypothesis under a fixed, derandomized budget of examples."""
 from __future__ import annotations
 
-import itertools
-
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from engine_runs import run_requests
 
 from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
 from agentrt.kernels.cpu_build import unsupported_reason
@@ -51,22 +51,6 @@ def _engine(loaded, **kw) -> LLMEngine:
     return LLMEngine(EngineConfig(model=str(loaded.source.path), dtype="bfloat16", **kw), loaded=loaded)
 
 
-def _run(engine: LLMEngine, requests: list[tuple], arrivals: list[int] | None = None) -> list[list[int]]:
-    """requests: (prompt, params); arrivals: the loop iteration (an engine step, or an idle one)
-    at which each one is added."""
-    arrivals = arrivals or [0] * len(requests)
-    rids: dict[int, int] = {}
-    results: dict[int, list[int]] = {}
-    for now in itertools.count():
-        if len(results) == len(requests):
-            break
-        for i, (prompt, params) in enumerate(requests):
-            if i not in rids and arrivals[i] <= now:
-                rids[i] = engine.add_request(prompt, params)
-        for ev in engine.step():
-            if ev.finished:  # a call cut at max_tokens reports truncation: its tokens still count
-                results[ev.request_id] = ev.result.token_ids
-    return [results[rids[i]] for i in range(len(requests))]
 
 
 def _greedy(fmt) -> SamplingParams:
@@ -80,7 +64,7 @@ def _reference(loaded, i: int) -> list[int]:
     """Prompt i alone: no speculation, whole prefill, nothing cached."""
     if i not in _alone:
         prompt, fmt = SMOLLM2_PROMPTS[i]
-        _alone[i] = _run(_engine(loaded, prefix_caching=False), [(prompt, _greedy(fmt))])[0]
+        _alone[i] = run_requests(_engine(loaded, prefix_caching=False), [(prompt, _greedy(fmt))])[0]
     return _alone[i]
 
 
@@ -100,8 +84,8 @@ def test_greedy_tokens_do_not_depend_on_batch_drafts_chunking_or_cache(smollm2_b
     engine = _engine(smollm2_bf16, spec=spec, max_num_batched_tokens=budget, kv_cache_tokens=kv_tokens)
     requests = [(SMOLLM2_PROMPTS[i][0], _greedy(SMOLLM2_PROMPTS[i][1])) for i in picks]
     if warm:
-        _run(engine, requests[:1])
-    assert _run(engine, requests, arrivals[: len(picks)]) == expected
+        run_requests(engine, requests[:1])
+    assert run_requests(engine, requests, arrivals[: len(picks)]) == expected
 
 
 @pytest.mark.parametrize("variant", ["llama3", "mistral"])
@@ -113,10 +97,10 @@ def test_tiny_random_model_greedy_is_invariant(tiny_loaded, variant):
     assert loaded.model.kernels_enabled
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     prompts = [list(range(3, 3 + n)) for n in (5, 19, 33)]
-    alone = [_run(_engine(loaded, prefix_caching=False), [(p, params)])[0] for p in prompts]
+    alone = [run_requests(_engine(loaded, prefix_caching=False), [(p, params)])[0] for p in prompts]
     for spec in (SpecConfig(drafter="suffix", k=8), SpecConfig(drafter="suffix")):
         engine = _engine(loaded, spec=spec, max_num_batched_tokens=16)
-        assert _run(engine, [(p, params) for p in prompts], [0, 2, 5]) == alone
+        assert run_requests(engine, [(p, params) for p in prompts], [0, 2, 5]) == alone
 
 
 @pytest.mark.parametrize("spec", [SpecConfig(), SpecConfig(drafter="suffix", k=4), SpecConfig(drafter="suffix"),
@@ -131,6 +115,6 @@ def test_seeded_sampling_does_not_depend_on_drafts_or_what_runs_beside(smollm2_b
     mine = (prompt, SamplingParams(max_tokens=32, temperature=1.0, seed=7, response_format=fmt))
     others = [(SMOLLM2_PROMPTS[i][0], SamplingParams(max_tokens=20, temperature=0.8, seed=i,
                response_format=SMOLLM2_PROMPTS[i][1])) for i in (0, 4, 2)]
-    alone = _run(_engine(smollm2_bf16), [mine])[0]
-    busy = _run(_engine(smollm2_bf16, spec=spec, max_num_batched_tokens=32), [others[0], mine, *others[1:]], [0, 1, 3, 4])
+    alone = run_requests(_engine(smollm2_bf16), [mine])[0]
+    busy = run_requests(_engine(smollm2_bf16, spec=spec, max_num_batched_tokens=32), [others[0], mine, *others[1:]], [0, 1, 3, 4])
     assert busy[1] == alone

@@ -19,7 +19,6 @@ computes ROWS rows, and queries are not batched.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from agentrt.engine.models.attention import AttentionMetadata
 from agentrt.kernels.linear import rms_norm_reference
