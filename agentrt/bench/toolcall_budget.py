@@ -22,11 +22,9 @@ def multi_call_format(tools: list[dict] = TOOLS) -> dict:
 
 def minimum_budget(engine, rf: dict) -> int:
     """Tokens of the completion from an empty output: the least max_tokens that can be valid."""
-    from agentrt.spec.grammar import GrammarState
     from agentrt.spec.structured import parse_response_format
 
-    state = GrammarState(engine.constraints.grammars.compile(parse_response_format(rf)))
-    return len(engine.tokenizer.encode(state.completion(engine.tokenizer.encode, "")))
+    return engine.constraints.grammars.minimum_tokens(parse_response_format(rf), engine.tokenizer.encode)
 
 
 def sweep(engine, rf: dict, chats: list[list[dict]], budgets: list[int], log: Callable[[str], None]) -> list[dict[str, Any]]:

@@ -58,10 +58,13 @@ def completion_ids(seq: Sequence, encode: Encode, decode: Decode, after: list[in
     """The tokens of the completion after the output and `after`; None when there is none to
     take (the search gave up, or a text-capable format has not started a call)."""
     g = seq.grammar
-    key = (len(seq.output_ids), tuple(after))
+    tokens = seq.output_ids + list(after)
+    # keyed by the tokens themselves: the completion fit_emitted found after a step's tokens is the
+    # one plan_closings needs before the next step, once they are the output
+    key = tuple(tokens)
     if g.completion_cache is not None and g.completion_cache[0] == key:
         return g.completion_cache[1]
-    text = decode(seq.output_ids + list(after))
+    text = decode(tokens)
     fmt = seq.output_format
     if fmt.kind == "tool_call" and fmt.allow_text and not text.lstrip().startswith(fmt.json_start):
         ids = None  # a text answer, or nothing yet: never completed into text

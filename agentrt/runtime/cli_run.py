@@ -100,14 +100,15 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 def print_finished_node(event: Any, console: Console) -> None:
     """`run -v`: one line per finished node, its value as a prompt would show it, or its error."""
-    from agentrt.runtime.node_exec import preview
+    from agentrt.runtime.summary import value_preview
 
     if event.type != "node_finished":
         return
     d = event.data
     head = f"[{event.time:7.2f}s] {d['node']} ({d['kind']})"
     if d["status"] == "ok":
-        console.print(Text(f"{head} = {preview(d['value'])}"))
+        shown = value_preview(d["value"])
+        console.print(Text(f"{head} = {'null' if shown is None else shown}"))
     else:
         console.print(Text(f"{head} {d['status']}: {d.get('error')}", style="red"))
 

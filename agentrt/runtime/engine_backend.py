@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -21,6 +22,8 @@ from typing import Any, Callable, Mapping
 from agentrt.errors import RequestError
 from agentrt.runtime.backend import (EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, PromptRecord, StepCallback,
                                      Usage)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -172,15 +175,18 @@ class EngineBackend:
         if result is None:
             return LLMResponse("", None, "error", Usage(0, 0), request_id=rid,
                                error="the engine ended the stream without a result")
+        prompt = self._prompt_record(messages, params.response_format, result.prompt_text)
         return EngineResponse(
             text=result.text, parsed=result.parsed, finish_reason=result.finish_reason,
             usage=Usage(result.prompt_tokens, len(result.token_ids), getattr(result, "cached_tokens", 0) or 0),
             spec=result.spec or {},
             request_id=result.request_id, error=result.error,
             prompt_token_ids=tuple(result.prompt_token_ids), token_ids=tuple(result.token_ids),
-            sent_messages=self._sent_messages(messages, params.response_format),
+            # replayed by a call that continues this one; None: sent as given, or the tools went to
+            # the chat template (not replayable as messages)
+            sent_messages=None if prompt.tools is not None or list(prompt.messages) == messages else prompt.messages,
             logprobs=None if result.logprobs is None else tuple(self._logprob_entry(lp) for lp in result.logprobs),
-            prompt=self._prompt_record(messages, params.response_format, result.prompt_text),
+            prompt=prompt,
         )
 
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
@@ -191,28 +197,22 @@ class EngineBackend:
     def _logprob_entry(self, lp: Any) -> dict[str, Any]:
         return {**self._token(lp.token_id, lp.logprob), "top_logprobs": [self._token(t, v) for t, v in lp.top]}
 
-    def _sent_messages(self, messages: list[dict[str, Any]], response_format: Any) -> tuple[dict[str, Any], ...] | None:
-        """The messages as the engine encoded them (LLMEngine.format_messages); None when it added
-        nothing or passed tools to the chat template (not replayable as messages)."""
-        from agentrt.spec.structured import parse_response_format
-
-        sent, tools = self.engine.engine.format_messages(messages, parse_response_format(response_format))
-        return None if tools is not None or sent == messages else tuple(sent)
-
     def _prompt_record(self, messages: list[dict[str, Any]], response_format: Any, text: str | None) -> PromptRecord:
-        """The messages and tools the engine encoded this request from, the text it tokenized
-        (GenerationResult.prompt_text) and the tokens of each part."""
+        """The messages and tools the engine encoded this request from (as LLMEngine.prepare
+        formats them), the text it tokenized (GenerationResult.prompt_text) and the tokens of each
+        part (none when counting them fails: the trace's account never fails the call)."""
         from agentrt.engine.messages import normalize_messages
         from agentrt.engine.prompt_parts import prompt_parts
         from agentrt.spec.structured import parse_response_format
 
         llm = self.engine.engine
+        asked = normalize_messages(messages)
+        sent, tools = llm.format_messages(asked, parse_response_format(response_format))
         try:
-            asked = normalize_messages(messages)
-            sent, tools = llm.format_messages(asked, parse_response_format(response_format))
             parts = prompt_parts(llm.tokenizer, asked, sent, tools)
-        except Exception:  # noqa: BLE001 - what the trace shows of a prompt never fails the call
-            return PromptRecord(tuple(messages), text)
+        except Exception:  # noqa: BLE001
+            log.warning("counting the prompt's tokens by part failed", exc_info=True)
+            parts = []
         return PromptRecord(tuple(sent), text, tuple(parts), None if tools is None else tuple(tools))
 
     # -- KV holds --

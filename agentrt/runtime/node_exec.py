@@ -15,7 +15,6 @@ import networkx as nx
 from agentrt.dag import render_prompt, tool_arguments
 from agentrt.dag.outputs import ToolCall
 from agentrt.dag.partial_json import JsonMembers
-from agentrt.dag.refs import as_text
 from agentrt.dag.specs import LLMSpec, ToolSpec
 from agentrt.errors import AgentRTError, ProgramRunError
 from agentrt.runtime.backend import LLMRequest, LLMResponse, LLMStepEvent, NodeIdentity
@@ -30,9 +29,6 @@ if TYPE_CHECKING:
     from agentrt.runtime.runtime import Runtime
 
 
-PREVIEW_CHARS = 300
-
-
 @dataclass
 class InputWait:
     """A wait_for node waiting: the schema its value must meet, the prompt, where it goes."""
@@ -41,12 +37,6 @@ class InputWait:
     prompt: str | None
     future: asyncio.Future
 HOLD_COUNTERS = {"hit": "kv_hold_hits", "miss": "kv_hold_misses", "unused": "kv_hold_unused"}
-
-
-def preview(value: Any) -> str:
-    """A value as it would appear in a prompt, cut to PREVIEW_CHARS (for trace attributes)."""
-    text = as_text(value)
-    return text if len(text) <= PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 def next_is_tool(ps: ProgramState, node: str, spec: LLMSpec) -> bool:

@@ -67,6 +67,7 @@ class GrammarCache:
         self.info = info
         self.compiler = xgr.GrammarCompiler(info, max_threads=2)
         self._compiled: dict[str, xgr.CompiledGrammar] = {}
+        self._minimum: dict[str, int] = {}
         self._lock = threading.Lock()
 
     def compile(self, fmt: OutputFormat) -> xgr.CompiledGrammar:
@@ -96,10 +97,10 @@ class GrammarCache:
     def minimum_tokens(self, fmt: OutputFormat, encode: Any) -> int:
         """Tokens of the shortest output the completion search finds for this format (a call, for
         a tool-call format that may also answer in text): the least max_tokens that can be valid."""
-        key = ("minimum", fmt.cache_key())
+        key = fmt.cache_key()
         with self._lock:
-            if key in self._compiled:
-                return self._compiled[key]
+            if key in self._minimum:
+                return self._minimum[key]
         m = xgr.GrammarMatcher(self.compile(fmt))
         start = fmt.json_start if fmt.kind == "tool_call" and fmt.allow_text else ""
         ids = encode(start)
@@ -107,7 +108,7 @@ class GrammarCache:
         text = completion_from(m, encode, start) if ok else None
         n = 0 if text is None else len(encode(start + text))
         with self._lock:
-            self._compiled[key] = n
+            self._minimum[key] = n
         return n
 
     def new_bitmask(self, rows: int) -> torch.Tensor:
@@ -189,7 +190,7 @@ class GrammarState:
         self.closing: list[int] | None = None
         self.completion_tokens = 0  # the last completion's length (engine.budget)
         self.closing_length = 0  # tokens of the completion forced in all
-        self.completion_cache: tuple | None = None  # ((output length, tokens after), completion ids)
+        self.completion_cache: tuple | None = None  # (output tokens, completion ids): engine.budget
 
     def completion(self, encode: Any, text: str, after: list[int] = ()) -> str | None:
         """A short text that completes the output `text` (written so far, then `after` tokens

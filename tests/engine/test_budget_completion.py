@@ -39,8 +39,7 @@ CASES = {  # name -> (response_format, prompt)
 
 def minimum_tokens(engine, rf) -> int:
     """The length of the completion from an empty output: the shortest budget that can work."""
-    state = GrammarState(engine.constraints.grammars.compile(parse_response_format(rf)))
-    return len(engine.tokenizer.encode(state.completion(engine.tokenizer.encode, "")))
+    return engine.constraints.grammars.minimum_tokens(parse_response_format(rf), engine.tokenizer.encode)
 
 
 def run_budgets(engine, rf, prompt, budgets):

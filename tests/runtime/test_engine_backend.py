@@ -104,5 +104,4 @@ async def test_an_idle_engine_starts_a_request_within_one_step(engine):
     queued = phases["queued"]["end"] - phases["queued"]["start"]
     first = min((r for r in records if r["type"] == "engine_step" and r["start"] >= phases["queued"]["start"]),
                 key=lambda r: r["start"])
-    print(f"queued {queued * 1e3:.1f} ms, first prefill step {(first['end'] - first['start']) * 1e3:.1f} ms")
     assert first["num_prefill_tokens"] > 100 and queued < first["end"] - first["start"], (queued, first)
