@@ -1,6 +1,7 @@
 #!/bin/sh
 # The Debian packages the tests need, installed when missing: the MQTT broker (mosquitto) and its
-# password tool (mosquitto_passwd, in the same package). Idempotent: nothing runs when all are there.
+# password tool (mosquitto_passwd, in the same package), and the headless browser the web console's
+# tests drive (chromium, through Playwright's Python package: no browser is downloaded). Idempotent: nothing runs when all are there.
 # Uses apt-get where this machine has it and we may use it (root, or sudo without a password);
 # otherwise stops with the exact command to run.
 set -eu
@@ -8,7 +9,8 @@ set -eu
 missing=""
 have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/local/sbin/$1" ]; }
 # binary:package
-for pair in mosquitto:mosquitto mosquitto_passwd:mosquitto; do
+PAIRS="mosquitto:mosquitto mosquitto_passwd:mosquitto chromium:chromium"
+for pair in $PAIRS; do
   bin=${pair%%:*}; pkg=${pair#*:}
   if ! have "$bin"; then
     case " $missing " in *" $pkg "*) ;; *) missing="$missing $pkg" ;; esac
@@ -33,6 +35,7 @@ else
 fi
 echo "installing system packages:$missing (apt-get)"
 $sudo sh -c "$cmd" >/dev/null
-for pair in mosquitto mosquitto_passwd; do
-  have "$pair" || { echo "make install: apt-get ran but '$pair' is still missing" >&2; exit 1; }
+for pair in $PAIRS; do
+  bin=${pair%%:*}
+  have "$bin" || { echo "make install: apt-get ran but '$bin' is still missing" >&2; exit 1; }
 done

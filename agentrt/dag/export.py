@@ -124,22 +124,39 @@ def to_json(graph: nx.DiGraph) -> dict[str, Any]:
     kind and a one-line description (plus the tool of a tool node, template for a fan-out body
     not yet expanded, state on a run's graph; a branch's cases, in the order they are tried), and
     edges (control: a branch decision -> case)."""
-    nodes = []
-    for node in _ordered(graph):
-        attrs = graph.nodes[node]
-        entry: dict[str, Any] = {"id": node, "kind": attrs["kind"], "label": describe(attrs)}
-        if attrs["kind"] == "tool":
-            entry["tool"] = attrs["spec"].tool
-        if attrs["kind"] == "branch":
-            entry["cases"] = [_case_json(c) for c in attrs["spec"].cases]
-        if attrs.get("template"):
-            entry["template"] = True
-        if "state" in attrs:
-            entry["state"] = attrs["state"]
-        nodes.append(entry)
-    edges = [{"source": u, "target": v, **({"control": True} if graph.edges[u, v].get("control") else {})}
-             for u, v in _ordered_edges(graph)]
-    return {"nodes": nodes, "edges": edges}
+    return {"nodes": [node_json(graph, n) for n in _ordered(graph)],
+            "edges": [edge_json(graph, u, v) for u, v in _ordered_edges(graph)]}
+
+
+def node_json(graph: nx.DiGraph, node: str) -> dict[str, Any]:
+    """One node of to_json."""
+    attrs = graph.nodes[node]
+    entry: dict[str, Any] = {"id": node, "kind": attrs["kind"], "label": describe(attrs)}
+    if attrs["kind"] == "tool":
+        entry["tool"] = attrs["spec"].tool
+    if attrs["kind"] == "branch":
+        entry["cases"] = [_case_json(c) for c in attrs["spec"].cases]
+    if attrs.get("template"):
+        entry["template"] = True
+    if "state" in attrs:
+        entry["state"] = attrs["state"]
+    return entry
+
+
+def edge_json(graph: nx.DiGraph, u: str, v: str) -> dict[str, Any]:
+    """One edge of to_json."""
+    return {"source": u, "target": v, **({"control": True} if graph.edges[u, v].get("control") else {})}
+
+
+def graph_delta(graph: nx.DiGraph, nodes: frozenset[str], edges: frozenset[tuple[str, str]]) -> dict[str, Any]:
+    """What changed since a graph had these nodes and edges: {nodes, edges} added (in to_json's
+    order) and the ids of nodes removed (their edges go with them). Costs the change, not the
+    graph, in JSON: a fan-out expanding item by item sends each item once."""
+    order = lambda n: graph.nodes[n]["order"]  # noqa: E731
+    added = sorted((n for n in graph if n not in nodes), key=order)
+    new_edges = sorted((e for e in graph.edges if e not in edges), key=lambda e: (order(e[1]), order(e[0])))
+    return {"nodes": [node_json(graph, n) for n in added], "edges": [edge_json(graph, u, v) for u, v in new_edges],
+            "removed": sorted(n for n in nodes if n not in graph)}
 
 
 def _case_json(case: Case) -> dict[str, Any]:

@@ -125,6 +125,14 @@ class ProgramRun(ControlFlow):
     def to_mermaid(self) -> str:
         return export.to_mermaid(self.graph)
 
+    def to_json(self) -> dict[str, Any]:
+        """The live graph as JSON (export.to_json): expansions so far, each node's state."""
+        return export.to_json(self.graph)
+
+    def graph_delta(self, nodes: frozenset[str], edges: frozenset[tuple[str, str]]) -> dict[str, Any]:
+        """What the graph gained and lost since it had these nodes and edges (export.graph_delta)."""
+        return export.graph_delta(self.graph, nodes, edges)
+
     def to_dot(self) -> str:
         return export.to_dot(self.graph)
 

@@ -119,9 +119,11 @@ class EngineStep:
     preempted: int = 0
     predicted_s: float | None = None
     draft_s: float = 0.0
+    ks: tuple[int, ...] = ()  # drafts per sequence of the batch (0 for prefill rows)
+    accepted_ks: tuple[int, ...] = ()  # accepted per sequence
 
     def to_record(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self.__dict__.items()}
 
 
 @dataclass

@@ -74,6 +74,7 @@ def engine_step(record: Any) -> EngineStep:
         num_tokens=record.num_tokens, num_prefill_tokens=record.num_prefill_tokens, kv_tokens=record.kv_tokens,
         drafted=sum(record.k), accepted=sum(record.accepted), max_k=max(record.k, default=0),
         preempted=len(record.preempted), predicted_s=record.predicted_s, draft_s=record.draft_s,
+        ks=tuple(record.k), accepted_ks=tuple(record.accepted),
     )
 
 

@@ -2,13 +2,16 @@
 streams). A subscriber gets each RunEvent on the runtime's event loop, in the order things
 happened; `Runtime.subscribe_events(fn)` returns the unsubscribe function.
 
-    run_started    program, inputs
+    run_started    program, inputs, graph (the run's graph as JSON: dag.export.to_json)
+    graph          nodes, edges (added, as in the graph JSON), removed (node ids, their edges with them):
+                   the graph changed (a fan-out or loop step expanded, a branch case not taken left)
     node_started   node, kind, tool (tool nodes), early (a tool started on streamed members),
                    replayed (a resumed run's node whose outcome comes from the run store)
     node_phase     node, phase: queued | prefill | decode | preempted (LLM) | tool_running (tool) |
                    input_wait (wait_for) | replayed (a resumed run's node taken from the store)
     token          node, text: output text of an LLM node as the engine generates it
-    step           node, step, batch_size, num_new, k, accepted: an engine step the node took part in
+    step           node, step, start, duration_s, batch_size, num_new, k, accepted: an engine step
+                   the node took part in
     node_retried   node, attempt, error_kind, error: a tool attempt failed and is tried again
     input_wanted   node, schema, prompt: a wait_for node waits for a value (Runtime.provide_input)
     input_given    node: the value came; the run goes on
@@ -20,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-EVENT_TYPES = ("run_started", "node_started", "node_phase", "token", "step", "node_retried", "input_wanted",
+EVENT_TYPES = ("run_started", "graph", "node_started", "node_phase", "token", "step", "node_retried", "input_wanted",
                "input_given", "node_finished", "run_finished")
 
 

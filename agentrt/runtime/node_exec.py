@@ -215,7 +215,8 @@ class LLMCall:
             if ns.log.phase != phase:
                 rt.emit(ps.run_id, "node_phase", node=ns.node, phase=ns.log.phase)
             if not ev.preempted:
-                rt.emit(ps.run_id, "step", node=ns.node, step=ev.step, batch_size=ev.batch_size, num_new=ev.num_new,
+                rt.emit(ps.run_id, "step", node=ns.node, step=ev.step, start=round(rt.trace.at(ev.start), 6),
+                        duration_s=round(ev.duration_s, 6), batch_size=ev.batch_size, num_new=ev.num_new,
                         k=ev.k, accepted=ev.accepted)
         charge(ps.stats, ns.node, ev)
         if self.dynamic and ns.handle is not None:

@@ -61,6 +61,8 @@ class ProgramState:
     recorded: Recorded | None = None  # a resumed run: what the store recorded of it
     waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value
     interrupted: bool = False  # stopped by Runtime.interrupt: the store keeps it resumable
+    # the graph's nodes and edges when watchers last heard of it
+    graph_seen: tuple[frozenset[str], frozenset[tuple[str, str]]] = (frozenset(), frozenset())
 
 
 class ProgramHandle:

@@ -265,7 +265,9 @@ class Runtime:
     # -- driving one run --
     async def _drive(self, ps: ProgramState, inputs: dict[str, Any]) -> RunResult:
         failed_node = error = None
-        self.emit(ps.run_id, "run_started", program=ps.program.name, inputs=inputs)
+        if self.watched:
+            ps.graph_seen = frozenset(ps.run.graph), frozenset(ps.run.graph.edges)
+            self.emit(ps.run_id, "run_started", program=ps.program.name, inputs=inputs, graph=ps.run.to_json())
         try:
             self._sync_nodes(ps)
             self._start_ready(ps, ps.run.ready(), cause=None)
@@ -372,6 +374,12 @@ class Runtime:
                 ps.nodes[node] = NodeState(node, attrs["kind"], name, now)
         for node in [n for n in ps.nodes if n not in graph]:
             del ps.nodes[node]
+        seen = frozenset(graph), frozenset(graph.edges)
+        if self.watched and seen != ps.graph_seen:
+            # expanded, or a case not taken left: watchers get the change, not the whole graph again
+            delta = ps.run.graph_delta(*ps.graph_seen)
+            ps.graph_seen = seen
+            self.emit(ps.run_id, "graph", **delta)
 
     async def _cancel_inflight(self, ps: ProgramState) -> None:
         """Cancel the run's nodes in flight and wait for them; nodes that had ended but were not
@@ -412,7 +420,7 @@ class Runtime:
             "type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
             "start": round(ps.start, 6), "end": round(end, 6), "status": status,
             "error": None if error is None else {"node": failed_node, "message": error},
-            "service": ps.stats.to_record(), "nodes": len(ps.nodes),
+            "service": ps.stats.to_record(), "nodes": len(ps.nodes), "graph": ps.run.to_json(),
         }
         if self.trace_content.redact:  # the values whole otherwise: a server serves runs from them
             record.update(inputs={}, output=None, **{REDACTED_ATTR: ["inputs", "output"]})

@@ -187,7 +187,8 @@ class ScriptedBackend:
             rows.append((seq, num_new, k, acc))
         step = EngineStep(self._step_no, start, duration, len(rows), sum(n + k for _, n, k, _ in rows),
                           sum(n for _, n, _, _ in rows if n > 1), drafted=sum(k for *_, k, _ in rows),
-                          accepted=sum(a for *_, a in rows), max_k=max((k for *_, k, _ in rows), default=0))
+                          accepted=sum(a for *_, a in rows), max_k=max((k for *_, k, _ in rows), default=0),
+                          ks=tuple(k for *_, k, _ in rows), accepted_ks=tuple(a for *_, a in rows))
         self._step_no += 1
         for fn in list(self._lanes):
             fn(step)

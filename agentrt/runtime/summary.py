@@ -146,7 +146,9 @@ def run_stalls(nodes: list[dict[str, Any]], phase_spans: list[dict[str, Any]], s
         st["queued_llm_s" if n["kind"] == "llm" else "queued_tool_s"] += ph.get("queued", 0.0)
         st["preempted_s"] += ph.get("preempted", 0.0)
         st["tool_backoff_s"] += ph.get("tool_backoff", 0.0)
-    llm = _union((p["start"], p["end"]) for p in phase_spans if p["attributes"]["agentrt.phase"] in LLM_ACTIVE)
+    # a tool node's queued phase is not an LLM call in the engine: only LLM nodes' phases count here
+    llm = _union((p["start"], p["end"]) for p in phase_spans if p["attributes"]["agentrt.phase"] in LLM_ACTIVE
+                 and kinds.get(p["attributes"].get("agentrt.node", "")) == "llm")
     tool = _union((p["start"], p["end"]) for p in phase_spans if p["attributes"]["agentrt.phase"] in TOOL_ACTIVE)
     tool_only = _minus(tool, llm)
     st["llm_active_s"] = _length(llm)

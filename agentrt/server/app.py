@@ -1,104 +1,47 @@
-"""The aiohttp application of `agentrt serve`: routes, and the middlewares every request passes
-(errors in OpenAI's shape, API keys, CORS, the access log and HTTP metrics).
+"""The aiohttp application of `agentrt serve`: its routes (the middlewares every request passes
+are in middleware.py, the shared state in state.py, the console's live feed in feed.py).
 
-    GET  /health /ready /metrics /v1/models
+    GET  /  /console/{file}  /view/{file}       the web console (static, open without a key)
+    GET  /health /ready /metrics /v1/models /v1/engine
+    GET  /v1/events (SSE: runs changing, engine steps and snapshots, server-wide)
     POST /v1/chat/completions
     GET  /v1/programs
     POST /v1/programs/{name}/runs
     GET  /v1/runs  /v1/runs/{id}  /v1/runs/{id}/events (SSE)  /v1/runs/{id}/wait
-    POST /v1/runs/{id}/cancel
+    POST /v1/runs/{id}/cancel  /v1/runs/{id}/input/{node}
     GET  /v1/runs/{id}/trace  /v1/runs/{id}/timeline
 """
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-import logging
-import time
-from dataclasses import dataclass, field
-from typing import Any, Awaitable, Callable, Mapping
+from pathlib import Path
+from typing import Any, Mapping
 
 from aiohttp import web
 from aiohttp_sse import sse_response
 from pydantic import BaseModel, ValidationError
 
 from agentrt.errors import InputValueError, RunConfigError
+from agentrt.runtime import html_timeline
 from agentrt.runtime.html_timeline import render_html
 from agentrt.runtime.loader import Example
 from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.trace import read_trace
 from agentrt.server.config import ServerConfig
-from agentrt.server.errors import ApiError, error_body, validation_message
+from agentrt.server.errors import ApiError, validation_message
 from agentrt.server.metrics import ServerMetrics
-from agentrt.server.openai_chat import ChatService, prepare_chat
-from agentrt.server.runs import RunManager, ServedRun
-from agentrt.server.schemas import (ChatCompletionRequest, InputWanted, RunInput, ModelCard, ModelList, ProgramInfo, ProgramList,
-                                    RunCreate, RunCreated, RunError, RunInfo, RunList)
+from agentrt.server.middleware import access_middleware, auth_middleware, cors_headers, cors_middleware, errors_middleware
+from agentrt.server.openai_chat import prepare_chat
+from agentrt.server.runs import ServedRun
+from agentrt.server.schemas import (ChatCompletionRequest, ModelCard, ModelList, ProgramInfo, ProgramList, RunCreate,
+                                    RunCreated, RunInput, RunList)
+from agentrt.server.state import (RUN_ID, STATE, ServerState, json_response as _json, run_info, server_state as _state,
+                                  sse_slot as _sse_slot)
 
-log = logging.getLogger("agentrt.server")
-access_log = logging.getLogger("agentrt.access")
-OPEN_PATHS = ("/health", "/ready")
-
-
-@dataclass
-class ServerState:
-    config: ServerConfig
-    model: str
-    programs: dict[str, Example]
-    metrics: ServerMetrics
-    runtime: Runtime | None = None
-    runs: RunManager | None = None
-    chat: ChatService | None = None
-    kv_blocks: Callable[[], Awaitable[Mapping[str, int]]] | None = None
-    tracer_provider: Any = None  # an OpenTelemetry TracerProvider: each finished run's spans go to it
-    started: float = field(default_factory=time.time)
-    sse_open: int = 0
-    stopping: bool = False
-    resumed: list[str] = field(default_factory=list)  # run ids resumed from the store at start
-
-    def attach(self, runtime: Runtime) -> None:
-        """The engine is loaded: serve requests on this runtime."""
-        self.runtime = runtime
-        self.runs = RunManager(runtime, self.programs, self.config.limits, self.config.runs_dir,
-                               self.config.keep_runs, on_end=self._run_ended,
-                               allow_changed_programs=self.config.allow_changed_programs,
-                               prune_after_s=self.config.prune_after_s, prune_keep=self.config.prune_keep)
-        self.chat = ChatService(runtime, self.model, self.config.limits, on_response=self.metrics.on_response)
-        runtime.backend.subscribe_steps(self.metrics.on_step)
-        self.resumed = self.runs.recover()  # stored runs that had not ended go on
-        self.kv_blocks = runtime.backend.kv_blocks
-
-    def _run_ended(self, run: ServedRun, records: list[dict[str, Any]] | None) -> None:
-        self.metrics.on_run_end(run.status, run.summary)
-        if self.tracer_provider is not None and records is not None:
-            from agentrt.runtime.otel import export_run
-
-            try:
-                export_run(self.tracer_provider, records)
-            except Exception:  # noqa: BLE001 - telemetry never fails a run
-                log.exception("exporting the spans of %s failed", run.run_id)
-
-    def ready(self) -> tuple[RunManager, ChatService]:
-        if self.stopping:
-            raise ApiError(503, "the server is shutting down", code="shutting_down")
-        if self.runs is None or self.chat is None:
-            raise ApiError(503, "the model is still loading", code="not_ready", headers={"Retry-After": "1"})
-        return self.runs, self.chat
-
-
-STATE = web.AppKey("agentrt_state", ServerState)
-RUN_ID = web.RequestKey("agentrt_run_id", str)  # for the access log
-
-
-def _state(request: web.Request) -> ServerState:
-    return request.app[STATE]
-
-
-def _json(model: BaseModel | dict[str, Any], status: int = 200, headers: Mapping[str, str] | None = None) -> web.Response:
-    body = model.model_dump(mode="json", by_alias=True) if isinstance(model, BaseModel) else model
-    return web.Response(text=json.dumps(body, ensure_ascii=False, default=repr), status=status,
-                        content_type="application/json", headers=headers)
+CONSOLE_DIR = Path(__file__).parent / "console"
+VIEW_DIR = Path(html_timeline.__file__).parent / "webview"
+__all__ = ["STATE", "ServerState", "create_app", "read_body"]
 
 
 async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
@@ -116,98 +59,6 @@ async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
     except ValidationError as e:
         message, param = validation_message(e)
         raise ApiError(400, message, param=param) from None
-
-
-# ---- middlewares ---------------------------------------------------------------------------------
-@web.middleware
-async def errors_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
-    try:
-        return await handler(request)
-    except ApiError as e:
-        return _json(e.body(), e.status, e.headers)
-    except web.HTTPException as e:
-        if e.status < 400:
-            raise
-        message = {404: f"no route {request.method} {request.path}",
-                   405: f"method {request.method} is not allowed on {request.path}",
-                   413: f"the request body is over the limit max_body_bytes={_state(request).config.limits.max_body_bytes}"
-                   }.get(e.status, e.reason)
-        headers = {k: v for k, v in e.headers.items() if k.lower() == "allow"}
-        return _json(error_body(e.status, message), e.status, headers)
-    except Exception:  # noqa: BLE001 - logged here; the client gets no internals
-        log.exception("unhandled error on %s %s", request.method, request.path)
-        return _json(error_body(500, "internal server error"), 500)
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
-    keys = _state(request).config.api_keys
-    if keys and request.path not in OPEN_PATHS and request.method != "OPTIONS":
-        header = request.headers.get("Authorization", "")
-        scheme, _, token = header.partition(" ")
-        if scheme.lower() != "bearer" or not token:
-            raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-        given = token.strip().encode()
-        # compare against every key, each in constant time, so timing tells nothing of which matched
-        if not any([hmac.compare_digest(given, k.encode()) for k in keys]):
-            raise ApiError(401, "invalid API key", code="invalid_api_key")
-    return await handler(request)
-
-
-def _route_name(request: web.Request) -> str:
-    info = request.match_info.route.resource
-    return info.canonical if info is not None else "unmatched"
-
-
-@web.middleware
-async def access_middleware(request: web.Request, handler: Callable) -> web.StreamResponse:
-    state, t0, status = _state(request), time.perf_counter(), 500
-    try:
-        response = await handler(request)
-        status = response.status
-        return response
-    except asyncio.CancelledError:
-        status = 499  # the client went away
-        raise
-    finally:
-        seconds = time.perf_counter() - t0
-        route = _route_name(request)
-        state.metrics.on_http(route, status, seconds)
-        if state.config.access_log:
-            run_id = request.match_info.get("run_id") or request.get(RUN_ID) or "-"
-            access_log.info("%s %s %d %.1fms run=%s", request.method, route, status, 1000 * seconds, run_id)
-
-
-def _allowed_origin(request: web.Request, origins: tuple[str, ...]) -> str | None:
-    origin = request.headers.get("Origin")
-    return origin if origin and ("*" in origins or origin in origins) else None
-
-
-def cors_middleware(origins: tuple[str, ...]) -> Callable:
-    """Answers preflight requests of allowed origins (the headers go on through cors_headers)."""
-
-    @web.middleware
-    async def cors(request: web.Request, handler: Callable) -> web.StreamResponse:
-        if request.method == "OPTIONS" and _allowed_origin(request, origins):
-            return web.Response(status=204)
-        return await handler(request)
-
-    return cors
-
-
-def cors_headers(origins: tuple[str, ...]) -> Callable:
-    """An on_response_prepare hook: CORS headers on every response to an allowed origin, event
-    streams included (their headers go out before the handler returns)."""
-
-    async def add(request: web.Request, response: web.StreamResponse) -> None:
-        allowed = _allowed_origin(request, origins)
-        if allowed:
-            response.headers.update({
-                "Access-Control-Allow-Origin": allowed, "Vary": "Origin",
-                "Access-Control-Allow-Headers": "Authorization, Content-Type, Idempotency-Key, Last-Event-ID",
-                "Access-Control-Allow-Methods": "GET, POST, OPTIONS"})
-
-    return add
 
 
 # ---- service routes ------------------------------------------------------------------------------
@@ -228,6 +79,32 @@ async def metrics(request: web.Request) -> web.Response:
     runs = {"running": state.runs.running, "queued": state.runs.queued,
             "waiting": state.runs.waiting} if state.runs is not None else {}
     return web.Response(body=state.metrics.render(kv, runs), headers={"Content-Type": state.metrics.content_type})
+
+
+async def engine(request: web.Request) -> web.Response:
+    """The engine panel's figures (batch size, tokens/s, α and k over the last minute, KV blocks)."""
+    state = _state(request)
+    state.ready()
+    return _json(await state.feed.snapshot())
+
+
+async def events(request: web.Request) -> web.StreamResponse:
+    """Server-wide SSE (feed.py): every run's changes, the engine's steps and snapshots."""
+    state = _state(request)
+    state.ready()
+    with _sse_slot(state):
+        return await state.feed.stream(request, {"model": state.model})
+
+
+async def _revalidate_console_files(request: web.Request, response: web.StreamResponse) -> None:
+    """The console's modules are revalidated on every load (a cheap 304): a browser's heuristic
+    cache could otherwise mix an upgraded module with stale ones it imports."""
+    if request.path.startswith(("/console/", "/view/")):
+        response.headers["Cache-Control"] = "no-cache"
+
+
+async def console_index(request: web.Request) -> web.FileResponse:
+    return web.FileResponse(CONSOLE_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
 
 async def models(request: web.Request) -> web.Response:
@@ -260,21 +137,6 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
         return sse
 
 
-class _sse_slot:
-    def __init__(self, state: ServerState) -> None:
-        self.state = state
-
-    def __enter__(self) -> None:
-        limit = self.state.config.limits.max_sse_connections
-        if self.state.sse_open >= limit:
-            raise ApiError(429, f"too many open event streams (limit max_sse_connections={limit})",
-                           code="too_many_streams", headers={"Retry-After": str(self.state.config.limits.retry_after_s)})
-        self.state.sse_open += 1
-
-    def __exit__(self, *exc: Any) -> None:
-        self.state.sse_open -= 1
-
-
 # ---- programs and runs ---------------------------------------------------------------------------
 async def list_programs(request: web.Request) -> web.Response:
     state = _state(request)
@@ -282,18 +144,6 @@ async def list_programs(request: web.Request) -> web.Response:
                         graph=ex.program.to_json(), tools=sorted(ex.program.tools))
             for name, ex in sorted(state.programs.items())]
     return _json(ProgramList(data=data))
-
-
-def run_info(runs: RunManager, run: ServedRun) -> RunInfo:
-    summary = run.summary if run.ended else {"nodes": runs.live_nodes(run)}
-    end = run.ended_at
-    return RunInfo(run_id=run.run_id, program=run.program, status=run.status, created_at=run.created_at,
-                   started_at=run.started_at, ended_at=end,
-                   duration_s=None if end is None or run.started_at is None else round(end - run.started_at, 6),
-                   inputs=run.inputs, metadata=run.metadata, output=run.output,
-                   error=None if run.error is None else RunError(node=run.error.get("node"), message=run.error["message"]),
-                   waiting_for=[InputWanted(node=n, schema=w.schema, prompt=w.prompt) for n, w in runs.waiting_for(run).items()],
-                   summary=summary)
 
 
 async def create_run(request: web.Request) -> web.Response:
@@ -327,8 +177,9 @@ async def list_runs(request: web.Request) -> web.Response:
     state = _state(request)
     runs, _ = state.ready()
     status = request.query.get("status")
-    if status is not None and status not in ("queued", "running", "done", "failed", "cancelled"):
-        raise ApiError(400, f"status must be queued, running, done, failed or cancelled, got {status!r}", param="status")
+    if status is not None and status not in ("queued", "running", "waiting", "done", "failed", "cancelled"):
+        raise ApiError(400, f"status must be queued, running, waiting, done, failed or cancelled, got {status!r}",
+                       param="status")
     page, cursor = runs.list(request.query.get("program"), status, _int_param(request, "limit", 20, 1, 100),
                              request.query.get("cursor"))
     return _json(RunList(data=[run_info(runs, r) for r in page], next_cursor=cursor))
@@ -389,9 +240,9 @@ async def run_events(request: web.Request) -> web.StreamResponse:
                 for event_id, type, data in run.events[after:]:
                     await sse.send(json.dumps(data, ensure_ascii=False, default=repr), id=str(event_id), event=type)
                     after = event_id
-                if run.ended and after >= len(run.events):
-                    break
-                await run.changed(after)
+                if run.ended and after >= len(run.events) or state.stopping:
+                    break  # stopping: a run interrupted by the shutdown never ends here; the client reconnects
+                await run.changed(after, timeout=1.0)
         return sse
 
 
@@ -431,12 +282,18 @@ def create_app(config: ServerConfig, model: str, programs: Mapping[str, Example]
     app[STATE] = state
     if config.cors_origins:
         app.on_response_prepare.append(cors_headers(config.cors_origins))
+    app.on_response_prepare.append(_revalidate_console_files)
     if runtime is not None:
         state.attach(runtime)
+    app.router.add_get("/", console_index)
+    app.router.add_static("/console/", CONSOLE_DIR, append_version=False)
+    app.router.add_static("/view/", VIEW_DIR, append_version=False)
     app.router.add_get("/health", health)
     app.router.add_get("/ready", ready)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/v1/models", models)
+    app.router.add_get("/v1/engine", engine)
+    app.router.add_get("/v1/events", events)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/programs", list_programs)
     app.router.add_post("/v1/programs/{name}/runs", create_run)

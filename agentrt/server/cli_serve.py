@@ -174,6 +174,8 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
         state.stopping = True
         if state.runs is not None:
             await state.runs.shutdown(config.shutdown_grace_s)
+        if state.feed is not None:
+            state.feed.close()  # ends the console's /v1/events streams
     finally:
         await runner.cleanup()
         if runtime is not None:

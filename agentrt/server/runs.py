@@ -105,6 +105,7 @@ class RunManager:
         self._seq = itertools.count()
         self._slots = asyncio.Semaphore(limits.max_running_runs)
         self.accepting = True
+        self.watchers: list[Callable[[ServedRun], None]] = []  # told when a run is queued or changes status
         self._unsubscribe = runtime.subscribe_events(self._on_event)
 
     # -- counts --
@@ -160,6 +161,7 @@ class RunManager:
             self._by_key[idempotency_key] = run_id
         run.add_event("run_queued", {"program": program, "inputs": full})
         run.task = asyncio.get_running_loop().create_task(self._run(run), name=f"agentrt-serve:{run_id}")
+        self._status_changed(run)
         return run, True
 
     def _check_inputs(self, example: Example, inputs: dict[str, Any]) -> dict[str, Any]:
@@ -178,6 +180,7 @@ class RunManager:
                 if run.ended:  # cancelled while queued
                     return
                 run.status, run.started_at = "running", run.started_at or time.time()
+                self._status_changed(run)
                 example = self.programs[run.program]
                 run.handle = self.runtime.submit(example.program, run.inputs, run_id=run.run_id,
                                                  priority=run.priority, resume=resume,
@@ -218,6 +221,7 @@ class RunManager:
         run._changed.set()
         if self.on_end is not None:
             self.on_end(run, records)
+        self._status_changed(run)
         self._retire()
 
     def _retire(self) -> None:
@@ -305,7 +309,17 @@ class RunManager:
             run.status = "waiting" if self.runtime.waiting_for(run.run_id) else "running"
             if self.store is not None:
                 self.store.update_run(run.run_id, status=run.status)
+            run.add_event(ev.type, {"time": round(ev.time, 6), **ev.data})
+            self._status_changed(run)
+            return
         run.add_event(ev.type, {"time": round(ev.time, 6), **ev.data})
+
+    def _status_changed(self, run: ServedRun) -> None:
+        for fn in list(self.watchers):
+            try:
+                fn(run)
+            except Exception:  # noqa: BLE001 - a watcher (the console's feed) never fails a run
+                log.exception("a run watcher failed on %s", run.run_id)
 
     # -- outside input --
     def waiting_for(self, run: ServedRun) -> dict[str, Any]:

@@ -116,7 +116,7 @@ def _submit(engine, msgs, kw, fmt) -> int | None:
         return None
 
 
-@settings(max_examples=60, deadline=None, derandomize=True, database=None,
+@settings(max_examples=40, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(msgs=messages, kw=params, fmt=formats)
 def test_fuzzed_requests_never_harm_a_good_one(engine_factory, good_alone, msgs, kw, fmt):

@@ -93,10 +93,15 @@ def test_inspect_html_is_self_contained(trace_path, tmp_path, capsys):
     out = tmp_path / "view" / "timeline.html"
     assert cli_inspect.run(argparse.Namespace(trace=str(trace_path), html=str(out), json=False)) == 0
     page = out.read_text()
-    assert page.startswith("<!DOCTYPE html>") and "<svg" in page and "</html>" in page
+    assert page.startswith("<!DOCTYPE html>") and "</html>" in page
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched from elsewhere
-    assert "<script" not in page
-    for text in ("summary", "mirror", "engine batch", "tool_backoff", "decode"):
+    assert "<link" not in page and not re.search(r"<script[^>]*\bsrc=", page)
+    # the renderer is inlined (the page draws the SVG when opened) and the trace embedded
+    assert '<script type="module">' in page and "function renderTimeline" in page and "engine-batch" in page
+    data = json.loads(re.search(r'<script type="application/json" id="agentrt-trace">(.*?)</script>', page, re.S).group(1))
+    assert data["records"] == read_trace(trace_path)
+    assert [r["run_id"] for r in data["summary"]["runs"]] == [r["run_id"] for r in data["records"] if r["type"] == "program"]
+    for text in ("summary", "mirror", "tool_backoff", "decode"):
         assert text in page
     assert "timeline:" in capsys.readouterr().out
 
@@ -144,3 +149,14 @@ async def test_cut_and_tool_call_shaped_answers_are_flagged(scripted, tmp_path, 
     assert "…" not in shown
     for header in ("cached", "drafted", "accepted", "α free", "α forced", "tok/pass"):
         assert header in shown
+
+
+def test_a_tool_waiting_in_its_queue_is_not_llm_time():
+    from agentrt.runtime.summary import run_stalls
+
+    nodes = [{"node": "fetch", "kind": "tool", "waited_on": None, "phases": {"queued": 1.0, "tool_running": 2.0}}]
+    spans = [{"start": 0.0, "end": 1.0, "attributes": {"agentrt.phase": "queued", "agentrt.node": "fetch"}},
+             {"start": 1.0, "end": 3.0, "attributes": {"agentrt.phase": "tool_running", "agentrt.node": "fetch"}}]
+    st = run_stalls(nodes, spans, 0.0, 3.0)
+    assert st["llm_active_s"] == 0 and st["tool_only_s"] == 2.0 and st["neither_s"] == 1.0
+    assert st["queued_tool_s"] == 1.0

@@ -406,3 +406,36 @@ async def test_progress_names_what_is_stalled_on_what(scripted, research_program
     assert view.done == 3 and view.total == 6
     gate.set()
     assert (await handle).status == "done"
+
+
+async def test_graph_events_add_up_to_the_final_graph(scripted, research_program):
+    """run_started carries the graph; each `graph` event only what changed (a fan-out expanding):
+    applied in order they give the graph the trace records at the end, nodes and states aside."""
+
+    @tool
+    async def search(query: str) -> list[str]:
+        """Search."""
+        return [query]
+
+    rt = Runtime(scripted({"split": ["q1", "q2", "q3"], "answers*summary": "s", "synthesis": "done"}), tools=[search])
+    events: list = []
+    rt.subscribe_events(lambda e: events.append((e.type, dict(e.data))))
+    result = await rt.run(research_program(search), {"question": "why"})
+    assert result.status == "done"
+    [started] = [d for t, d in events if t == "run_started"]
+    nodes = {n["id"]: n for n in started["graph"]["nodes"]}
+    edges = {(e["source"], e["target"]) for e in started["graph"]["edges"]}
+    deltas = [d for t, d in events if t == "graph"]
+    assert deltas and all(set(d) == {"nodes", "edges", "removed"} for d in deltas)
+    for d in deltas:
+        assert not any(n["id"] in nodes for n in d["nodes"])  # each node is sent once
+        nodes.update({n["id"]: n for n in d["nodes"]})
+        edges |= {(e["source"], e["target"]) for e in d["edges"]}
+        for gone in d["removed"]:
+            nodes.pop(gone)
+            edges = {e for e in edges if gone not in e}
+    [program] = [r for r in rt.trace.records() if r["type"] == "program"]
+    final = program["graph"]
+    assert sorted(nodes) == sorted(n["id"] for n in final["nodes"]) and "answers[2].summary" in nodes
+    assert edges == {(e["source"], e["target"]) for e in final["edges"]}
+    assert {n["id"]: n["kind"] for n in final["nodes"]} == {k: n["kind"] for k, n in nodes.items()}

@@ -14,7 +14,7 @@ import jsonschema
 import openai
 import pytest
 
-from agentrt.server.process import wait_ready
+from agentrt.server.process import start_server
 from agentrt.tools.mosquitto import free_port
 
 ROOT = Path(__file__).parents[2]
@@ -34,23 +34,13 @@ def server(tmp_path_factory):
     port, runs = free_port(), tmp_path_factory.mktemp("served")
     key_file = runs / "keys"
     key_file.write_text(f"# test keys\n{KEY}\n")
-    log = (runs / "server.log").open("w")
     examples = sorted(str(p) for p in (ROOT / "examples").glob("*.py"))
-    proc = subprocess.Popen([sys.executable, "-m", "agentrt.cli", "serve", str(PROGRAM), *examples, "--port", str(port),
-                             "--program-max-tokens", "128",
-                             "--runs-dir", str(runs / "runs"), "--api-key-file", str(key_file),
-                             "--max-tokens", "256", "--shutdown-grace", "5"],
-                            cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_ready(url, proc, runs / "server.log", timeout_s=120)
-    except RuntimeError:
-        proc.kill()
-        raise
+    proc, url = start_server([str(PROGRAM), *examples, "--program-max-tokens", "128", "--runs-dir", str(runs / "runs"),
+                              "--api-key-file", str(key_file), "--max-tokens", "256", "--shutdown-grace", "5"],
+                             runs, port, ROOT, timeout_s=120)
     yield url, runs
     proc.terminate()
     assert proc.wait(timeout=30) == 0, (runs / "server.log").read_text()
-    log.close()
     out = (runs / "server.log").read_text()
     assert "ready at" in out and "stopped" in out
     assert KEY not in out  # keys are never logged
