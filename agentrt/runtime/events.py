@@ -3,8 +3,9 @@ streams). A subscriber gets each RunEvent on the runtime's event loop, in the or
 happened; `Runtime.subscribe_events(fn)` returns the unsubscribe function.
 
     run_started    program, inputs, graph (the run's graph as JSON: dag.export.to_json)
-    graph          nodes, edges (added, as in the graph JSON), removed (node ids, their edges with them):
-                   the graph changed (a fan-out or loop step expanded, a branch case not taken left)
+    graph          nodes, edges (added, as in the graph JSON), removed (node ids, their edges with them),
+                   states (node -> new state, of nodes other than LLM and tool ones): the graph changed
+                   (a fan-out or loop step expanded, a branch case not taken left, a branch decided)
     node_started   node, kind, tool (tool nodes), early (a tool started on streamed members),
                    replayed (a resumed run's node whose outcome comes from the run store)
     node_phase     node, phase: queued | prefill | decode | preempted (LLM) | tool_running (tool) |

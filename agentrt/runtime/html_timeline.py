@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 WEBVIEW = Path(__file__).parent / "webview"
-MODULES = ("phases.js", "model.js", "timeline.js", "dag.js", "details.js", "standalone.js")
+MODULES = ("phases.js", "model.js", "live.js", "timeline.js", "dag.js", "details.js", "standalone.js")
 STYLESHEET = "view.css"
 
 _IMPORT = re.compile(r"^import\s")

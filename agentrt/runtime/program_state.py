@@ -63,6 +63,7 @@ class ProgramState:
     interrupted: bool = False  # stopped by Runtime.interrupt: the store keeps it resumable
     # the graph's nodes and edges when watchers last heard of it
     graph_seen: tuple[frozenset[str], frozenset[tuple[str, str]]] = (frozenset(), frozenset())
+    graph_states: dict[str, Any] = field(default_factory=dict)  # ... and the states of its non-LLM/tool nodes
 
 
 class ProgramHandle:

@@ -266,7 +266,9 @@ class Runtime:
     async def _drive(self, ps: ProgramState, inputs: dict[str, Any]) -> RunResult:
         failed_node = error = None
         if self.watched:
-            ps.graph_seen = frozenset(ps.run.graph), frozenset(ps.run.graph.edges)
+            graph = ps.run.graph
+            ps.graph_seen = frozenset(graph), frozenset(graph.edges)
+            ps.graph_states = {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in ("llm", "tool")}
             self.emit(ps.run_id, "run_started", program=ps.program.name, inputs=inputs, graph=ps.run.to_json())
         try:
             self._sync_nodes(ps)
@@ -374,12 +376,22 @@ class Runtime:
                 ps.nodes[node] = NodeState(node, attrs["kind"], name, now)
         for node in [n for n in ps.nodes if n not in graph]:
             del ps.nodes[node]
+        if self.watched:
+            self._emit_graph_change(ps)
+
+    def _emit_graph_change(self, ps: ProgramState) -> None:
+        """Watchers get what changed, never the whole graph again: nodes and edges added (a fan-out
+        or loop step expanded), removed (a branch case not taken), and the new states of the
+        graph's other nodes (branches deciding, fan-outs joining); LLM and tool nodes tell their
+        own states in their events."""
+        graph = ps.run.graph
         seen = frozenset(graph), frozenset(graph.edges)
-        if self.watched and seen != ps.graph_seen:
-            # expanded, or a case not taken left: watchers get the change, not the whole graph again
+        states = {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in ("llm", "tool")}
+        changed = {n: s for n, s in states.items() if n in ps.graph_seen[0] and ps.graph_states.get(n) != s}
+        if seen != ps.graph_seen or changed:
             delta = ps.run.graph_delta(*ps.graph_seen)
-            ps.graph_seen = seen
-            self.emit(ps.run_id, "graph", **delta)
+            ps.graph_seen, ps.graph_states = seen, states
+            self.emit(ps.run_id, "graph", **delta, states=changed)
 
     async def _cancel_inflight(self, ps: ProgramState) -> None:
         """Cancel the run's nodes in flight and wait for them; nodes that had ended but were not

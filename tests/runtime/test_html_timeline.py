@@ -5,7 +5,7 @@ a `</script>` inside a value (a model's output, a tool's error) kept from ending
 
 No browser here (tests/server/test_console_browser.py opens the pages in Chromium). Where node
 is installed, two checks also run the JavaScript: the inlined module parses, and the view model
-(model.js, no DOM) builds from a saved trace, from an old trace without graph, and from a run's
+(model.js and live.js, no DOM) builds from a saved trace, from an old trace without graph, and from a run's
 live events the same lanes."""
 from __future__ import annotations
 
@@ -169,11 +169,12 @@ def test_the_inlined_module_parses(tmp_path):
     assert done.returncode == 0, done.stderr
 
 
-# Runs model.js (no DOM in it) under node: the views a saved trace, the same trace without the
-# fields old traces lack, and the run's live events give.
+# Runs model.js and live.js (no DOM in them) under node: the views a saved trace, the same trace
+# without the fields old traces lack, and the run's live events give.
 _RUNNER = """
 import { readFileSync } from "node:fs";
-import { LiveView, viewsFromTrace } from "./model.mjs";
+import { viewsFromTrace } from "./model.mjs";
+import { LiveView } from "./live.mjs";
 const input = JSON.parse(readFileSync(process.argv[2], "utf8"));
 const brief = (v) => ({ run: v.run, keys: Object.keys(v).sort(), graph: v.graph ? v.graph.nodes.map((n) => n.id) : null,
   lanes: v.nodes.map((n) => [n.id, n.kind, n.status]), nodeKeys: v.nodes.map((n) => Object.keys(n).sort()),
@@ -196,6 +197,7 @@ def test_the_view_model_gives_the_same_lanes_from_a_trace_an_old_trace_and_live_
     summary = summarize(records)
     old = [{k: v for k, v in r.items() if k not in ("graph", "ks", "accepted_ks")} for r in records]
     shutil.copy(WEBVIEW / "model.js", tmp_path / "model.mjs")
+    (tmp_path / "live.mjs").write_text((WEBVIEW / "live.js").read_text().replace('"./model.js"', '"./model.mjs"'))
     (tmp_path / "run.mjs").write_text(_RUNNER, encoding="utf-8")
     (tmp_path / "input.json").write_text(json.dumps({"records": records, "summary": summary, "old": old, "events": events},
                                                     default=repr), encoding="utf-8")

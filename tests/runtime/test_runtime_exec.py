@@ -409,8 +409,9 @@ async def test_progress_names_what_is_stalled_on_what(scripted, research_program
 
 
 async def test_graph_events_add_up_to_the_final_graph(scripted, research_program):
-    """run_started carries the graph; each `graph` event only what changed (a fan-out expanding):
-    applied in order they give the graph the trace records at the end, nodes and states aside."""
+    """run_started carries the graph; each `graph` event only what changed (a fan-out expanding,
+    the states of nodes other than LLM and tool ones): applied in order they give the graph the
+    trace records at the end."""
 
     @tool
     async def search(query: str) -> list[str]:
@@ -426,10 +427,12 @@ async def test_graph_events_add_up_to_the_final_graph(scripted, research_program
     nodes = {n["id"]: n for n in started["graph"]["nodes"]}
     edges = {(e["source"], e["target"]) for e in started["graph"]["edges"]}
     deltas = [d for t, d in events if t == "graph"]
-    assert deltas and all(set(d) == {"nodes", "edges", "removed"} for d in deltas)
+    assert deltas and all(set(d) == {"nodes", "edges", "removed", "states"} for d in deltas)
     for d in deltas:
         assert not any(n["id"] in nodes for n in d["nodes"])  # each node is sent once
         nodes.update({n["id"]: n for n in d["nodes"]})
+        for node, state in d["states"].items():  # branches, fan-outs, joins: their states as they change
+            nodes[node] = {**nodes[node], "state": state}
         edges |= {(e["source"], e["target"]) for e in d["edges"]}
         for gone in d["removed"]:
             nodes.pop(gone)
@@ -439,3 +442,6 @@ async def test_graph_events_add_up_to_the_final_graph(scripted, research_program
     assert sorted(nodes) == sorted(n["id"] for n in final["nodes"]) and "answers[2].summary" in nodes
     assert edges == {(e["source"], e["target"]) for e in final["edges"]}
     assert {n["id"]: n["kind"] for n in final["nodes"]} == {k: n["kind"] for k, n in nodes.items()}
+    other = {n["id"]: n.get("state") for n in final["nodes"] if n["kind"] not in ("llm", "tool")}
+    assert other == {k: n.get("state") for k, n in nodes.items() if k in other}
+    assert set(other.values()) == {"done"}

@@ -6,7 +6,8 @@
 import { ApiError, ENDED, api, el, fmtTime, getKey, onServerEvents, streamEvents } from "./api.js";
 import { mountEnginePanel } from "./engine.js";
 import { FieldError, fieldValue, readFields, schemaField, schemaFields, schemaType, showFormError, statusBadge } from "./runs.js";
-import { LiveView, parseJsonl, viewsFromTrace } from "/view/model.js";
+import { LiveView } from "/view/live.js";
+import { parseJsonl, viewsFromTrace } from "/view/model.js";
 import { renderTimeline } from "/view/timeline.js";
 import { renderDag } from "/view/dag.js";
 import { renderAlphaTable, renderOutput, renderRunHeader, renderToolTable } from "/view/details.js";
