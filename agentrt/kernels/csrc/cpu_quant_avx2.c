@@ -1,0 +1,351 @@
+/* Linear layers and embedding lookups on GGUF block-quantized weights (Q8_0, Q4_0, Q4_1), read
+ * in their file layout and never dequantized to memory (agentrt/kernels/quant_formats.py has the
+ * formats and the PyTorch references).
+ *
+ *   out[m, n] = sum_k x[m, k] * W[n, k],  x fp32 [M, K], W [N, K] in blocks of 32 along K
+ *
+ * As llama.cpp does, each activation row is first quantized to int8 blocks of 32 with an fp32
+ * scale dx (round-half-even of x * 127/amax), keeping the block's dx * sum(q) for the weights'
+ * offset term. A weight block then contributes, with exact integer dot products:
+ *
+ *   Q8_0: dw * dx * sum(qw * qx)
+ *   Q4_0: dw * dx * sum((qw - 8) * qx)
+ *   Q4_1: dw * dx * sum(qw * qx) + m * dx * sum(qx)   (the m terms of a row summed after
+ *                                                     its blocks, 8 blocks at a time)
+ *
+ * AVX2 path (AVX2 + FMA + F16C): the nibbles are unpacked in registers; _mm256_maddubs_epi16
+ * multiplies unsigned weight bytes by signed activation bytes (signed weights, Q8_0 and Q4_0's
+ * q - 8, first move their sign onto the activation, as ggml_vec_dot_q8_0_q8_0),
+ * _mm256_madd_epi16 widens to 8 int32 sums and an FMA adds dw * dx * sums into 8 fp32 lanes
+ * per (weight row, activation row) pair.
+ * Without AVX2 (or with -DAGENTRT_QUANT_SCALAR) a scalar path computes the same sums.
+ *
+ * Loop order: a chunk of CHUNK_N weight rows stays in L1 while every activation row goes past
+ * it, MR rows at a time, each weight block unpacked once per MR rows: k+1 verification rows
+ * cost about one read of the weights. Threads split N (never K), so each output is computed by
+ * one thread in one fixed order: a row's bits depend neither on the other rows, nor on M, nor
+ * on the thread count (batch invariance; built with -ffp-contract=off so that the compiler does
+ * not fuse some multiply-adds in one tile shape and not in another).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cpu_pool.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(AGENTRT_QUANT_SCALAR)
+#define QUANT_AVX2 1
+#include <immintrin.h>
+#else
+#define QUANT_AVX2 0
+#endif
+
+enum { FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q8_0 = 8 }; /* gguf.GGMLQuantizationType values */
+#define QK 32
+#define CHUNK_N 16 /* weight rows per unit of work: 16 x 960 bytes (Q4_1, K=1536) stay in L1 */
+#define MR 4       /* activation rows sharing one unpacked weight block */
+
+static int block_bytes(int fmt) {
+  switch (fmt) {
+    case FMT_Q4_0: return 18;
+    case FMT_Q4_1: return 20;
+    case FMT_Q8_0: return 34;
+    default: return 0;
+  }
+}
+
+static inline float f16_to_f32(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+#if QUANT_AVX2
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ffu;
+  uint32_t u;
+  if (e == 0) { /* zero or subnormal: man * 2^-24, exact */
+    const float v = (float)man * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  u = sign | (e == 0x1f ? 0x7f800000u | (man << 13) : ((e + 112) << 23) | (man << 13));
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+/* ---- activations: int8 blocks, per row ---- */
+
+/* x [K] -> q [K] int8, d [K/32] = amax/127, s [K/32] = d * sum(q). Scalar on every path (M*K
+ * work against the M*N*K of the products) so both paths quantize identically;
+ * quantize_activations in quant_formats.py mirrors it. */
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s) {
+  for (int64_t b = 0; b < K / QK; b++) {
+    const float *xb = x + b * QK;
+    float amax = 0.0f;
+    for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
+    const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int sum = 0;
+    for (int i = 0; i < QK; i++) {
+      const int v = (int)nearbyintf(xb[i] * inv); /* the default rounding: half to even */
+      q[b * QK + i] = (int8_t)v;
+      sum += v;
+    }
+    d[b] = amax / 127.0f;
+    s[b] = d[b] * (float)sum;
+  }
+}
+
+typedef struct {
+  const uint8_t *w;
+  int fmt;
+  int64_t N, K, nb, row_bytes;
+  const int8_t *xq; /* [M][K] */
+  const float *xd; /* [M][nb] */
+  const float *xs;  /* [M][nb8]: nb rounded up to 8, zero-padded */
+  int64_t nb8;
+  int64_t M;
+  float *out;
+  int64_t out_stride;
+  pool_chunks chunks;
+} qjob;
+
+#if QUANT_AVX2
+
+static inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* 16 bytes of nibbles -> 32 bytes 0..15: values 0..15 (low nibbles) in the low lane. */
+static inline __m256i unpack_nibbles(const uint8_t *qs) {
+  const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0f));
+}
+
+/* Weight rows n .. n+nr-1 against activation rows m0 .. m0+mr-1 (nr, mr, fmt constant after
+ * inlining). Every (weight row, activation row) pair runs the same ops in the same order
+ * whatever nr and mr are. */
+static inline __attribute__((always_inline)) void tile(const qjob *j, int64_t n, int64_t m0, const int nr,
+                                                       const int mr, const int fmt) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[2][MR];
+  for (int i = 0; i < nr; i++)
+    for (int r = 0; r < mr; r++) acc[i][r] = _mm256_setzero_ps();
+  /* Q4_1's offsets m, zero-padded to nb8: the m * dx * sum(qx) terms are summed after the
+   * blocks, 8 at a time (saves a scalar multiply-add per block and activation row) */
+  float mw[2][fmt == FMT_Q4_1 ? j->nb8 : 1];
+  if (fmt == FMT_Q4_1)
+    for (int i = 0; i < nr; i++)
+      for (int64_t b = j->nb; b < j->nb8; b++) mw[i][b] = 0.0f;
+  const int bb = fmt == FMT_Q8_0 ? 34 : fmt == FMT_Q4_1 ? 20 : 18;
+  for (int64_t b = 0; b < j->nb; b++) {
+    __m256i wq[2];
+    float dw[2];
+    for (int i = 0; i < nr; i++) {
+      const uint8_t *blk = j->w + (n + i) * j->row_bytes + b * bb;
+      if (fmt == FMT_Q4_1) { /* d and m in one conversion */
+        int32_t dm;
+        memcpy(&dm, blk, 4);
+        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+        dw[i] = _mm_cvtss_f32(f);
+        mw[i][b] = _mm_cvtss_f32(_mm_movehdup_ps(f));
+      } else {
+        dw[i] = f16_to_f32(blk);
+      }
+      if (fmt == FMT_Q8_0) {
+        wq[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
+      } else if (fmt == FMT_Q4_0) {
+        wq[i] = _mm256_sub_epi8(unpack_nibbles(blk + 2), _mm256_set1_epi8(8));
+      } else {
+        wq[i] = unpack_nibbles(blk + 4);
+      }
+    }
+    for (int r = 0; r < mr; r++) {
+      const __m256i xq = _mm256_load_si256((const __m256i *)(j->xq + (m0 + r) * j->K + b * QK));
+      const float dx = j->xd[(m0 + r) * j->nb + b];
+      for (int i = 0; i < nr; i++) {
+        __m256i p;
+        if (fmt == FMT_Q4_1) /* unsigned nibbles: pairs <= 2 * 15 * 127, no int16 saturation */
+          p = _mm256_maddubs_epi16(wq[i], xq);
+        else /* |w| (unsigned; -128 -> 128) times x carrying w's sign: pairs <= 2 * 128 * 127 */
+          p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq[i], wq[i]), _mm256_sign_epi8(xq, wq[i]));
+        p = _mm256_madd_epi16(p, ones);
+        acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * dx), _mm256_cvtepi32_ps(p), acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < nr; i++)
+    for (int r = 0; r < mr; r++) {
+      float off = 0.0f;
+      if (fmt == FMT_Q4_1) {
+        const float *sx = j->xs + (m0 + r) * j->nb8;
+        __m256 o = _mm256_setzero_ps();
+        for (int64_t b = 0; b < j->nb8; b += 8) o = _mm256_fmadd_ps(_mm256_loadu_ps(mw[i] + b), _mm256_load_ps(sx + b), o);
+        off = hsum(o);
+      }
+      j->out[(m0 + r) * j->out_stride + n + i] = hsum(acc[i][r]) + off;
+    }
+}
+
+static inline __attribute__((always_inline)) void chunk_fmt(const qjob *j, int64_t n0, int64_t n1, const int fmt) {
+  for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
+    const int64_t mr = j->M - m0 < MR ? j->M - m0 : MR;
+    int64_t n = n0;
+#define TILES(MRC)                                                      \
+  for (; n + 2 <= n1; n += 2) tile(j, n, m0, 2, MRC, fmt);             \
+  if (n < n1) tile(j, n, m0, 1, MRC, fmt);
+    switch (mr) {
+      case 4: TILES(4) break;
+      case 3: TILES(3) break;
+      case 2: TILES(2) break;
+      default: TILES(1) break;
+    }
+#undef TILES
+  }
+}
+
+#else /* scalar */
+
+static void chunk_scalar(const qjob *j, int64_t n0, int64_t n1) {
+  const int fmt = j->fmt, bb = block_bytes(fmt);
+  for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
+    const int mr = j->M - m0 < MR ? (int)(j->M - m0) : MR;
+    for (int64_t n = n0; n < n1; n++) {
+      float acc[MR] = {0}, off[MR] = {0};
+      for (int64_t b = 0; b < j->nb; b++) {
+        const uint8_t *blk = j->w + n * j->row_bytes + b * bb;
+        const float dw = f16_to_f32(blk), mw = fmt == FMT_Q4_1 ? f16_to_f32(blk + 2) : 0.0f;
+        int8_t wq[QK]; /* the block's weights once, for the mr activation rows */
+        if (fmt == FMT_Q8_0) {
+          memcpy(wq, blk + 2, QK);
+        } else {
+          const uint8_t *qs = blk + (fmt == FMT_Q4_1 ? 4 : 2);
+          const int zero = fmt == FMT_Q4_1 ? 0 : 8;
+          for (int i = 0; i < QK / 2; i++) {
+            wq[i] = (int8_t)((qs[i] & 0x0f) - zero);
+            wq[i + QK / 2] = (int8_t)((qs[i] >> 4) - zero);
+          }
+        }
+        for (int r = 0; r < mr; r++) {
+          const int8_t *xq = j->xq + (m0 + r) * j->K + b * QK;
+          int32_t isum = 0;
+          for (int i = 0; i < QK; i++) isum += wq[i] * xq[i];
+          acc[r] += dw * j->xd[(m0 + r) * j->nb + b] * (float)isum;
+          if (fmt == FMT_Q4_1) off[r] += mw * j->xs[(m0 + r) * j->nb8 + b];
+        }
+      }
+      for (int r = 0; r < mr; r++) j->out[(m0 + r) * j->out_stride + n] = acc[r] + off[r];
+    }
+  }
+}
+
+#endif
+
+static void qjob_run(void *ctx, int tid, int nthreads) {
+  (void)nthreads;
+  qjob *j = ctx;
+  for (int64_t c; (c = pool_claim(&j->chunks, tid)) >= 0;) {
+    const int64_t n0 = c * CHUNK_N, n1 = n0 + CHUNK_N < j->N ? n0 + CHUNK_N : j->N;
+#if QUANT_AVX2
+    switch (j->fmt) {
+      case FMT_Q4_0: chunk_fmt(j, n0, n1, FMT_Q4_0); break;
+      case FMT_Q4_1: chunk_fmt(j, n0, n1, FMT_Q4_1); break;
+      default: chunk_fmt(j, n0, n1, FMT_Q8_0); break;
+    }
+#else
+    chunk_scalar(j, n0, n1);
+#endif
+  }
+}
+
+/* The calling thread's buffer for the quantized activations (grown on demand, never shrunk). */
+static __thread struct {
+  void *ptr;
+  size_t size;
+} scratch;
+
+static void *scratch_get(size_t size) {
+  if (size > scratch.size) {
+    free(scratch.ptr);
+    scratch.size = (size + 4095) & ~(size_t)4095;
+    scratch.ptr = aligned_alloc(64, scratch.size);
+    if (!scratch.ptr) scratch.size = 0;
+  }
+  return scratch.ptr;
+}
+
+/* 1 when built with the AVX2 path, 0 for the scalar one. */
+int agentrt_quant_avx2(void) { return QUANT_AVX2; }
+
+/* x fp32 [M, K] (row stride x_stride) -> q int8 [M, K], d fp32 [M, K/32]: for tests. */
+int agentrt_quant_activations(const float *x, int64_t x_stride, int64_t M, int64_t K, int8_t *q, float *d) {
+  if (K % QK) return -1;
+  float *s = malloc(sizeof(float) * (size_t)(K / QK));
+  if (!s) return -3;
+  for (int64_t m = 0; m < M; m++) quantize_row(x + m * x_stride, K, q + m * K, d + m * (K / QK), s);
+  free(s);
+  return 0;
+}
+
+/* out fp32 [M, N] (row stride out_stride) = x fp32 [M, K] (row stride x_stride) @ W.T, W [N, K]
+ * in format fmt (rows of K/32 blocks, contiguous). Returns 0, or -1 for a bad format or K, -3
+ * when out of memory. */
+int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint8_t *w, int fmt, int64_t N,
+                         int64_t K, float *out, int64_t out_stride, int threads) {
+  const int bb = block_bytes(fmt);
+  if (bb == 0 || K % QK || K <= 0) return -1;
+  if (M <= 0 || N <= 0) return 0;
+  const int64_t nb = K / QK;
+  const int64_t nb8 = (nb + 7) / 8 * 8;
+  /* q rows first (each K bytes: 32-byte aligned), then s (rows of nb8: 32-byte aligned), then d */
+  int8_t *xq = scratch_get((size_t)(M * K) + sizeof(float) * (size_t)(M * (nb8 + nb)));
+  if (!xq) return -3;
+  float *xs = (float *)(xq + M * K), *xd = xs + M * nb8;
+  memset(xs, 0, sizeof(float) * (size_t)(M * nb8));
+  for (int64_t m = 0; m < M; m++) quantize_row(x + m * x_stride, K, xq + m * K, xd + m * nb, xs + m * nb8);
+  qjob j = {.w = w, .fmt = fmt, .N = N, .K = K, .nb = nb, .nb8 = nb8, .row_bytes = nb * bb, .xq = xq, .xd = xd, .xs = xs,
+            .M = M, .out = out, .out_stride = out_stride};
+  const int64_t chunks = (N + CHUNK_N - 1) / CHUNK_N;
+  const int nt = threads < 1 ? 1 : (threads > chunks ? (int)chunks : threads);
+  pool_chunks_init(&j.chunks, chunks, nt);
+  pool_run(qjob_run, &j, nt);
+  return 0;
+}
+
+/* out fp32 [T, K] (row stride out_stride) = rows ids [T] of W [N, K], dequantized with the
+ * reference's fp32 ops (q * d; (q - 8) * d; q * d then + m): equal to it bit for bit. Returns
+ * 0, -1 for a bad format or K, -2 for an id outside [0, N). */
+int agentrt_quant_embedding(const int64_t *ids, int64_t T, const uint8_t *w, int fmt, int64_t N, int64_t K,
+                            float *out, int64_t out_stride) {
+  const int bb = block_bytes(fmt);
+  if (bb == 0 || K % QK || K <= 0) return -1;
+  for (int64_t t = 0; t < T; t++)
+    if (ids[t] < 0 || ids[t] >= N) return -2;
+  const int64_t nb = K / QK;
+  for (int64_t t = 0; t < T; t++) {
+    const uint8_t *row = w + ids[t] * nb * bb;
+    float *o = out + t * out_stride;
+    for (int64_t b = 0; b < nb; b++, o += QK) {
+      const uint8_t *blk = row + b * bb;
+      const float d = f16_to_f32(blk);
+      if (fmt == FMT_Q8_0) {
+        for (int i = 0; i < QK; i++) o[i] = (float)(int8_t)blk[2 + i] * d;
+      } else if (fmt == FMT_Q4_0) {
+        for (int i = 0; i < QK / 2; i++) {
+          o[i] = (float)((blk[2 + i] & 0x0f) - 8) * d;
+          o[i + QK / 2] = (float)((blk[2 + i] >> 4) - 8) * d;
+        }
+      } else {
+        const float m = f16_to_f32(blk + 2);
+        for (int i = 0; i < QK / 2; i++) {
+          o[i] = (float)(blk[4 + i] & 0x0f) * d + m; /* not fused: -ffp-contract=off */
+          o[i + QK / 2] = (float)(blk[4 + i] >> 4) * d + m;
+        }
+      }
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,124 @@
+"""Build, cache and load the quantized-weight kernels (csrc/cpu_quant_avx2.c) for this CPU.
+
+A second library beside cpu_build.py's AMX one, because it asks much less of the CPU: its fast
+path needs AVX2 + FMA + F16C (any x86-64 from ~2013), and without them it compiles a scalar
+path, so it loads on every x86-64 Linux with a C compiler. Same caching as cpu_build.py: built
+once per (sources, compiler, flags, CPU) under $AGENTRT_CACHE/kernels, loaded with ctypes.
+AGENTRT_KERNELS=0 turns it off too (callers then use the PyTorch references).
+
+Threads: it links its own copy of csrc/cpu_pool.c (plain pthreads, no AMX state), so a process
+that loads both libraries has two idle worker pools; they sleep after ~50 us without work.
+
+-ffp-contract=off: the kernel's rows must not depend on which tile shape computed them (see the
+C file), and its embedding lookup reproduces the reference's unfused multiply-then-add.
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+from agentrt.kernels.cpu_build import _compiler, _cpu_flags, kernels_cache_dir
+
+log = logging.getLogger(__name__)
+
+CSRC = Path(__file__).parent / "csrc"
+SOURCES = ("cpu_pool.c", "cpu_quant_avx2.c")
+HEADERS = ("cpu_pool.h",)
+CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11")
+FAST_PATH_CPU_FLAGS = ("avx2", "fma", "f16c")
+SCALAR_DEFINE = "-DAGENTRT_QUANT_SCALAR"  # forces the scalar path (tests of the fallback)
+
+_I64, _I32, _P = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
+SIGNATURES = {
+    "agentrt_quant_avx2": (_I32, []),
+    "agentrt_quant_activations": (_I32, [_P, _I64, _I64, _I64, _P, _P]),
+    "agentrt_quant_linear": (_I32, [_P, _I64, _I64, _P, _I32, _I64, _I64, _P, _I64, _I32]),
+    "agentrt_quant_embedding": (_I32, [_P, _I64, _P, _I32, _I64, _I64, _P, _I64]),
+}
+
+_lock = threading.Lock()
+_loaded: dict[bool, ctypes.CDLL | None] = {}  # scalar? -> lib (None: cannot run here)
+
+
+def unsupported_reason() -> str | None:
+    """Why the quantized kernels cannot run here, or None when they can be built."""
+    if os.environ.get("AGENTRT_KERNELS", "1") == "0":
+        return "disabled by AGENTRT_KERNELS=0"
+    if platform.system() != "Linux" or platform.machine() not in ("x86_64", "AMD64"):
+        return f"needs Linux on x86-64, this is {platform.system()} {platform.machine()}"
+    if _compiler() is None:
+        return "no C compiler (gcc or cc, or $CC) on PATH"
+    return None
+
+
+def has_fast_path() -> bool:
+    """Whether this CPU gets the AVX2 path (else the scalar one)."""
+    return all(f in _cpu_flags() for f in FAST_PATH_CPU_FLAGS)
+
+
+def _flags(scalar: bool) -> tuple[str, ...]:
+    return CFLAGS + ((SCALAR_DEFINE,) if scalar else ())
+
+
+def _library_path(cc: str, scalar: bool) -> Path:
+    h = hashlib.sha256()
+    for name in SOURCES + HEADERS:
+        h.update((CSRC / name).read_bytes())
+    real = Path(shutil.which(cc) or cc).resolve()  # the compiler by its file, as cpu_build.py
+    st = real.stat()
+    h.update("\0".join([str(real), str(st.st_size), str(st.st_mtime_ns), *_flags(scalar),
+                        " ".join(sorted(_cpu_flags()))]).encode())
+    return kernels_cache_dir() / h.hexdigest()[:16] / "libagentrt_quant.so"
+
+
+def build(cc: str, target: Path, scalar: bool = False) -> Path:
+    """Compile the sources into `target` (written atomically: concurrent builders are safe)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    cmd = [cc, *_flags(scalar), "-I", str(CSRC), *[str(CSRC / s) for s in SOURCES], "-o", tmp, "-lm"]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        os.unlink(tmp)
+        raise RuntimeError(f"building the quantized kernels failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
+    os.replace(tmp, target)
+    return target
+
+
+def _load(scalar: bool) -> ctypes.CDLL | None:
+    reason = unsupported_reason()
+    if reason is not None:
+        log.info("agentrt quantized kernels off: %s", reason)
+        return None
+    cc = _compiler()
+    try:
+        path = _library_path(cc, scalar)
+        if not path.exists():
+            log.info("building agentrt quantized kernels into %s", path)
+            build(cc, path, scalar)
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        log.warning("agentrt quantized kernels unavailable, using the PyTorch path: %s", e)
+        return None
+    for name, (res, args) in SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+def quant_kernels(scalar: bool = False) -> ctypes.CDLL | None:
+    """The loaded library (built on first use), or None where it cannot run. scalar=True: a
+    build of the scalar fallback path, whatever the CPU (for tests)."""
+    if scalar not in _loaded:
+        with _lock:
+            if scalar not in _loaded:
+                _loaded[scalar] = _load(scalar)
+    return _loaded[scalar]

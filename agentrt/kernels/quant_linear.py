@@ -1,0 +1,86 @@
+"""Linear layers and embedding lookups on GGUF-quantized weights: the C kernel
+(csrc/cpu_quant_avx2.c) where its library loads, else the PyTorch references of
+quant_formats.py.
+
+    quant_linear(x [M, K] fp32, w) -> [M, N] fp32     ~ x @ dequantize(w).T
+    quant_embedding(ids [T], w)   -> [T, K] fp32     == dequantize(w)[ids]
+
+The kernel quantizes activations to int8 blocks (as llama.cpp): its outputs differ from the
+float reference by that rounding (bounded in tests/kernels/test_quant_linear.py), and are batch
+invariant: a row's bits do not depend on the other rows, M or the thread count. The PyTorch
+fallback computes in float and makes no batch-invariance promise (torch's matmul blocks by M).
+"""
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+from agentrt.kernels.quant_build import quant_kernels
+from agentrt.kernels.quant_formats import QuantWeight, dequantize_rows, quant_linear_reference
+
+
+def _check_rc(rc: int, what: str) -> None:
+    if rc != 0:
+        raise RuntimeError(f"{what}: the kernel returned {rc}")
+
+
+def quant_linear(
+    x: torch.Tensor,  # [M, K] float32, rows may be strided (last dim contiguous)
+    w: QuantWeight,  # [N, K]
+    *,
+    out: torch.Tensor | None = None,  # [M, N] float32, row stride free, last dim contiguous
+    num_threads: int | None = None,
+    lib: ctypes.CDLL | None = None,  # a given build (tests: the scalar one); default: quant_kernels()
+) -> torch.Tensor:  # [M, N] float32
+    n, k = w.shape
+    if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32 or x.stride(1) != 1:
+        raise ValueError(f"quant_linear: x must be [M, {k}] float32 with contiguous rows, got {x.dtype} {tuple(x.shape)}")
+    m = x.shape[0]
+    if out is not None and (out.shape != (m, n) or out.dtype != torch.float32 or out.stride(1) != 1):
+        raise ValueError(f"quant_linear: out must be [{m}, {n}] float32, got {out.dtype} {tuple(out.shape)}")
+    lib = lib if lib is not None else quant_kernels()
+    if lib is None:
+        y = quant_linear_reference(x, w)
+        return y if out is None else out.copy_(y)
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.float32)
+    rc = lib.agentrt_quant_linear(x.data_ptr(), x.stride(0), m, w.data.data_ptr(), w.format.ggml_type, n, k,
+                                  out.data_ptr(), out.stride(0), num_threads or torch.get_num_threads())
+    _check_rc(rc, "quant_linear")
+    return out
+
+
+def quant_embedding(
+    ids: torch.Tensor,  # [T] integer token ids
+    w: QuantWeight,  # [vocab, K]
+    *,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:  # [T, K] float32, exactly the dequantized rows
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    n, k = w.shape
+    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+        raise IndexError(f"quant_embedding: ids must lie in [0, {n})")
+    lib = lib if lib is not None else quant_kernels()
+    if lib is None:
+        return dequantize_rows(w, ids)
+    out = torch.empty(len(ids), k, dtype=torch.float32)
+    rc = lib.agentrt_quant_embedding(ids.data_ptr(), len(ids), w.data.data_ptr(), w.format.ggml_type, n, k,
+                                     out.data_ptr(), out.stride(0))
+    _check_rc(rc, "quant_embedding")
+    return out
+
+
+def quant_activations(x: torch.Tensor, *, lib: ctypes.CDLL | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's own int8 activation blocks for x [M, K] float32: (q [M, K] int8, d [M, K/32]
+    float32). For tests: they must equal quant_formats.quantize_activations(x)."""
+    lib = lib if lib is not None else quant_kernels()
+    if lib is None:
+        raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")
+    if x.dim() != 2 or x.dtype != torch.float32 or x.stride(1) != 1:
+        raise ValueError(f"quant_activations: x must be 2-D float32 with contiguous rows, got {x.dtype} {tuple(x.shape)}")
+    m, k = x.shape
+    q = torch.empty(m, k, dtype=torch.int8)
+    d = torch.empty(m, k // 32, dtype=torch.float32)
+    _check_rc(lib.agentrt_quant_activations(x.data_ptr(), x.stride(0), m, k, q.data_ptr(), d.data_ptr()), "quant_activations")
+    return q, d

