@@ -21,6 +21,7 @@ import subprocess
 import tempfile
 import threading
 from pathlib import Path
+from typing import Callable
 
 log = logging.getLogger(__name__)
 
@@ -106,24 +107,33 @@ def build(cc: str, target: Path) -> Path:
     return target
 
 
+def open_library(path: Path, build_it: Callable[[], object], signatures: dict, what: str) -> ctypes.CDLL | None:
+    """The library at path (built first by build_it when missing) with its ctypes signatures set,
+    or None (logged) when it cannot be built or loaded: callers then use the PyTorch path."""
+    try:
+        if not path.exists():
+            log.info("building agentrt %s into %s", what, path)
+            build_it()
+        lib = ctypes.CDLL(str(path))
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        log.warning("agentrt %s unavailable, using the PyTorch path: %s", what, e)
+        return None
+    for name, (res, args) in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
 def _load() -> ctypes.CDLL | None:
     reason = unsupported_reason()
     if reason is not None:
         log.info("agentrt CPU kernels off: %s", reason)
         return None
     cc = _compiler()
-    try:
-        path = Path(os.environ.get("AGENTRT_KERNELS_LIB") or _library_path(cc))  # override: A/B runs
-        if not path.exists():
-            log.info("building agentrt CPU kernels into %s", path)
-            build(cc, path)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        log.warning("agentrt CPU kernels unavailable, using the PyTorch path: %s", e)
+    path = Path(os.environ.get("AGENTRT_KERNELS_LIB") or _library_path(cc))  # override: A/B runs
+    lib = open_library(path, lambda: build(cc, path), SIGNATURES, "CPU kernels")
+    if lib is None:
         return None
-    for name, (res, args) in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
     if lib.agentrt_amx_init() != 0:
         log.warning("agentrt CPU kernels unavailable: the kernel refused AMX state to this process")
         return None

@@ -25,7 +25,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from agentrt.kernels.cpu_build import _compiler, _cpu_flags, kernels_cache_dir
+from agentrt.kernels.cpu_build import _compiler, _cpu_flags, kernels_cache_dir, open_library
 
 log = logging.getLogger(__name__)
 
@@ -99,19 +99,8 @@ def _load(scalar: bool) -> ctypes.CDLL | None:
         log.info("agentrt quantized kernels off: %s", reason)
         return None
     cc = _compiler()
-    try:
-        path = _library_path(cc, scalar)
-        if not path.exists():
-            log.info("building agentrt quantized kernels into %s", path)
-            build(cc, path, scalar)
-        lib = ctypes.CDLL(str(path))
-    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        log.warning("agentrt quantized kernels unavailable, using the PyTorch path: %s", e)
-        return None
-    for name, (res, args) in SIGNATURES.items():
-        fn = getattr(lib, name)
-        fn.restype, fn.argtypes = res, args
-    return lib
+    path = _library_path(cc, scalar)
+    return open_library(path, lambda: build(cc, path, scalar), SIGNATURES, "quantized kernels")
 
 
 def quant_kernels(scalar: bool = False) -> ctypes.CDLL | None:
