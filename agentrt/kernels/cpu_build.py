@@ -16,6 +16,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -86,11 +87,17 @@ def _library_path(cc: str) -> Path:
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update((CSRC / name).read_bytes())
-    # The compiler's identity by its file (no `cc --version` subprocess on every start).
-    real = Path(shutil.which(cc) or cc).resolve()
-    st = real.stat()
-    h.update("\0".join([str(real), str(st.st_size), str(st.st_mtime_ns), *CFLAGS, " ".join(sorted(_cpu_flags()))]).encode())
+    h.update("\0".join([compiler_identity(cc), *CFLAGS, " ".join(sorted(_cpu_flags()))]).encode())
     return kernels_cache_dir() / h.hexdigest()[:16] / "libagentrt_cpu.so"
+
+
+def compiler_identity(cc: str) -> str:
+    """The compiler by its file and its arguments (CC may be "ccache gcc" or "gcc -m64"), without
+    running `cc --version` on every start. OSError when it is not found."""
+    argv = shlex.split(cc)
+    real = Path(shutil.which(argv[0]) or argv[0]).resolve()
+    st = real.stat()
+    return "\0".join([str(real), str(st.st_size), str(st.st_mtime_ns), *argv[1:]])
 
 
 def build(cc: str, target: Path) -> Path:
@@ -98,7 +105,7 @@ def build(cc: str, target: Path) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [cc, *CFLAGS, "-I", str(CSRC), *[str(CSRC / s) for s in SOURCES], "-o", tmp, "-lm"]
+    cmd = [*shlex.split(cc), *CFLAGS, "-I", str(CSRC), *[str(CSRC / s) for s in SOURCES], "-o", tmp, "-lm"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         os.unlink(tmp)
@@ -130,7 +137,11 @@ def _load() -> ctypes.CDLL | None:
         log.info("agentrt CPU kernels off: %s", reason)
         return None
     cc = _compiler()
-    path = Path(os.environ.get("AGENTRT_KERNELS_LIB") or _library_path(cc))  # override: A/B runs
+    try:
+        path = Path(os.environ.get("AGENTRT_KERNELS_LIB") or _library_path(cc))  # override: A/B runs
+    except OSError as e:
+        log.warning("agentrt CPU kernels unavailable, using the PyTorch path: compiler %r: %s", cc, e)
+        return None
     lib = open_library(path, lambda: build(cc, path), SIGNATURES, "CPU kernels")
     if lib is None:
         return None

@@ -19,13 +19,13 @@ import hashlib
 import logging
 import os
 import platform
-import shutil
+import shlex
 import subprocess
 import tempfile
 import threading
 from pathlib import Path
 
-from agentrt.kernels.cpu_build import _compiler, _cpu_flags, kernels_cache_dir, open_library
+from agentrt.kernels.cpu_build import _compiler, _cpu_flags, compiler_identity, kernels_cache_dir, open_library
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +72,7 @@ def _library_path(cc: str, scalar: bool) -> Path:
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update((CSRC / name).read_bytes())
-    real = Path(shutil.which(cc) or cc).resolve()  # the compiler by its file, as cpu_build.py
-    st = real.stat()
-    h.update("\0".join([str(real), str(st.st_size), str(st.st_mtime_ns), *_flags(scalar),
-                        " ".join(sorted(_cpu_flags()))]).encode())
+    h.update("\0".join([compiler_identity(cc), *_flags(scalar), " ".join(sorted(_cpu_flags()))]).encode())
     return kernels_cache_dir() / h.hexdigest()[:16] / "libagentrt_quant.so"
 
 
@@ -84,7 +81,7 @@ def build(cc: str, target: Path, scalar: bool = False) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [cc, *_flags(scalar), "-I", str(CSRC), *[str(CSRC / s) for s in SOURCES], "-o", tmp, "-lm"]
+    cmd = [*shlex.split(cc), *_flags(scalar), "-I", str(CSRC), *[str(CSRC / s) for s in SOURCES], "-o", tmp, "-lm"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         os.unlink(tmp)
@@ -99,7 +96,11 @@ def _load(scalar: bool) -> ctypes.CDLL | None:
         log.info("agentrt quantized kernels off: %s", reason)
         return None
     cc = _compiler()
-    path = _library_path(cc, scalar)
+    try:
+        path = _library_path(cc, scalar)
+    except OSError as e:  # CC names no compiler: the references run (and this None is cached)
+        log.warning("agentrt quantized kernels unavailable, using the PyTorch path: compiler %r: %s", cc, e)
+        return None
     return open_library(path, lambda: build(cc, path, scalar), SIGNATURES, "quantized kernels")
 
 

@@ -166,12 +166,16 @@ def quantize(w: torch.Tensor, fmt: QuantFormat) -> QuantWeight:
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] float32 -> (q [M, K] int8, d [M, K/32] float32), value ~ q * d: per block of 32,
     d = amax / 127 and q = round-half-even(x * (127 / amax)), as the C kernel computes them
-    (llama.cpp's quantize_row_q8_1, with the scale kept in fp32)."""
+    (llama.cpp's quantize_row_q8_1, with the scale kept in fp32). A block holding NaN or Inf gets
+    d = NaN (so what it feeds is NaN, as in float arithmetic) and q = 0."""
     m, k = x.shape
     xb = x.float().reshape(m, k // QK, QK)
-    amax = xb.abs().amax(-1)
-    d = _div(amax, 127.0)
-    q = torch.round(xb * _inverse(amax, 127.0).unsqueeze(-1)).to(torch.int8)  # torch.round: half to even, like cvtps2dq
+    finite = xb.isfinite().all(-1)  # a block with NaN or Inf: d NaN, q 0 (its outputs are NaN)
+    amax = torch.where(finite, xb.abs().amax(-1), torch.zeros_like(xb[..., 0]))
+    d = torch.where(finite, _div(amax, 127.0), torch.full_like(amax, float("nan")))
+    inv = _inverse(amax, 127.0)
+    inv = torch.where(inv.isfinite(), inv, torch.zeros_like(inv))  # amax < 127/FLT_MAX: zeros, as in C
+    q = torch.round(xb * inv.unsqueeze(-1)).to(torch.int8)  # torch.round: half to even, like cvtps2dq
     return q.view(m, k), d
 
 

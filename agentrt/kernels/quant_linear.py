@@ -20,6 +20,13 @@ from agentrt.kernels.quant_build import quant_kernels
 from agentrt.kernels.quant_formats import QuantWeight, dequantize_rows, quant_linear_reference
 
 
+def _on_cpu(what: str, **tensors: torch.Tensor | None) -> None:
+    """The C kernels read host memory: anything else would be read through a bad pointer."""
+    for name, t in tensors.items():
+        if t is not None and t.device.type != "cpu":
+            raise ValueError(f"{what}: {name} must be on the CPU, got {t.device}")
+
+
 def _check_rc(rc: int, what: str) -> None:
     if rc != 0:
         raise RuntimeError(f"{what}: the kernel returned {rc}")
@@ -34,6 +41,7 @@ def quant_linear(
     lib: ctypes.CDLL | None = None,  # a given build (tests: the scalar one); default: quant_kernels()
 ) -> torch.Tensor:  # [M, N] float32
     n, k = w.shape
+    _on_cpu("quant_linear", x=x, out=out, weight=w.data)
     if x.dim() != 2 or x.shape[1] != k or x.dtype != torch.float32 or x.stride(1) != 1:
         raise ValueError(f"quant_linear: x must be [M, {k}] float32 with contiguous rows, got {x.dtype} {tuple(x.shape)}")
     m = x.shape[0]
@@ -57,6 +65,7 @@ def quant_embedding(
     *,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:  # [T, K] float32, exactly the dequantized rows
+    _on_cpu("quant_embedding", ids=ids, weight=w.data)
     ids = ids.reshape(-1).to(torch.int64).contiguous()
     n, k = w.shape
     if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
@@ -77,6 +86,7 @@ def quant_activations(x: torch.Tensor, *, lib: ctypes.CDLL | None = None) -> tup
     lib = lib if lib is not None else quant_kernels()
     if lib is None:
         raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")
+    _on_cpu("quant_activations", x=x)
     if x.dim() != 2 or x.dtype != torch.float32 or x.stride(1) != 1:
         raise ValueError(f"quant_activations: x must be 2-D float32 with contiguous rows, got {x.dtype} {tuple(x.shape)}")
     m, k = x.shape

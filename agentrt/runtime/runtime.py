@@ -378,6 +378,8 @@ class Runtime:
             del ps.nodes[node]
         if self.watched:
             self._emit_graph_change(ps)
+        else:  # nobody heard of the graph: a watcher that comes later gets all of it as added
+            ps.graph_seen, ps.graph_states = (frozenset(), frozenset()), {}
 
     def _emit_graph_change(self, ps: ProgramState) -> None:
         """Watchers get what changed, never the whole graph again: nodes and edges added (a fan-out

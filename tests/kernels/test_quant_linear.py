@@ -262,3 +262,41 @@ def test_bad_inputs_are_refused():
         QuantWeight(Q4_1, (8, 48), torch.zeros(8, 30, dtype=torch.uint8))  # K not a multiple of 32
     with pytest.raises(ValueError):
         QuantWeight(Q4_1, (8, 64), torch.zeros(8, 36, dtype=torch.uint8))  # 2 blocks of Q4_1 are 40 bytes
+    with pytest.raises(ValueError, match="on the CPU"):
+        quant_linear(torch.empty(2, 64, device="meta"), w)
+    with pytest.raises(ValueError, match="on the CPU"):
+        quant_linear(torch.randn(2, 64), w, out=torch.empty(2, 8, device="meta"))
+    with pytest.raises(ValueError, match="out must be"):
+        quant_linear(torch.randn(2, 64), w, out=torch.empty(3, 8))
+    with pytest.raises(ValueError, match="on the CPU"):
+        quant_embedding(torch.zeros(2, dtype=torch.int64, device="meta"), w)
+
+
+@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+def test_nan_and_inf_activations_give_nan_not_numbers(lib, fmt):
+    """A NaN or Inf in a block makes every output it feeds NaN, as float arithmetic would: never a
+    plausible number; rows without one are untouched. Blocks too small to invert are zeros."""
+    g = torch.Generator().manual_seed(5)
+    w = _random_weight(fmt, 17, 96, g)
+    x = _activations(4, 96, g)
+    x[1, 40], x[2, 3] = float("nan"), float("inf")
+    x[3, 64:96] = 1e-38  # amax < 127 / FLT_MAX: 127 / amax overflows
+    y = quant_linear(x, w, lib=lib)
+    assert y[1].isnan().all() and y[2].isnan().all()
+    assert torch.equal(y[0], quant_linear(x[:1], w, lib=lib)[0])
+    assert torch.equal(quant_activations(x, lib=lib)[0], quantize_activations(x)[0])
+    d, ref_d = quant_activations(x, lib=lib)[1], quantize_activations(x)[1]
+    assert torch.equal(d.isnan(), ref_d.isnan()) and torch.equal(d.nan_to_num(), ref_d.nan_to_num())
+    assert y[3].isfinite().all()
+
+
+def test_a_compiler_with_arguments_builds_and_a_missing_one_falls_back(monkeypatch, tmp_path):
+    from agentrt.kernels import quant_build
+
+    monkeypatch.setenv("AGENTRT_CACHE", str(tmp_path))
+    monkeypatch.setattr(quant_build, "_loaded", {})
+    monkeypatch.setenv("CC", "gcc -O3")  # CC with arguments, as "ccache gcc" would be
+    assert quant_build.quant_kernels(scalar=True) is not None
+    monkeypatch.setattr(quant_build, "_loaded", {})
+    monkeypatch.setenv("CC", "/no/such/compiler")
+    assert quant_build.quant_kernels(scalar=True) is None  # logged; the references run

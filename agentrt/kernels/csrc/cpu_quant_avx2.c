@@ -83,8 +83,20 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
   for (int64_t b = 0; b < K / QK; b++) {
     const float *xb = x + b * QK;
     float amax = 0.0f;
-    for (int i = 0; i < QK; i++) amax = fmaxf(amax, fabsf(xb[i]));
-    const float inv = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int finite = 1;
+    for (int i = 0; i < QK; i++) {
+      const float a = fabsf(xb[i]);
+      finite &= isfinite(a);
+      amax = fmaxf(amax, a);
+    }
+    if (!finite) { /* NaN or Inf in the block: the outputs it feeds are NaN, never plausible numbers */
+      for (int i = 0; i < QK; i++) q[b * QK + i] = 0;
+      d[b] = s[b] = NAN;
+      continue;
+    }
+    const float inv127 = 127.0f / amax;
+    /* amax 0, or so small (< 127/FLT_MAX) that its inverse overflows: the block is zeros */
+    const float inv = amax != 0.0f && isfinite(inv127) ? inv127 : 0.0f;
     int sum = 0;
     for (int i = 0; i < QK; i++) {
       const int v = (int)nearbyintf(xb[i] * inv); /* the default rounding: half to even */

@@ -205,7 +205,7 @@ export class LiveView {
     const added = normGraph({ nodes: d.nodes || [] }).nodes, addedIds = new Set(added.map((n) => n.id));
     const key = (e) => `${e.source}\u0000${e.target}`, seen = new Set(old.edges.map(key)), st = d.states || {};
     this._graph = normGraph({ nodes: old.nodes.filter((n) => !removed.has(n.id) && !addedIds.has(n.id))
-      .map((n) => (n.id in st ? { ...n, state: st[n.id] } : n)).concat(added),
+      .map((n) => (Object.hasOwn(st, n.id) ? { ...n, state: st[n.id] } : n)).concat(added),
       edges: old.edges.concat((d.edges || []).filter((e) => e && !seen.has(key(e)) && seen.add(key(e)))) });
     for (const id of removed) if (this._nodes.get(id)?.status === "waiting") this._nodes.delete(id);
     this._addExec(added, t);
