@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine_runs import forward_step
+
 from agentrt.engine.block_manager import BlockManager
 from agentrt.engine.kv_cache import KVCache
-from agentrt.engine.models.attention import build_attention_metadata
-from agentrt.engine.models.llama import ForwardBatch
 
 transformers = pytest.importorskip("transformers")
 VARIANTS = ["llama2", "llama3", "smollm", "mistral", "qwen2"]
@@ -21,16 +21,7 @@ def _ragged_forward(loaded, seqs: list[list[int]], block_size: int = 4):
     kv = KVCache(model.cfg, 256, block_size, model.dtype)
 
     def step(feeds: list[list[int]], starts: list[int]):
-        ids, pos, slots = [], [], []
-        for sid, (f, s) in enumerate(zip(feeds, starts)):
-            bm.grow(sid, s + len(f))
-            ids += f
-            pos += range(s, s + len(f))
-            slots += bm.slots(sid, s, s + len(f))
-        positions = torch.tensor(pos)
-        meta = build_attention_metadata([len(f) for f in feeds], [s + len(f) for f, s in zip(feeds, starts)], positions,
-                                        [bm.tables[i] for i in range(len(feeds))], block_size, torch.device("cpu"))
-        return model.forward(ForwardBatch(torch.tensor(ids), positions, torch.tensor(slots), meta), kv).logits
+        return forward_step(model, kv, bm, feeds, starts)
 
     prefill = step([s[:-1] for s in seqs], [0] * len(seqs))
     decode = step([s[-1:] for s in seqs], [len(s) - 1 for s in seqs])
