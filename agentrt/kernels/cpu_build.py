@@ -102,14 +102,20 @@ def compiler_identity(cc: str) -> str:
 
 def build(cc: str, target: Path) -> Path:
     """Compile the sources into `target` (written atomically: concurrent builders are safe)."""
+    return compile_library(cc, CFLAGS, SOURCES, target, "CPU kernels")
+
+
+def compile_library(cc: str, flags: tuple[str, ...], sources: tuple[str, ...], target: Path, what: str) -> Path:
+    """cc flags csrc/sources -> the shared library `target`, written atomically (built under a
+    temporary name, then renamed), so processes building it at once are safe."""
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
-    cmd = [*shlex.split(cc), *CFLAGS, "-I", str(CSRC), *[str(CSRC / s) for s in SOURCES], "-o", tmp, "-lm"]
+    cmd = [*shlex.split(cc), *flags, "-I", str(CSRC), *[str(CSRC / s) for s in sources], "-o", tmp, "-lm"]
     res = subprocess.run(cmd, capture_output=True, text=True)
     if res.returncode != 0:
         os.unlink(tmp)
-        raise RuntimeError(f"building the CPU kernels failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
+        raise RuntimeError(f"building the {what} failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
     os.replace(tmp, target)
     return target
 

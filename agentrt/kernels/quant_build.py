@@ -19,13 +19,11 @@ import hashlib
 import logging
 import os
 import platform
-import shlex
-import subprocess
-import tempfile
 import threading
 from pathlib import Path
 
-from agentrt.kernels.cpu_build import _compiler, _cpu_flags, compiler_identity, kernels_cache_dir, open_library
+from agentrt.kernels.cpu_build import (_compiler, _cpu_flags, compile_library, compiler_identity, kernels_cache_dir,
+                                       open_library)
 
 log = logging.getLogger(__name__)
 
@@ -78,16 +76,7 @@ def _library_path(cc: str, scalar: bool) -> Path:
 
 def build(cc: str, target: Path, scalar: bool = False) -> Path:
     """Compile the sources into `target` (written atomically: concurrent builders are safe)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    cmd = [*shlex.split(cc), *_flags(scalar), "-I", str(CSRC), *[str(CSRC / s) for s in SOURCES], "-o", tmp, "-lm"]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    if res.returncode != 0:
-        os.unlink(tmp)
-        raise RuntimeError(f"building the quantized kernels failed ({' '.join(cmd)}):\n{res.stderr[-2000:]}")
-    os.replace(tmp, target)
-    return target
+    return compile_library(cc, _flags(scalar), SOURCES, target, "quantized kernels")
 
 
 def _load(scalar: bool) -> ctypes.CDLL | None:
