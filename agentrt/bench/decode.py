@@ -1,7 +1,26 @@
-"""`agentrt bench decode`: our engine vs transformers' generate, same weights and dtype, side by side.
+"""`agentrt bench decode`: plain greedy decode speed of every path over the same model, side by
+side in one run, with each path's perplexity on a fixed text.
 
-Reports tokens/s at batch 1 and 8, our batch-1 step time against the memory-bandwidth floor
-(weight bytes / read bandwidth measured in this run), and process start -> first token.
+Paths (rows): ours on the GGUF's quantized blocks (int8 kernels; when the model has a GGUF and the
+kernels build here), ours on the dequantized weights in float (--dtype bfloat16/float32, else
+the hardware's float dtype: bf16 with AMX, fp32 without), transformers' generate on those same
+float weights, and llama.cpp (llama-cpp-python, `make peers`; skipped with a note when llama_cpp
+does not import) on the same GGUF file with the same thread count.
+
+Every path decodes the same prompt token ids (the chat template over PROMPTS), greedy, the same
+number of new tokens, at batch 1 and 8 (llama.cpp: 8 sequences in one context, n_seq_max = 8,
+through llama_batch / llama_decode). tok/s is decode only: B x (tokens - 1) / (last token - first
+token), the first token coming out of the prefill. Best of `repeats` interleaved runs.
+
+floor_ratio / floor_ratio_q4: our batch-1 decode step (median) over the time to read the bytes a
+step reads once (every linear's weights, in GGUF blocks for the quantized path, the head, the
+norms) at the read bandwidth measured in this run: the fastest fp32 sum (torch, its threads: 2
+here) over a buffer of max(256 MB, 8 x the L3 cache), repeated for ~1 s.
+
+Summary: b1_vs_hf, b8_vs_hf (our float path / transformers), b1_vs_llamacpp_q4, b8_vs_llamacpp_q4
+(our quantized path / llama.cpp; goals >= 1.2), floor_ratio_q4 (goal <= 1.5), floor_ratio,
+startup_s (`agentrt generate` with --dtype, spawn to first byte), ppl_quant, ppl_dequant,
+ppl_llamacpp (agentrt/bench/perplexity.py). A key whose path did not run is null.
 
 --determinism adds (agentrt/bench/determinism.py): the fraction of greedy tool calls identical
 with every drafter and k against each request alone without drafts, and the verify step's cost
@@ -13,6 +32,9 @@ import statistics
 import subprocess
 import sys
 import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
 
 import torch
 from rich.console import Console
@@ -29,30 +51,52 @@ PROMPTS = [
     "What is 17 times 23?",
     "Give me a packing list for a weekend hike.",
 ]
+BATCHES = (1, 8)
 
 
-def _ours(engine, prompts, n_tokens: int) -> tuple[float, list[float]]:
+@dataclass
+class DecodePath:
+    """One row: run(prompt ids, new tokens) -> decode tok/s; ppl() -> perplexity on the text."""
+
+    engine: str
+    weights: str
+    run: Callable[[list[list[int]], int], float]
+    ppl: Callable[[], float]
+    tok_s: dict[int, list[float]] = field(default_factory=dict)
+
+
+def _ours(engine, prompts: list[list[int]], n_tokens: int, steps: list[float] | None = None) -> float:
     from agentrt.engine import SamplingParams
 
     params = SamplingParams(max_tokens=n_tokens, temperature=0, ignore_eos=True)
     engine.step_log.clear()
-    t0 = time.perf_counter()
-    engine.generate(prompts, params)
-    dt = time.perf_counter() - t0
-    decode_steps = [r.duration_s for r in engine.step_log if r.num_prefill_tokens == 0]
-    return len(prompts) * n_tokens / dt, decode_steps
+    results = engine.generate([list(p) for p in prompts], params)
+    first = min(r.timings["first_token"] for r in results)
+    last = max(r.timings["finished"] for r in results)
+    if steps is not None:
+        steps += [r.duration_s for r in engine.step_log if r.num_prefill_tokens == 0]
+    return len(prompts) * (n_tokens - 1) / (last - first)
 
 
-def _hf(model, tok, prompts, n_tokens: int) -> float:
-    texts = [tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False) for p in prompts]
+def _hf(model, tok, prompts: list[list[int]], n_tokens: int) -> float:
+    from agentrt.bench.spec import FirstTokenClock
+
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
-    enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-    t0 = time.perf_counter()
+    enc = tok.pad({"input_ids": prompts}, padding=True, return_tensors="pt")
+    clock = FirstTokenClock()
     with torch.inference_mode():
-        model.generate(**enc, max_new_tokens=n_tokens, min_new_tokens=n_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
-    return len(prompts) * n_tokens / (time.perf_counter() - t0)
+        model.generate(**enc, max_new_tokens=n_tokens, min_new_tokens=n_tokens, do_sample=False,
+                       pad_token_id=tok.pad_token_id, streamer=clock)
+    return len(prompts) * (n_tokens - 1) / (time.monotonic() - clock.first)
+
+
+def _hf_ppl(model, ids: list[int]) -> float:
+    from agentrt.bench.perplexity import from_logits
+
+    with torch.inference_mode():
+        return from_logits(model(torch.tensor([ids])).logits[0], ids)
 
 
 def _startup_s(model: str, dtype: str) -> float:
@@ -76,59 +120,160 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --determinism: only the first N of the 24 tool-call requests")
 
 
+def float_dtype(dtype: str) -> str:
+    """The dtype of our dequantized path: --dtype when it names a float, else what "auto" picks
+    for a model without a GGUF on this hardware."""
+    from agentrt.engine.model_loader import default_dtype
+
+    return dtype if dtype in ("bfloat16", "float32") else str(default_dtype()).removeprefix("torch.")
+
+
+def quantized_engine(model: str, notes: list[str]):
+    """Our engine on the model's GGUF blocks, or None (with a note) where that path cannot run."""
+    from agentrt.engine import EngineConfig, LLMEngine
+    from agentrt.engine.registry import find_model_gguf
+    from agentrt.kernels.quant_build import unsupported_reason
+
+    if find_model_gguf(model) is None:
+        notes.append(f"quantized rows skipped: {model} is not a GGUF model")
+        return None
+    if unsupported_reason() is not None:
+        notes.append(f"quantized rows skipped: the quantized kernels cannot run here ({unsupported_reason()})")
+        return None
+    return LLMEngine(EngineConfig(model=model, dtype="quantized"))
+
+
+def step_bytes(model) -> int:
+    """Bytes one decode step reads once: every linear's weights (a quantized one's GGUF blocks;
+    a tied quantized head is the embedding's blocks, counted once, as the head), the norms. The
+    embedding's one row per token is left out."""
+    def linear(m) -> int:
+        nb = getattr(m, "nbytes", None)
+        return nb() if callable(nb) else m.out_features * m.in_features * model.dtype.itemsize
+
+    norms = [model.norm] + [t for ly in model.layers for t in (ly.attn_norm, ly.mlp_norm)]
+    linears = [model.lm_head] + [getattr(ly, a) for ly in model.layers for a in ("qkv", "o", "gate_up", "down")]
+    return sum(map(linear, linears)) + sum(t.numel() * t.element_size() for t in norms)
+
+
+def _read_bandwidth() -> float:
+    from agentrt.spec.machine import measure_read_bandwidth
+
+    try:
+        l3 = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()
+        l3_bytes = int(l3.rstrip("K")) << 10 if l3.endswith("K") else int(l3)
+    except (OSError, ValueError):
+        l3_bytes = 32 << 20
+    return measure_read_bandwidth(buffer_bytes=max(256 << 20, 8 * l3_bytes), budget_s=1.0)
+
+
 def run(args: argparse.Namespace) -> BenchResult:
     import transformers
 
+    from agentrt.bench import llamacpp, perplexity
     from agentrt.engine import EngineConfig, LLMEngine
-    from agentrt.spec.machine import measure_read_bandwidth
+    from agentrt.engine.registry import find_model_gguf
 
     console = Console(stderr=True)
     n_tokens = 32 if args.quick else 128
     repeats = 1 if args.quick else 2
-    from agentrt.engine.model_loader import parse_dtype
-
-    dtype = parse_dtype(args.dtype)
-    console.print(f"[bold]bench decode[/]: {args.model} {args.dtype}, {n_tokens} new tokens, best of {repeats}")
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype))
-    path = engine.loaded.source.path
+    threads = torch.get_num_threads()
+    fdt = float_dtype(args.dtype)
+    notes: list[str] = []
+    deq = LLMEngine(EngineConfig(model=args.model, dtype=fdt))
+    quant = quantized_engine(args.model, notes)
+    what = f"quantized and {fdt}" if quant is not None else fdt
+    console.print(f"[bold]bench decode[/]: {args.model}, {what}, {n_tokens} new tokens, best of {repeats}, "
+                  f"{threads} threads")
+    gguf = find_model_gguf(args.model)
+    peer = llamacpp.load(gguf, threads)
+    if peer is None and gguf is not None:
+        notes.append(llamacpp.SKIP_NOTE)
+    path = deq.loaded.source.path
     hf_tok = transformers.AutoTokenizer.from_pretrained(path)
-    hf_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=dtype).eval()
+    hf_model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=deq.model.dtype).eval()
+    tok = deq.loaded.tokenizer
+    prompt_ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True))
+                  for p in PROMPTS]
+    text_ids = perplexity.text_ids(tok, deq.model.cfg.max_position_embeddings)
 
-    rows = []
-    steps_b1: list[float] = []
-    for batch in (1, 8):
-        prompts = PROMPTS[:batch]
-        ours, hf = [], []
-        _ours(engine, prompts, 4), _hf(hf_model, hf_tok, prompts, 4)  # warm-up
+    steps: dict[str, list[float]] = {"quant": [], "deq": []}
+
+    def ours(engine, key):
+        return lambda prompts, n: _ours(engine, prompts, n, steps[key] if len(prompts) == 1 else None)
+
+    paths: dict[str, DecodePath] = {}
+    q_label = "GGUF"
+    if quant is not None:
+        q_label += " " + "/".join(sorted({f for fs in quant.model.quantized.values() for f in fs}))
+        paths["quant"] = DecodePath("agentrt", q_label, ours(quant, "quant"),
+                                    lambda: perplexity.ours(quant.loaded, text_ids))
+    paths["deq"] = DecodePath("agentrt", f"{fdt} (dequantized)" if gguf else fdt, ours(deq, "deq"),
+                              lambda: perplexity.ours(deq.loaded, text_ids))
+    paths["hf"] = DecodePath(f"transformers {transformers.__version__}", fdt,
+                             lambda p, n: _hf(hf_model, hf_tok, p, n), lambda: _hf_ppl(hf_model, text_ids))
+    if peer is not None:
+        paths["llamacpp"] = DecodePath(f"llama.cpp (llama-cpp-python {peer.version})", q_label, peer.decode_tok_s,
+                                       lambda: peer.perplexity(text_ids))
+
+    for batch in BATCHES:
+        prompts = prompt_ids[:batch]
+        for p in paths.values():  # warm-up: first-call allocations, kernel selection
+            p.run(prompts, 4)
+        if batch == 1:
+            steps["quant"].clear(), steps["deq"].clear()
         for r in range(repeats):
             console.print(f"  batch {batch}: repeat {r + 1}/{repeats}")
-            tps, steps = _ours(engine, prompts, n_tokens)
-            ours.append(tps)
-            if batch == 1:
-                steps_b1 += steps
-            hf.append(_hf(hf_model, hf_tok, prompts, n_tokens))
-        rows.append({"batch": batch, "ours_tok_s": max(ours), "hf_tok_s": max(hf), "speedup": max(ours) / max(hf)})
+            for p in paths.values():
+                p.tok_s.setdefault(batch, []).append(p.run(prompts, n_tokens))
+    console.print(f"  perplexity on {len(text_ids)} tokens")
+    ppl = {k: p.ppl() for k, p in paths.items()}
+    rows = [{"engine": p.engine, "weights": p.weights, **{f"b{b}_tok_s": max(p.tok_s[b]) for b in BATCHES},
+             "ppl": ppl[k]} for k, p in paths.items()]
 
     console.print("  measuring read bandwidth and startup")
-    bw = measure_read_bandwidth(budget_s=1.0)
-    weight_bytes = sum(t.numel() * t.element_size() for t in _weights(engine.model))
-    floor_s = weight_bytes / bw
-    step_s = statistics.median(steps_b1)
+    bw = _read_bandwidth()
     startup = min(_startup_s(args.model, args.dtype) for _ in range(1 if args.quick else 2))
-    notes = [
-        f"batch-1 decode step: median {step_s * 1e3:.1f} ms; floor {floor_s * 1e3:.1f} ms "
-        f"({weight_bytes / 1e6:.0f} MB of weights at {bw / 1e9:.1f} GB/s)",
-    ]
+    best = {k: {b: max(p.tok_s[b]) for b in BATCHES} for k, p in paths.items()}
+
+    def ratio(a: str, b: str, batch: int) -> float | None:
+        return best[a][batch] / best[b][batch] if a in best and b in best else None
+
+    floor: dict[str, float | None] = {}
+    config_paths = {}
+    for key, engine in (("quant", quant), ("deq", deq)):
+        if engine is None:
+            floor[key] = None
+            continue
+        nbytes = step_bytes(engine.model)
+        step_s, floor_s = statistics.median(steps[key]), nbytes / bw
+        floor[key] = step_s / floor_s
+        notes.append(f"{paths[key].weights}: batch-1 decode step median {step_s * 1e3:.2f} ms; floor "
+                     f"{floor_s * 1e3:.2f} ms ({nbytes / 1e6:.1f} MB read per step at {bw / 1e9:.1f} GB/s)")
+        config_paths[key] = {"step_ms": step_s * 1e3, "floor_ms": floor_s * 1e3, "step_bytes": nbytes}
+    notes.append(f"perplexity on {len(text_ids)} tokens of Pride and Prejudice, chapter 1 (bench/perplexity.py): "
+                 + ", ".join(f"{p.engine.split(' (')[0]} {p.weights} {ppl[k]:.3f}" for k, p in paths.items()))
+    notes.append("tok/s: decode only, B x (tokens - 1) / (last token - first token)")
     summary = {
-        "b1_vs_hf": rows[0]["speedup"],
-        "b8_vs_hf": rows[1]["speedup"],
-        "floor_ratio": step_s / floor_s,
+        "b1_vs_hf": ratio("deq", "hf", 1),
+        "b8_vs_hf": ratio("deq", "hf", 8),
+        "b1_vs_llamacpp_q4": ratio("quant", "llamacpp", 1),
+        "b8_vs_llamacpp_q4": ratio("quant", "llamacpp", 8),
+        "floor_ratio_q4": floor["quant"],
+        "floor_ratio": floor["deq"],
         "startup_s": startup,
+        "ppl_quant": ppl.get("quant"),
+        "ppl_dequant": ppl["deq"],
+        "ppl_llamacpp": ppl.get("llamacpp"),
     }
-    config = {"model": args.model, "dtype": args.dtype, "new_tokens": n_tokens, "repeats": repeats,
-              "step_ms": step_s * 1e3, "floor_ms": floor_s * 1e3, "read_bw_gb_s": bw / 1e9}
+    config = {"model": args.model, "dtype": args.dtype, "float_dtype": fdt, "gguf": str(gguf) if gguf else None,
+              "new_tokens": n_tokens, "repeats": repeats, "threads": threads, "read_bw_gb_s": bw / 1e9,
+              "ppl_tokens": len(text_ids), "paths": config_paths,
+              "llama_cpp": peer.version if peer is not None else None,
+              "prompt_tokens": [len(p) for p in prompt_ids]}
     if getattr(args, "determinism", False):
-        summary |= _determinism(engine, args.quick, console, notes, config, getattr(args, "batch_invariant", False),
+        main = quant if quant is not None and args.dtype in ("auto", "quantized") else deq
+        summary |= _determinism(main, args.quick, console, notes, config, getattr(args, "batch_invariant", False),
                                 getattr(args, "determinism_requests", None))
     return BenchResult(rows=rows, summary=summary, notes=notes, config=config)
 
@@ -166,11 +311,3 @@ def _determinism(engine, quick: bool, console: Console, notes: list[str], config
                 "invariant_step_ratio": inv_ms[0] / ms[0], "invariant_k15_ratio": inv_ms[15] / ms[15],
                 "invariant_prefill256_ratio": prefill[True] / prefill[False]}
     return out
-
-
-def _weights(model) -> list[torch.Tensor]:
-    """The tensors a decode step reads once: every linear, the norms, the head."""
-    ts = [model.lm_head.weight, model.norm]
-    for layer in model.layers:
-        ts += [layer.qkv.weight, layer.o.weight, layer.gate_up.weight, layer.down.weight, layer.attn_norm, layer.mlp_norm]
-    return ts

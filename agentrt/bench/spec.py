@@ -1,5 +1,8 @@
 """`agentrt bench spec`: speculative decoding at batch 1, per drafter and k, side by side with
-no speculation and with transformers' plain and prompt-lookup generate, on four prompt kinds.
+no speculation, with transformers' plain and prompt-lookup generate, and with llama.cpp's plain
+and prompt-lookup generate (llama-cpp-python's `Llama.generate`, with `LlamaPromptLookupDecoding`
+as its draft model, on the model's GGUF file; skipped with a note when llama_cpp does not
+import: `make peers`), on four prompt kinds.
 
 Every run is greedy, same prompt token ids, same max new tokens, eos honoured. A run of ours uses
 a fresh engine, so the suffix drafter's cross-request history never holds an earlier run's output.
@@ -9,7 +12,8 @@ e2e_tok_s includes it). Runs are interleaved round-robin over repeats and the be
 (interference from other processes only slows a run down).
 
 Summary (agent transcript): best_speedup_vs_nospec (best row / our no-spec), vs_hf_prompt_lookup
-(that row / transformers prompt lookup). Goals: >= 2.0 and >= 1.5.
+(that row / transformers prompt lookup), vs_llamacpp_lookup (that row / llama.cpp prompt lookup;
+null without llama_cpp). Goals: >= 2.0, >= 1.5 and >= 1.5.
 """
 from __future__ import annotations
 
@@ -27,16 +31,23 @@ from agentrt.bench.common import BenchResult
 from agentrt.bench.prompts import SPEC_PROMPTS
 
 HF_PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
+LLAMACPP_LOOKUP = "llama.cpp prompt-lookup 10"  # llama-cpp-python's default num_pred_tokens (bench/llamacpp.py)
 
 
 @dataclass(frozen=True)
 class Variant:
-    """One row configuration: ours with a SpecConfig, or a transformers baseline (hf = "plain" | "lookup")."""
+    """One row configuration: ours with a SpecConfig, or a transformers or llama.cpp baseline
+    (hf / llamacpp = "plain" | "lookup")."""
 
     label: str
     drafter: str = "none"
     k: int | None = 0  # None = adaptive
     hf: str | None = None
+    llamacpp: str | None = None
+
+    @property
+    def ours(self) -> bool:
+        return self.hf is None and self.llamacpp is None
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,12 +56,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layerskip", type=int, default=15, help="layers of the layer-skip drafter")
 
 
-def variants(ks: tuple[int, ...], layerskip: int, layerskip_ks: tuple[int, ...] | None = None) -> list[Variant]:
+def variants(ks: tuple[int, ...], layerskip: int, layerskip_ks: tuple[int, ...] | None = None,
+             llamacpp: bool = False) -> list[Variant]:
     out = [Variant("none")]
     for drafter, dks in (("suffix", ks), (f"layerskip:{layerskip}", ks if layerskip_ks is None else layerskip_ks)):
         out += [Variant(f"{drafter} k={k}", drafter, k) for k in dks]
         out.append(Variant(f"{drafter} adaptive", drafter, None))
     out += [Variant("hf generate", hf="plain"), Variant(f"hf prompt-lookup {HF_PROMPT_LOOKUP_TOKENS}", hf="lookup")]
+    if llamacpp:
+        out += [Variant("llama.cpp generate", llamacpp="plain"), Variant(LLAMACPP_LOOKUP, llamacpp="lookup")]
     return out
 
 
@@ -77,7 +91,7 @@ def new_engine(loaded, spec, max_len: int, cost_model=None):
     # Engines hold reference cycles (engine <-> spec runner): collect the previous run's engine and
     # its KV cache now, not in a garbage-collector pause inside the next timed run.
     gc.collect()
-    dtype = str(loaded.model.dtype).removeprefix("torch.")
+    dtype = getattr(loaded, "weights", None) or str(loaded.model.dtype).removeprefix("torch.")
     cfg = EngineConfig(model=str(loaded.source.path), dtype=dtype, spec=spec,
                        kv_cache_tokens=max(2048, 2 * max_len + 64))
     engine = LLMEngine(cfg, loaded=loaded)
@@ -88,7 +102,7 @@ def new_engine(loaded, spec, max_len: int, cost_model=None):
     return engine
 
 
-class _FirstTokenClock:
+class FirstTokenClock:
     """A transformers streamer that only notes when the first generated token arrives
     (put() is called once with the prompt, then with every batch of new tokens)."""
 
@@ -109,7 +123,7 @@ def run_hf(model, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, ..
     """transformers' generate, greedy, batch 1, same stopping tokens; prompt_lookup = its
     prompt_lookup_num_tokens (n-gram assisted generation) or None for plain decoding."""
     ids = torch.tensor([prompt_ids])
-    clock = _FirstTokenClock()
+    clock = FirstTokenClock()
     kw = {"prompt_lookup_num_tokens": prompt_lookup} if prompt_lookup else {}
     t0 = time.monotonic()
     with torch.inference_mode():
@@ -120,7 +134,8 @@ def run_hf(model, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, ..
     return _timed(new, t0, clock.first or finished, finished)
 
 
-def _timed(token_ids: list[int], t0: float, first: float, finished: float, spec: dict | None = None, result=None) -> dict[str, Any]:
+def _timed(token_ids: list[int], t0: float, first: float, finished: float, spec: dict | None = None,
+           result=None) -> dict[str, Any]:
     n = len(token_ids)
     decode_s = finished - first
     return {
@@ -136,18 +151,29 @@ def _timed(token_ids: list[int], t0: float, first: float, finished: float, spec:
 
 
 def load_hf(loaded):
-    """transformers' model over the same weights directory and dtype as ours."""
+    """transformers' model over the same weights directory and dtype as ours. For a quantized
+    model (whose directory may hold no weights): the float conversion of the same GGUF, in fp32,
+    the dtype of the quantized path's activations."""
     import transformers
 
-    return transformers.AutoModelForCausalLM.from_pretrained(loaded.source.path, dtype=loaded.model.dtype).eval()
+    from agentrt.engine.registry import KNOWN_MODELS, resolve_model
+
+    path = loaded.source.path
+    if getattr(loaded.model, "quantized", None):
+        name = loaded.source.name if loaded.source.name in KNOWN_MODELS else str(loaded.source.gguf)
+        path = resolve_model(name, progress=False).path
+    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=loaded.model.dtype).eval()
 
 
 def measure(loaded, hf_model, prompts: dict[str, list[int]], vs: list[Variant], max_tokens: int, repeats: int,
-            cost_model=None, log=lambda msg: None) -> dict[tuple[str, str], dict[str, Any]]:
-    """Best (highest decode tok/s) run per (prompt kind, variant label), interleaved over repeats."""
+            cost_model=None, log=lambda msg: None, peer=None) -> dict[tuple[str, str], dict[str, Any]]:
+    """Best (highest decode tok/s) run per (prompt kind, variant label), interleaved over repeats.
+    peer: the llama.cpp peer (bench/llamacpp.py) for llama.cpp variants."""
     eos = tuple(loaded.tokenizer.eos_token_ids)
 
     def once(v: Variant, ids: list[int], n: int) -> dict[str, Any]:
+        if v.llamacpp is not None:
+            return _timed(*peer.generate_run(ids, n, eos, lookup=v.llamacpp == "lookup"))
         if v.hf is not None:
             return run_hf(hf_model, ids, n, eos, HF_PROMPT_LOOKUP_TOKENS if v.hf == "lookup" else None)
         return run_ours(loaded, v.drafter, v.k, ids, n, cost_model)
@@ -169,6 +195,7 @@ def measure(loaded, hf_model, prompts: dict[str, list[int]], vs: list[Variant], 
 
 def table_rows(best: dict, prompts: dict, vs: list[Variant]) -> list[dict[str, Any]]:
     hf_pl = next(v.label for v in vs if v.hf == "lookup")
+    lcpp_pl = next((v.label for v in vs if v.llamacpp == "lookup"), None)
     rows = []
     for kind in prompts:
         base, plain, pl = best[kind, "none"]["tok_s"], best[kind, "hf generate"]["tok_s"], best[kind, hf_pl]["tok_s"]
@@ -189,11 +216,13 @@ def table_rows(best: dict, prompts: dict, vs: list[Variant]) -> list[dict[str, A
                 "vs_hf": b["tok_s"] / plain,
                 "vs_hf_pl": b["tok_s"] / pl,
             })
+            if lcpp_pl is not None:
+                rows[-1]["vs_lcpp_pl"] = b["tok_s"] / best[kind, lcpp_pl]["tok_s"]
     return rows
 
 
 def summarize(rows: list[dict[str, Any]], kind: str = "agent") -> dict[str, Any]:
-    mine = [r for r in rows if r["prompt"] == kind and not r["config"].startswith("hf") and r["config"] != "none"]
+    mine = [r for r in rows if r["prompt"] == kind and _is_ours(r["config"]) and r["config"] != "none"]
     top = max(mine, key=lambda r: r["tok_s"])
     adaptive = next(r for r in mine if r["config"] == "suffix adaptive")
     return {
@@ -202,7 +231,12 @@ def summarize(rows: list[dict[str, Any]], kind: str = "agent") -> dict[str, Any]
         "best_config": top["config"].replace(" ", "_"),
         "adaptive_vs_nospec": adaptive["vs_nospec"],
         "adaptive_vs_hf_prompt_lookup": adaptive["vs_hf_pl"],
+        "vs_llamacpp_lookup": top.get("vs_lcpp_pl"),
     }
+
+
+def _is_ours(config: str) -> bool:
+    return not config.startswith(("hf", "llama.cpp"))
 
 
 def encode_prompts(loaded, chats: dict[str, list[dict]]) -> dict[str, list[int]]:
@@ -220,7 +254,9 @@ def shared_cost_model(loaded):
 
 
 def run(args: argparse.Namespace) -> BenchResult:
+    from agentrt.bench import llamacpp
     from agentrt.engine.model_loader import load_model
+    from agentrt.engine.registry import find_model_gguf
 
     console = Console(stderr=True)
     quick = args.quick
@@ -236,24 +272,31 @@ def run(args: argparse.Namespace) -> BenchResult:
     hf_model = load_hf(loaded)
     cost_model = shared_cost_model(loaded)
     prompts = encode_prompts(loaded, SPEC_PROMPTS)
-    vs = variants(ks, layerskip, layerskip_ks)
-    console.print(f"[bold]bench spec[/]: {args.model} {args.dtype}, batch 1, greedy, {max_tokens} new tokens max, "
+    gguf = find_model_gguf(args.model)
+    peer = llamacpp.load(gguf)
+    vs = variants(ks, layerskip, layerskip_ks, llamacpp=peer is not None)
+    console.print(f"[bold]bench spec[/]: {args.model} {getattr(loaded, 'weights', args.dtype)}, batch 1, greedy, {max_tokens} new tokens max, "
                   f"{len(vs)} rows x {len(prompts)} prompts, best of {repeats}; cost model: {cost_model.source}")
     load_before = os.getloadavg()[0]
-    best = measure(loaded, hf_model, prompts, vs, max_tokens, repeats, cost_model, log=console.print)
+    best = measure(loaded, hf_model, prompts, vs, max_tokens, repeats, cost_model, log=console.print, peer=peer)
     load_after = os.getloadavg()[0]
     rows = table_rows(best, prompts, vs)
     summary = summarize(rows)
     notes = [f"{kind}: best {r['config']} {r['vs_nospec']:.2f}x no-spec, {r['vs_hf_pl']:.2f}x hf prompt lookup"
+             + (f", {r['vs_lcpp_pl']:.2f}x llama.cpp prompt lookup" if "vs_lcpp_pl" in r else "")
              for kind in prompts
-             for r in [max((x for x in rows if x["prompt"] == kind and x["config"] != "none" and not x["config"].startswith("hf")),
+             for r in [max((x for x in rows if x["prompt"] == kind and x["config"] != "none" and _is_ours(x["config"])),
                            key=lambda x: x["tok_s"])]]
-    notes.append("tok_s: decode tokens/s after the first token; vs_*: ratios of tok_s in this run. "
-                 "Goals (agent): best_speedup_vs_nospec >= 2.0, vs_hf_prompt_lookup >= 1.5.")
+    if peer is None:
+        notes.append(llamacpp.SKIP_NOTE if gguf is not None else f"llama.cpp rows skipped: {args.model} is not a GGUF model")
+    notes.append("tok_s: decode tokens/s after the first token; vs_*: ratios of tok_s in this run. Goals (agent): "
+                 "best_speedup_vs_nospec >= 2.0, vs_hf_prompt_lookup >= 1.5, vs_llamacpp_lookup >= 1.5.")
     notes.append(f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} CPUs")
     config = {"model": args.model, "dtype": args.dtype, "max_new_tokens": max_tokens, "ks": list(ks), "layerskip_ks": list(layerskip_ks),
               "repeats": repeats,
               "layerskip": layerskip, "hf_prompt_lookup_num_tokens": HF_PROMPT_LOOKUP_TOKENS,
               "prompt_tokens": {k: len(v) for k, v in prompts.items()}, "cost_model": cost_model.source,
-              "threads": torch.get_num_threads(), "loadavg_before_after": [load_before, load_after]}
+              "threads": torch.get_num_threads(), "loadavg_before_after": [load_before, load_after],
+              "weights": getattr(loaded, "weights", args.dtype), "llama_cpp": peer.version if peer is not None else None,
+              "llamacpp_lookup_num_pred_tokens": llamacpp.LOOKUP_NUM_PRED_TOKENS}
     return BenchResult(rows=rows, summary=summary, notes=notes, config=config)

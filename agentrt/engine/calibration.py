@@ -22,7 +22,20 @@ _SCRATCH = -1  # block-table id of the calibration sequence (real ids are >= 0)
 
 
 def model_cost_path(engine) -> Path:
-    return cost_model_path(cache_root(), engine.loaded.name, engine.model.dtype, machine_id(engine.config.device))
+    # a model on its GGUF's blocks is another model to time than its float twin (other kernels,
+    # ~1/6 of the fp32 weight bytes), so it gets its own fit
+    name = engine.loaded.name + ("-quantized" if engine.model.quantized else "")
+    return cost_model_path(cache_root(), name, engine.model.dtype, machine_id(engine.config.device))
+
+
+def weight_bytes_per_param(model) -> float:
+    """Bytes a forward reads per parameter: the dtype's size, or for a quantized model the
+    blocks' bytes (projections and output head) per parameter."""
+    if not model.quantized:
+        return float(model.dtype.itemsize)
+    linears = [getattr(ly, a) for ly in model.layers for a in ("qkv", "o", "gate_up", "down")] + [model.lm_head]
+    total = sum(lin.nbytes() if hasattr(lin, "nbytes") else lin.weight.numel() * lin.weight.element_size() for lin in linears)
+    return total / sum(lin.in_features * lin.out_features for lin in linears)
 
 
 def analytic_cost_model(engine, seconds_budget: float = 1.0) -> StepCostModel:
@@ -30,7 +43,7 @@ def analytic_cost_model(engine, seconds_budget: float = 1.0) -> StepCostModel:
     rates = measure_machine(engine.model.dtype, seconds_budget, cache_root() / "machine.json", device=engine.config.device)
     return analytic(
         cfg.num_params(), cfg.num_hidden_layers, KVCache.bytes_per_token(cfg, engine.model.dtype),
-        engine.model.dtype.itemsize, rates, q_size=cfg.q_size,
+        weight_bytes_per_param(engine.model), rates, q_size=cfg.q_size,
     )
 
 

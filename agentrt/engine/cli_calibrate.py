@@ -3,11 +3,12 @@ from __future__ import annotations
 
 import argparse
 
+from agentrt.engine.cli_args import add_dtype_argument
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default="smollm2-135m-instruct")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
+    add_dtype_argument(p)
     p.add_argument("--device", default="cpu")
     p.add_argument("--max-tokens", type=int, default=256, help="largest step (new tokens) to time")
     p.add_argument("--repeats", type=int, default=3)

@@ -5,21 +5,18 @@ import argparse
 import asyncio
 import sys
 
+from agentrt.engine.cli_args import add_model_arguments
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("prompt", help="the user message (or raw text with --raw)")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name, a .gguf file or a local HF directory")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--temperature", type=float, default=0.7)
     p.add_argument("--top-p", type=float, default=0.9)
     p.add_argument("--top-k", type=int, default=0)
     p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="on the PyTorch path (fp32, or bf16 without AMX): greedy output independent of the "
-                        "batch and of speculation, several times slower (the C kernels are invariant anyway)")
-    p.add_argument("--device", default="cpu")
+    add_model_arguments(p)
     p.add_argument("--system", default=None, help="a system message")
     p.add_argument("--raw", action="store_true", help="send the prompt as raw text, without the chat template")
     p.add_argument("--stop", action="append", default=[], help="a stop string (repeatable)")

@@ -42,5 +42,6 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{r['name']}: install with `{r['install']}` (or `make install`)")
         elif not r["cached"]:
             console.print(f"{r['name']}: converted on first use (a few seconds)")
-    console.print("Any Hugging Face model directory (Llama, Mistral, Qwen2; safetensors + tokenizer.json) also works as a model path.")
+    console.print("A GGUF file (llama family; runs on its quantized blocks) or a Hugging Face model directory (Llama, "
+                  "Mistral, Qwen2; safetensors + tokenizer.json) also works as a model path.")
     return 0

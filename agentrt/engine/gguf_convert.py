@@ -215,26 +215,32 @@ def dequantized_tensors(reader: Any, config: dict[str, Any], on_tensor: Any = No
         yield name, np.ascontiguousarray(w)
 
 
-def conversion_marker(gguf_path: Path) -> dict[str, Any]:
+def conversion_marker(gguf_path: Path, weights: bool = True) -> dict[str, Any]:
     return {
         "converter_version": CONVERTER_VERSION,
         "source": Path(gguf_path).name,
         "source_size": Path(gguf_path).stat().st_size,
         "dtype": "float32",
+        "weights": weights,
     }
 
 
-def conversion_is_current(out_dir: Path, gguf_path: Path | None) -> bool:
-    """Whether out_dir is a complete conversion (of gguf_path, when given) by this converter version."""
+def conversion_is_current(out_dir: Path, gguf_path: Path | None, weights: bool = True) -> bool:
+    """Whether out_dir is a complete conversion (of gguf_path, when given) by this converter
+    version; with weights=False, one with or without the dequantized weights."""
     try:
         marker = json.loads((Path(out_dir) / CONVERSION_MARKER).read_text())
     except (OSError, ValueError):
         return False
-    if marker.get("converter_version") != CONVERTER_VERSION:
+    has_weights = marker.pop("weights", True)  # markers older than the option always had them
+    if marker.get("converter_version") != CONVERTER_VERSION or (weights and not has_weights):
         return False
-    if gguf_path is not None and marker != conversion_marker(gguf_path):
-        return False
-    needed = ("config.json", WEIGHTS_FILE, "tokenizer.json", "tokenizer_config.json")
+    if gguf_path is not None:
+        want = conversion_marker(gguf_path)
+        want.pop("weights")
+        if marker != want:
+            return False
+    needed = ("config.json", "tokenizer.json", "tokenizer_config.json") + ((WEIGHTS_FILE,) if has_weights else ())
     return all((Path(out_dir) / f).is_file() for f in needed)
 
 
@@ -261,7 +267,7 @@ def _write_json(path: Path, data: dict[str, Any]) -> None:
     path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
 
 
-def _install(tmp: Path, out_dir: Path) -> None:
+def _install(tmp: Path, out_dir: Path, weights: bool = True) -> None:
     """Move a finished tmp directory to out_dir. Readers see the old complete directory, none, or the
     new complete one: never a partial one (the marker inside is checked as well)."""
     if out_dir.exists():
@@ -272,7 +278,7 @@ def _install(tmp: Path, out_dir: Path) -> None:
         os.rename(tmp, out_dir)
     except OSError:
         # Another process installed its conversion in between; keep theirs if it is complete.
-        if not conversion_is_current(out_dir, None):
+        if not conversion_is_current(out_dir, None, weights):
             raise
 
 
@@ -300,8 +306,10 @@ def remove_stale_partials(out_dir: Path) -> list[Path]:
     return removed
 
 
-def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: bool = True) -> Path:
-    """Convert gguf_path into the HF directory out_dir (replaced if present). Returns out_dir."""
+def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: bool = True, weights: bool = True) -> Path:
+    """Convert gguf_path into the HF directory out_dir (replaced if present). Returns out_dir.
+    weights=False writes the configuration and tokenizer only (for the quantized path, which
+    reads the tensors from the GGUF itself)."""
     import gguf
     from safetensors.numpy import save_file
 
@@ -321,16 +329,17 @@ def convert_gguf(gguf_path: Path | str, out_dir: Path | str, progress: bool = Tr
     tmp = out_dir.with_name(f".{out_dir.name}.partial-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     tmp.mkdir()
     try:
-        with _progress(progress, total=len(reader.tensors) + 1) as advance:
-            tensors = dict(dequantized_tensors(reader, config, on_tensor=lambda n: advance(f"dequantizing {n}")))
-            advance(f"writing {WEIGHTS_FILE}")
-            save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
-        del tensors
+        if weights:
+            with _progress(progress, total=len(reader.tensors) + 1) as advance:
+                tensors = dict(dequantized_tensors(reader, config, on_tensor=lambda n: advance(f"dequantizing {n}")))
+                advance(f"writing {WEIGHTS_FILE}")
+                save_file(tensors, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+            del tensors
         _write_json(tmp / "config.json", config)
         tokenizer.save(str(tmp / "tokenizer.json"))
         _write_json(tmp / "tokenizer_config.json", tokenizer_config)
-        _write_json(tmp / CONVERSION_MARKER, conversion_marker(gguf_path))
-        _install(tmp, out_dir)
+        _write_json(tmp / CONVERSION_MARKER, conversion_marker(gguf_path, weights))
+        _install(tmp, out_dir, weights)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir

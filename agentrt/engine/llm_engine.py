@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class EngineConfig:
     model: str = "smollm2-135m-instruct"
-    dtype: str = "auto"  # bf16 where the hardware has bf16 matmuls, else fp32 (model_loader.default_dtype)
+    dtype: str = "auto"  # a GGUF's quantized blocks, else bf16 or fp32 by the hardware (model_loader.load_model)
     device: str = "cpu"
     block_size: int = 16
     kv_cache_tokens: int = 32768

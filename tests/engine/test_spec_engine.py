@@ -1,4 +1,4 @@
-"""Speculative decoding in the engine: greedy identity for every drafter (fp32), exact stops
+"""Speculative decoding in the engine: greedy identity for every drafter (fp32 and quantized), exact stops
 inside accepted runs, α accounting, and the sampled distribution at temperature 1."""
 from __future__ import annotations
 
@@ -60,13 +60,19 @@ def test_greedy_identity_tiny(batch, tiny_loaded, make_engine):
         assert engine.blocks.num_free == engine.blocks.allocator.num_blocks
 
 
+@pytest.mark.parametrize("weights", ["fp32", "quantized"])
 @pytest.mark.parametrize("batch", [1, 4])
-def test_greedy_identity_smollm2(batch, smollm2_fp32, make_engine):
+def test_greedy_identity_smollm2(batch, weights, request, smollm2_source, make_engine):
+    """fp32, and the GGUF's Q4_1 blocks on the fused quantized decoder, which is batch-invariant
+    as it stands (no `batch_invariant` flag). The draft model is the fp32 SmolLM2."""
+    loaded = request.getfixturevalue("smollm2_fp32" if weights == "fp32" else "smollm2_quant")
+    if weights == "quantized":
+        assert make_engine(loaded).model.quant_fused
     params = SamplingParams(max_tokens=28, temperature=0)
-    want = [r.token_ids for r in make_engine(smollm2_fp32).generate(CHATS[:batch], params)]
+    want = [r.token_ids for r in make_engine(loaded).generate(CHATS[:batch], params)]
     for spec in [SpecConfig(drafter="suffix", k=6), SpecConfig(drafter="layerskip:12", k=2),
-                 SpecConfig(drafter=f"draft:{smollm2_fp32.source.path}", k=4)]:
-        engine = make_engine(smollm2_fp32, spec=spec)
+                 SpecConfig(drafter=f"draft:{smollm2_source.path}", k=4)]:
+        engine = make_engine(loaded, spec=spec)
         got = engine.generate(CHATS[:batch], params)
         assert [r.token_ids for r in got] == want, spec.drafter
         total = collections.Counter()
@@ -103,15 +109,18 @@ def test_unknown_drafter_is_a_clear_error(tiny_loaded, make_engine):
         make_engine(tiny_loaded("smollm"), spec=SpecConfig(drafter="layerskip:x"))
 
 
-def test_first_two_tokens_distribution_matches_plain_sampling(smollm2_fp32, make_engine):
+@pytest.mark.parametrize("weights", ["fp32", "quantized"])
+def test_first_two_tokens_distribution_matches_plain_sampling(weights, request, make_engine):
     """Two-sample chi-square on the joint (t1, t2) at temperature 1: the 12 most frequent pairs
     plus "other". N = 1200 samples per arm; the test fails when p < 1e-3 (a false alarm once in
-    a thousand runs; the seeds are fixed, so the outcome is deterministic)."""
+    a thousand runs; the seeds are fixed, so the outcome is deterministic). For the fp32 model
+    and for the GGUF's quantized blocks (the target is then the quantized model)."""
+    loaded = request.getfixturevalue("smollm2_fp32" if weights == "fp32" else "smollm2_quant")
     n, batch = 1200, 100
-    prompt = smollm2_fp32.tokenizer.encode("My favourite food is")
+    prompt = loaded.tokenizer.encode("My favourite food is")
 
-    plain = _first_two_tokens(make_engine(smollm2_fp32, max_num_seqs=batch, kv_cache_tokens=8192), prompt, n, batch, 0)
-    spec_engine = make_engine(smollm2_fp32, max_num_seqs=batch, kv_cache_tokens=8192, spec=SpecConfig(drafter="layerskip:20", k=1))
+    plain = _first_two_tokens(make_engine(loaded, max_num_seqs=batch, kv_cache_tokens=8192), prompt, n, batch, 0)
+    spec_engine = make_engine(loaded, max_num_seqs=batch, kv_cache_tokens=8192, spec=SpecConfig(drafter="layerskip:20", k=1))
     spec = _first_two_tokens(spec_engine, prompt, n, batch, 10**6)
     top = [p for p, _ in collections.Counter(plain + spec).most_common(12)]
     table = [[sum(1 for x in arm if x == t) for t in top] + [sum(1 for x in arm if x not in top)] for arm in (plain, spec)]

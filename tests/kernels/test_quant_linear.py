@@ -1,5 +1,5 @@
 """GGUF-quantized linear layers and embeddings (agentrt/kernels/quant_formats.py, quant_linear.py,
-csrc/cpu_quant_avx2.c).
+csrc/cpu_quant_avx2.c), on the formats with blocks of 32 (the K-quants: test_quant_k.py).
 
 The formats' references equal gguf.quants exactly (dequantize, quantize), on random blocks and on
 the embedded SmolLM2 GGUF. The C kernel (its AVX2 path, and its scalar fallback built on purpose)
@@ -26,6 +26,8 @@ from agentrt.kernels.quant_formats import (
     FORMATS,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
     Q8_0,
     QuantWeight,
     dequantize,
@@ -38,18 +40,8 @@ from agentrt.kernels.quant_formats import (
 )
 from agentrt.kernels.quant_linear import quant_activations, quant_embedding, quant_linear
 
-FMTS = [Q4_0, Q4_1, Q8_0]
+FMTS = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0]
 needs_c = pytest.mark.skipif(unsupported_reason() is not None, reason=f"quantized kernels cannot run here: {unsupported_reason()}")
-
-
-@pytest.fixture(scope="module", params=["native", "scalar"])
-def lib(request):
-    """The library as this CPU builds it (AVX2 path here), and its scalar fallback."""
-    if unsupported_reason() is not None:
-        pytest.skip(f"quantized kernels cannot run here: {unsupported_reason()}")
-    lib = quant_kernels(scalar=request.param == "scalar")
-    assert lib is not None  # a supported machine whose build failed: see the log for the compiler error
-    return lib
 
 
 def _qtype(fmt):
@@ -179,10 +171,11 @@ def test_kernel_matches_references(lib, fmt, N, K):
     g = torch.Generator().manual_seed(N * 7 + K + fmt.ggml_type)
     w = quantize(torch.randn(N, K, generator=g) * 0.05, fmt) if N > 100 else _random_weight(fmt, N, K, g)
     x = _activations(64, K, g)
-    for M in (1, 2, 3, 5, 8, 17, 33, 64):
-        y = quant_linear(x[:M], w, num_threads=2, lib=lib)
+    ms = (1, 2, 3, 5, 8, 17, 33, 64)
+    ys = [quant_linear(x[:M], w, num_threads=2, lib=lib) for M in ms]
+    for M, y in zip(ms, ys):
         assert y.shape == (M, N) and y.dtype == torch.float32
-        _check_against_references(y, x[:M], w)
+    _check_against_references(torch.cat(ys), torch.cat([x[:M] for M in ms]), w)  # the references once
 
 
 @pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)

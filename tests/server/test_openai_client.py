@@ -1,6 +1,6 @@
 """`agentrt serve` as a real process on a free port, driven by the official openai client (sync
-and async) and by aiohttp for the programs API, on the embedded model (bf16, greedy unless
-said otherwise, short outputs)."""
+and async) and by aiohttp for the programs API, on the embedded model (its quantized GGUF weights,
+greedy unless said otherwise, short outputs)."""
 from __future__ import annotations
 
 import asyncio
@@ -242,7 +242,7 @@ def test_penalties_and_logit_bias_steer_the_output(client):
     from agentrt.engine.registry import resolve_model
     from agentrt.engine.tokenizer import Tokenizer
 
-    msgs = ask("Write the word cat ten times.")
+    msgs = ask("Count from 1 to 20.")  # a repetitive answer, so the penalties have tokens to act on
     plain = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0)
     penalized = client.chat.completions.create(model=MODEL, messages=msgs, max_tokens=24, temperature=0,
                                                presence_penalty=2.0, frequency_penalty=1.0)

@@ -38,7 +38,11 @@ def _blocks(x: torch.Tensor, fn) -> torch.Tensor:
 
 
 def linear(layer, x: torch.Tensor) -> torch.Tensor:
-    """layer(x) (a layers.Linear) row-block by row-block: [T, K] -> [T, N]."""
+    """layer(x) (a layers.Linear) row-block by row-block: [T, K] -> [T, N]. A layer that is
+    invariant by construction (quant_layers.QuantLinear: its kernel computes each row alone)
+    runs on x as it is, without the padded rows."""
+    if getattr(layer, "batch_invariant", False):
+        return layer(x)
     return _blocks(x, layer)
 
 

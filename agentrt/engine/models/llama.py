@@ -19,7 +19,20 @@ from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F40
 from agentrt.engine.models import invariant
 from agentrt.engine.models.kernel_forward import KernelDecoder, kernel_forward, kernel_support
 from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, rms_norm
+from agentrt.engine.models.quant_forward import QuantDecoder, cache_supported, quant_forward, quant_support
+from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear
 from agentrt.errors import ModelLoadError
+from agentrt.kernels.quant_formats import QuantWeight, dequantize
+
+
+def _linear(weights, bias, pack: bool, kernel: bool, gated: bool = False):
+    """A Linear over fp32/bf16 row blocks, or a QuantLinear when every block is GGUF-quantized
+    (a mix of both, which no GGUF writer produces, runs in float)."""
+    parts = list(weights) if isinstance(weights, (list, tuple)) else [weights]
+    if all(isinstance(p, QuantWeight) for p in parts):
+        return QuantLinear(parts, bias)
+    parts = [dequantize(p) if isinstance(p, QuantWeight) else p for p in parts]
+    return Linear(parts, bias, pack, kernel, gated=gated)
 
 
 class _Layer:
@@ -30,10 +43,10 @@ class _Layer:
         qkv_b = None
         if cfg.attention_bias:
             qkv_b = torch.cat([w("self_attn.q_proj.bias"), w("self_attn.k_proj.bias"), w("self_attn.v_proj.bias")])
-        self.qkv = Linear(qkv_w, qkv_b, pack, kernel)
-        self.o = Linear(w("self_attn.o_proj.weight"), None, pack, kernel)
-        self.gate_up = Linear([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")], None, pack, kernel, gated=True)
-        self.down = Linear(w("mlp.down_proj.weight"), None, pack, kernel)
+        self.qkv = _linear(qkv_w, qkv_b, pack, kernel)
+        self.o = _linear(w("self_attn.o_proj.weight"), None, pack, kernel)
+        self.gate_up = _linear([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")], None, pack, kernel, gated=True)
+        self.down = _linear(w("mlp.down_proj.weight"), None, pack, kernel)
         self.attn_norm = w("input_layernorm.weight")
         self.mlp_norm = w("post_attention_layernorm.weight")
 
@@ -44,25 +57,44 @@ class LlamaModel:
     use_kernels: run every batch on the C kernels (bf16 on CPUs
     with AMX; agentrt/engine/models/kernel_forward.py). None = whenever they can run here, unless
     AGENTRT_KERNELS=0; True = require them (ModelLoadError naming why not); False = PyTorch only.
-    `kernels_enabled` switches between the two paths at run time (the weights stay packed)."""
+    `kernels_enabled` switches between the two paths at run time (the weights stay packed).
+    A quantized model runs on the fused quantized decoder wherever it can (quant_forward.py);
+    `quant_fused` switches it off and on."""
 
     def __init__(self, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], max_positions: int | None = None,
                  use_kernels: bool | None = None):
         self.cfg = cfg
         emb = state_dict["model.embed_tokens.weight"]
+        # GGUF blocks (models/quantized.py): fp32 activations on the CPU, the C kernels off
+        self.quantized = _quantized_modules(cfg, state_dict)
+        if self.quantized:
+            emb = QuantEmbedding(emb) if isinstance(emb, QuantWeight) else emb
+            use_kernels = False
         self.device, self.dtype = emb.device, emb.dtype
         kernel = _want_kernels(use_kernels, cfg, self.dtype, self.device)
         pack = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.embed = emb
         self.layers = [_Layer(cfg, state_dict, i, pack, kernel) for i in range(cfg.num_hidden_layers)]
         self.norm = state_dict["model.norm.weight"]
-        head = emb if cfg.tie_word_embeddings else state_dict["lm_head.weight"]
-        self.lm_head = Linear(head, None, pack, kernel)
+        head = state_dict["model.embed_tokens.weight"] if cfg.tie_word_embeddings else state_dict["lm_head.weight"]
+        self.lm_head = _linear(head, None, pack, kernel)
         self.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings, self.device)
         self.scale = cfg.head_dim**-0.5
         self._kernels_packed = kernel
         self.kernels_enabled = kernel
         self.kernel_decoder = KernelDecoder(self) if kernel else None
+        self.quant_decoder = QuantDecoder(self) if self.quantized and quant_support(self) is None else None
+        self.quant_fused = self.quant_decoder is not None
+
+    @property
+    def quant_fused(self) -> bool:
+        return self._quant_fused
+
+    @quant_fused.setter
+    def quant_fused(self, on: bool) -> None:
+        if on and self.quant_decoder is None:
+            raise ValueError(f"the fused quantized decoder cannot run this model: {quant_support(self)}")
+        self._quant_fused = bool(on)
 
     @property
     def kernels_enabled(self) -> bool:
@@ -86,11 +118,14 @@ class LlamaModel:
         """num_layers < all runs the first layers only (a layer-skip self-draft): their K/V at
         accepted positions equal the full model's, so the draft shares the target's cache.
         batch_invariant: on the PyTorch path, each token's result does not depend on the rest of
-        the batch (models/invariant.py; slower); the C kernels are invariant anyway."""
+        the batch (models/invariant.py; slower); the C kernels and the fused quantized decoder
+        are invariant anyway."""
         n_layers = num_layers or len(self.layers)
         T = batch.input_ids.shape[0]
         if self._kernels_enabled:
             return kernel_forward(self, batch, kv, n_layers, return_hidden)
+        if self._quant_fused and cache_supported(kv):
+            return quant_forward(self, batch, kv, n_layers, return_hidden)
         if batch_invariant:
             return self._forward_invariant(batch, kv, n_layers, return_hidden)
         cfg = self.cfg
@@ -138,6 +173,24 @@ class LlamaModel:
         h = invariant.rms_norm(h, self.norm, cfg.rms_norm_eps)  # [n_out, hidden]
         logits = invariant.linear(self.lm_head, h).float()  # [n_out, vocab]
         return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
+
+
+def _quantized_modules(cfg: ModelConfig, sd: dict) -> dict[str, list[str]]:
+    """{module: its GGUF formats} for the modules whose weights are all quantized blocks."""
+    groups = {"embed": ["model.embed_tokens.weight"],
+              "lm_head": ["model.embed_tokens.weight" if cfg.tie_word_embeddings else "lm_head.weight"]}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}."
+        groups |= {f"layers.{i}.qkv": [p + f"self_attn.{x}_proj.weight" for x in "qkv"],
+                   f"layers.{i}.o": [p + "self_attn.o_proj.weight"],
+                   f"layers.{i}.gate_up": [p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"],
+                   f"layers.{i}.down": [p + "mlp.down_proj.weight"]}
+    out = {}
+    for module, names in groups.items():
+        ws = [sd[n] for n in names]
+        if all(isinstance(w, QuantWeight) for w in ws):
+            out[module] = list(dict.fromkeys(w.format.name for w in ws))
+    return out
 
 
 def _want_kernels(use_kernels: bool | None, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> bool:

@@ -11,22 +11,6 @@
 
 typedef uint16_t bf16;
 
-/* A per-thread buffer reused across calls (64-byte aligned, grown on demand, never shrunk):
- * per-call malloc of buffers above glibc's mmap threshold costs page faults and zeroing. */
-typedef struct {
-  void *ptr;
-  size_t size;
-} scratch_buf;
-
-static inline void *scratch_get(scratch_buf *b, size_t size) {
-  if (size > b->size) {
-    free(b->ptr);
-    b->size = (size + 4095) & ~(size_t)4095;
-    b->ptr = aligned_alloc(64, b->size);
-  }
-  return b->ptr;
-}
-
 static inline float bf2f(bf16 v) {
   uint32_t u = (uint32_t)v << 16;
   float f;

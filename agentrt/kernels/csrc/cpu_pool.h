@@ -4,6 +4,25 @@
 
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdlib.h>
+
+/* A per-thread buffer reused across calls (64-byte aligned, grown on demand, never shrunk):
+ * per-call malloc of buffers above glibc's mmap threshold costs page faults and zeroing. */
+typedef struct {
+  void *ptr;
+  size_t size;
+} scratch_buf;
+
+/* b->ptr with at least `size` bytes; NULL when out of memory. */
+static inline void *scratch_get(scratch_buf *b, size_t size) {
+  if (size > b->size) {
+    free(b->ptr);
+    b->size = (size + 4095) & ~(size_t)4095;
+    b->ptr = aligned_alloc(64, b->size);
+    if (!b->ptr) b->size = 0;
+  }
+  return b->ptr;
+}
 
 typedef void (*pool_fn)(void *ctx, int tid, int nthreads);
 

@@ -1,4 +1,5 @@
-/* Linear layers and embedding lookups on GGUF block-quantized weights (Q8_0, Q4_0, Q4_1), read
+/* Linear layers and embedding lookups on GGUF block-quantized weights (Q8_0, Q4_0, Q4_1 here;
+ * Q4_K, Q5_K, Q6_K, Q5_0, Q5_1 in cpu_quant_k.c, reached through the same entry points), read
  * in their file layout and never dequantized to memory (agentrt/kernels/quant_formats.py has the
  * formats and the PyTorch references).
  *
@@ -27,22 +28,9 @@
  * on the thread count (batch invariance; built with -ffp-contract=off so that the compiler does
  * not fuse some multiply-adds in one tile shape and not in another).
  */
-#include <math.h>
-#include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "cpu_pool.h"
-
-#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(AGENTRT_QUANT_SCALAR)
-#define QUANT_AVX2 1
-#include <immintrin.h>
-#else
-#define QUANT_AVX2 0
-#endif
-
-enum { FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q8_0 = 8 }; /* gguf.GGMLQuantizationType values */
-#define QK 32
+#include "cpu_quant.h" /* QUANT_AVX2, the format codes, qjob, f16_to_f32 */
 #define CHUNK_N 16 /* weight rows per unit of work: 16 x 960 bytes (Q4_1, K=1536) stay in L1 */
 #define MR 4       /* activation rows sharing one unpacked weight block */
 
@@ -53,25 +41,6 @@ static int block_bytes(int fmt) {
     case FMT_Q8_0: return 34;
     default: return 0;
   }
-}
-
-static inline float f16_to_f32(const uint8_t *p) {
-  uint16_t h;
-  memcpy(&h, p, 2);
-#if QUANT_AVX2
-  return _cvtsh_ss(h);
-#else
-  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ffu;
-  uint32_t u;
-  if (e == 0) { /* zero or subnormal: man * 2^-24, exact */
-    const float v = (float)man * 0x1p-24f;
-    return sign ? -v : v;
-  }
-  u = sign | (e == 0x1f ? 0x7f800000u | (man << 13) : ((e + 112) << 23) | (man << 13));
-  float f;
-  memcpy(&f, &u, 4);
-  return f;
-#endif
 }
 
 /* ---- activations: int8 blocks, per row ---- */
@@ -107,20 +76,6 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
     s[b] = d[b] * (float)sum;
   }
 }
-
-typedef struct {
-  const uint8_t *w;
-  int fmt;
-  int64_t N, K, nb, row_bytes;
-  const int8_t *xq; /* [M][K] */
-  const float *xd; /* [M][nb] */
-  const float *xs;  /* [M][nb8]: nb rounded up to 8, zero-padded */
-  int64_t nb8;
-  int64_t M;
-  float *out;
-  int64_t out_stride;
-  pool_chunks chunks;
-} qjob;
 
 #if QUANT_AVX2
 
@@ -261,6 +216,10 @@ static void qjob_run(void *ctx, int tid, int nthreads) {
   qjob *j = ctx;
   for (int64_t c; (c = pool_claim(&j->chunks, tid)) >= 0;) {
     const int64_t n0 = c * CHUNK_N, n1 = n0 + CHUNK_N < j->N ? n0 + CHUNK_N : j->N;
+    if (block_bytes(j->fmt) == 0) {
+      quant_k_chunk(j, n0, n1);
+      continue;
+    }
 #if QUANT_AVX2
     switch (j->fmt) {
       case FMT_Q4_0: chunk_fmt(j, n0, n1, FMT_Q4_0); break;
@@ -273,21 +232,8 @@ static void qjob_run(void *ctx, int tid, int nthreads) {
   }
 }
 
-/* The calling thread's buffer for the quantized activations (grown on demand, never shrunk). */
-static __thread struct {
-  void *ptr;
-  size_t size;
-} scratch;
-
-static void *scratch_get(size_t size) {
-  if (size > scratch.size) {
-    free(scratch.ptr);
-    scratch.size = (size + 4095) & ~(size_t)4095;
-    scratch.ptr = aligned_alloc(64, scratch.size);
-    if (!scratch.ptr) scratch.size = 0;
-  }
-  return scratch.ptr;
-}
+/* The calling thread's buffer for the quantized activations. */
+static __thread scratch_buf scratch;
 
 /* 1 when built with the AVX2 path, 0 for the scalar one. */
 int agentrt_quant_avx2(void) { return QUANT_AVX2; }
@@ -303,22 +249,23 @@ int agentrt_quant_activations(const float *x, int64_t x_stride, int64_t M, int64
 }
 
 /* out fp32 [M, N] (row stride out_stride) = x fp32 [M, K] (row stride x_stride) @ W.T, W [N, K]
- * in format fmt (rows of K/32 blocks, contiguous). Returns 0, or -1 for a bad format or K, -3
- * when out of memory. */
+ * in format fmt (rows of K/bs blocks of bs values, contiguous). Returns 0, or -1 for a bad
+ * format or K, -3 when out of memory. */
 int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint8_t *w, int fmt, int64_t N,
                          int64_t K, float *out, int64_t out_stride, int threads) {
-  const int bb = block_bytes(fmt);
-  if (bb == 0 || K % QK || K <= 0) return -1;
+  int bs = QK;
+  const int bb = block_bytes(fmt) ? block_bytes(fmt) : quant_k_block_bytes(fmt, &bs);
+  if (bb == 0 || K % bs || K <= 0) return -1;
   if (M <= 0 || N <= 0) return 0;
   const int64_t nb = K / QK;
   const int64_t nb8 = (nb + 7) / 8 * 8;
   /* q rows first (each K bytes: 32-byte aligned), then s (rows of nb8: 32-byte aligned), then d */
-  int8_t *xq = scratch_get((size_t)(M * K) + sizeof(float) * (size_t)(M * (nb8 + nb)));
+  int8_t *xq = scratch_get(&scratch, (size_t)(M * K) + sizeof(float) * (size_t)(M * (nb8 + nb)));
   if (!xq) return -3;
   float *xs = (float *)(xq + M * K), *xd = xs + M * nb8;
   memset(xs, 0, sizeof(float) * (size_t)(M * nb8));
   for (int64_t m = 0; m < M; m++) quantize_row(x + m * x_stride, K, xq + m * K, xd + m * nb, xs + m * nb8);
-  qjob j = {.w = w, .fmt = fmt, .N = N, .K = K, .nb = nb, .nb8 = nb8, .row_bytes = nb * bb, .xq = xq, .xd = xd, .xs = xs,
+  qjob j = {.w = w, .fmt = fmt, .N = N, .K = K, .nb = nb, .nb8 = nb8, .row_bytes = K / bs * bb, .xq = xq, .xd = xd, .xs = xs,
             .M = M, .out = out, .out_stride = out_stride};
   const int64_t chunks = (N + CHUNK_N - 1) / CHUNK_N;
   const int nt = threads < 1 ? 1 : (threads > chunks ? (int)chunks : threads);
@@ -332,14 +279,19 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
  * 0, -1 for a bad format or K, -2 for an id outside [0, N). */
 int agentrt_quant_embedding(const int64_t *ids, int64_t T, const uint8_t *w, int fmt, int64_t N, int64_t K,
                             float *out, int64_t out_stride) {
-  const int bb = block_bytes(fmt);
-  if (bb == 0 || K % QK || K <= 0) return -1;
+  int bs = QK;
+  const int bb = block_bytes(fmt) ? block_bytes(fmt) : quant_k_block_bytes(fmt, &bs);
+  if (bb == 0 || K % bs || K <= 0) return -1;
   for (int64_t t = 0; t < T; t++)
     if (ids[t] < 0 || ids[t] >= N) return -2;
   const int64_t nb = K / QK;
   for (int64_t t = 0; t < T; t++) {
-    const uint8_t *row = w + ids[t] * nb * bb;
+    const uint8_t *row = w + ids[t] * (K / bs) * bb;
     float *o = out + t * out_stride;
+    if (block_bytes(fmt) == 0) {
+      quant_k_embed_row(row, fmt, K, o);
+      continue;
+    }
     for (int64_t b = 0; b < nb; b++, o += QK) {
       const uint8_t *blk = row + b * bb;
       const float d = f16_to_f32(blk);

@@ -1,0 +1,24 @@
+"""Command-line options every command that loads a model shares (no torch import: `--help`
+stays fast)."""
+from __future__ import annotations
+
+import argparse
+
+DTYPE_CHOICES = ("auto", "quantized", "bfloat16", "float32")
+
+
+def add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--dtype, --batch-invariant and --device."""
+    add_dtype_argument(p)
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="greedy output independent of the batch and of speculation. The bf16 AMX kernels and "
+                        "the quantized decoder are invariant anyway; on the PyTorch path (fp32, bf16 without AMX) "
+                        "every op is made so, several times slower")
+    p.add_argument("--device", default="cpu")
+
+
+def add_dtype_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dtype", default="auto", choices=DTYPE_CHOICES,
+                   help="auto: a GGUF model (the embedded one, a .gguf path) runs its quantized blocks in our "
+                        "int8 kernels; other models bf16 where the hardware multiplies bf16 natively, else fp32. "
+                        "quantized: require the GGUF's blocks. bfloat16/float32: dequantize a GGUF once, run in float")

@@ -1,0 +1,105 @@
+"""The forward of a quantized LlamaModel (GGUF blocks, fp32 activations) on the fused C decoder
+(agentrt/kernels/quant_decoder.py): every layer in one call, then the final norm of the rows
+asked for, then the head (one QuantLinear call):
+
+    h      = embed[input_ids]                                    [T, hidden]
+    h      = layers(h)             norms, quantized linears, rotary, K/V writes, attention, SiLU
+    hidden = rms_norm(h[logits_indices], norm)                   [n_out, hidden]
+    logits = lm_head(hidden)                                     [n_out, vocab]
+
+It computes the PyTorch path's model (same weights, same int8 activation blocks before every
+linear); the two differ by fp32 summation order and exp() rounding, which can flip an int8
+rounding of a later linear's activations (tests/engine/test_quant_forward.py bounds it). Unlike
+the PyTorch path it is batch invariant: a token's logits do not depend on the rest of the batch,
+so greedy output is the same with and without speculation, with or without `batch_invariant`.
+Used for every batch of a quantized model whose weights and cache it supports; `model.quant_fused
+= False` (or AGENTRT_KERNELS=0) runs the PyTorch path instead.
+"""
+from __future__ import annotations
+
+import weakref
+
+import torch
+
+from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.models.batch import ForwardBatch, ForwardOutput
+from agentrt.engine.models.quant_layers import QuantLinear
+from agentrt.kernels.decoder import Dims
+from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
+from agentrt.kernels.quant_decoder import QuantLayerWeights, quant_decoder_layers, quant_layer_table
+from agentrt.kernels.quant_formats import FORMAT_BY_GGML_TYPE
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.detach().to(torch.float32).contiguous()
+
+
+def quant_support(model) -> str | None:
+    """Why the fused decoder cannot run this model, or None when it can."""
+    cfg = model.cfg
+    if not model.quantized:
+        return "the model has no quantized weights"
+    if model.device.type != "cpu":
+        return f"the quantized decoder runs on the CPU (this model is on {model.device})"
+    if cfg.head_dim % 8 or cfg.num_attention_heads % cfg.num_key_value_heads:
+        return f"head_dim must be a multiple of 8 and heads a multiple of kv heads (got {cfg.head_dim})"
+    nq, nkv, d, hidden, inter = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size,
+                                 cfg.intermediate_size)
+    want = {"qkv": ((nq + 2 * nkv) * d, hidden), "o": (hidden, nq * d), "gate_up": (2 * inter, hidden),
+            "down": (hidden, inter)}
+    for i, layer in enumerate(model.layers):
+        for name, shape in want.items():
+            lin = getattr(layer, name)
+            if not isinstance(lin, QuantLinear) or len(lin.parts) != 1:
+                return f"layers.{i}.{name} is not one quantized block matrix"
+            w = lin.parts[0]
+            if w.format.ggml_type not in FORMAT_BY_GGML_TYPE or tuple(w.shape) != shape:
+                return f"layers.{i}.{name}: {w.format.name} {tuple(w.shape)}, expected {shape}"
+            if lin.bias is not None and name != "qkv":
+                return f"layers.{i}.{name} has a bias"
+    if quant_kernels() is None:
+        return f"quantized kernels unavailable: {unsupported_reason() or 'the build failed (see the log)'}"
+    return None
+
+
+def cache_supported(kv: KVCache) -> bool:
+    """The fused decoder reads and writes contiguous fp32 caches in host memory."""
+    c = kv.k[0]
+    return c.dtype == torch.float32 and c.device.type == "cpu" and c.is_contiguous()
+
+
+class QuantDecoder:
+    """The model's layers as the fused decoder reads them, with one address table per KV cache."""
+
+    def __init__(self, model):
+        cfg = model.cfg
+        self.dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
+                              cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, model.scale)
+        self.layers = [  # fp32 copies of norms and bias are kept here: the table holds their addresses
+            QuantLayerWeights(ly.qkv.parts[0], None if ly.qkv.bias is None else _f32(ly.qkv.bias), ly.o.parts[0],
+                              ly.gate_up.parts[0], ly.down.parts[0], _f32(ly.attn_norm), _f32(ly.mlp_norm))
+            for ly in model.layers
+        ]
+        self.final_norm = _f32(model.norm)
+        self.cos, self.sin = _f32(model.rope.cos), _f32(model.rope.sin)
+        self._tables: weakref.WeakKeyDictionary[KVCache, torch.Tensor] = weakref.WeakKeyDictionary()
+
+    def table(self, kv: KVCache) -> torch.Tensor:
+        t = self._tables.get(kv)
+        if t is None:
+            t = self._tables[kv] = quant_layer_table(self.layers, kv.k, kv.v)
+        return t
+
+
+def quant_forward(model, batch: ForwardBatch, kv: KVCache, num_layers: int, return_hidden: bool) -> ForwardOutput:
+    dec: QuantDecoder = model.quant_decoder
+    meta = batch.attn
+    h = model.embed[batch.input_ids]  # [T, hidden], fresh: updated in place
+    h = h if h.dtype == torch.float32 and h.is_contiguous() else h.float().contiguous()
+    hidden = quant_decoder_layers(
+        dec.table(kv), num_layers, dec.dims, h, batch.positions, dec.cos, dec.sin, batch.slot_mapping,
+        kv.k[0].shape[0], meta.cu_q, meta.block_tables, meta.block_size, final_norm=dec.final_norm,
+        rows=batch.logits_indices,
+    )
+    logits = model.lm_head(hidden).float()  # [n_out, vocab]
+    return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)

@@ -1,0 +1,72 @@
+/* What the quantized kernels' files share: cpu_quant_avx2.c (activations, the blocks of 32 of
+ * Q8_0/Q4_0/Q4_1, threads, the entry points), cpu_quant_k.c (Q4_K/Q5_K/Q6_K, Q5_0/Q5_1) and
+ * cpu_quant_decoder.c (whole decoder layers over those linears). */
+#ifndef AGENTRT_CPU_QUANT_H
+#define AGENTRT_CPU_QUANT_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu_pool.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__) && !defined(AGENTRT_QUANT_SCALAR)
+#define QUANT_AVX2 1
+#include <immintrin.h>
+#else
+#define QUANT_AVX2 0
+#endif
+
+enum { /* gguf.GGMLQuantizationType values */
+  FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q5_0 = 6, FMT_Q5_1 = 7, FMT_Q8_0 = 8, FMT_Q4_K = 12, FMT_Q5_K = 13, FMT_Q6_K = 14
+};
+#define QK 32    /* values per activation block (and per block of the small formats) */
+#define QK_K 256 /* values per K-quant super-block */
+
+typedef struct {
+  const uint8_t *w;
+  int fmt;
+  int64_t N, K, nb, row_bytes; /* nb: activation blocks per row, K/32 */
+  const int8_t *xq; /* [M][K] */
+  const float *xd; /* [M][nb] */
+  const float *xs;  /* [M][nb8]: nb rounded up to 8, zero-padded */
+  int64_t nb8;
+  int64_t M;
+  float *out;
+  int64_t out_stride;
+  pool_chunks chunks;
+} qjob;
+
+static inline float f16_to_f32(const uint8_t *p) {
+  uint16_t h;
+  memcpy(&h, p, 2);
+#if QUANT_AVX2
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1f, man = h & 0x3ffu;
+  uint32_t u;
+  if (e == 0) { /* zero or subnormal: man * 2^-24, exact */
+    const float v = (float)man * 0x1p-24f;
+    return sign ? -v : v;
+  }
+  u = sign | (e == 0x1f ? 0x7f800000u | (man << 13) : ((e + 112) << 23) | (man << 13));
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+#define QUANT_INTERNAL __attribute__((visibility("hidden")))
+
+/* cpu_quant_k.c. Bytes per block of a format it runs (its block size in *block_size), else 0. */
+QUANT_INTERNAL int quant_k_block_bytes(int fmt, int *block_size);
+/* out rows n0 .. n1-1 of the job (a format quant_k_block_bytes knows), every activation row. */
+QUANT_INTERNAL void quant_k_chunk(const qjob *j, int64_t n0, int64_t n1);
+/* One weight row of K values dequantized into out [K], with the reference's fp32 ops. */
+QUANT_INTERNAL void quant_k_embed_row(const uint8_t *row, int fmt, int64_t K, float *out);
+
+/* cpu_quant_avx2.c's linear entry point, also run by cpu_quant_decoder.c's layers. */
+int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint8_t *w, int fmt, int64_t N,
+                         int64_t K, float *out, int64_t out_stride, int threads);
+
+#endif

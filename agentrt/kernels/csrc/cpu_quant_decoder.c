@@ -1,0 +1,418 @@
+/* A stack of Llama decoder layers on GGUF-quantized weights with fp32 activations, all layers in
+ * one call (agentrt/engine/models/quant_forward.py): the PyTorch forward of a quantized model
+ * spends two thirds of a decode step in ~400 small ops (norms, rotary, attention's gathers,
+ * residual adds), which here are a few loops between the linears.
+ *
+ * Per layer, for the T tokens of a ragged batch (h [T, hidden] updated in place):
+ *
+ *   x    = rms_norm(h, attn_norm)                  x * (1 / sqrt(mean(x^2) + eps)), then * w
+ *   qkv  = quant_linear(x, Wqkv) (+ bias)          cpu_quant_avx2.c, int8 activation blocks
+ *   q, k = rotate_half(q, k) by positions          x*cos + rot(x)*sin, cos/sin [P, d/2]
+ *   K/V of every token -> cache row slots[t]       caches [num_slots, nkv, d] fp32
+ *   attn = softmax(q . K[0..p] * scale) . V[0..p]  per query, its own sequence's positions 0..p
+ *   h   += quant_linear(attn, Wo)
+ *   x    = rms_norm(h, mlp_norm)
+ *   h   += quant_linear(silu(gate) * up, Wdown),   [gate | up] = quant_linear(x, Wgate_up)
+ *
+ * then the final norm of the requested rows into `out`. The elementwise ops are the PyTorch
+ * path's, op for op (rotary and the norm's scaling bit for bit under -ffp-contract=off); only the
+ * sums (mean of squares, q.k, softmax's denominator, p.v) and exp() round differently.
+ *
+ * Batch invariance: a query's attention runs in one task, over its positions 0..p in order, with
+ * the same vector lanes whatever the batch; the per-token ops touch one token's row; the linears
+ * compute each row alone. So a token's bits depend neither on the other tokens nor on the thread
+ * count, and speculation (k+1 verify rows) cannot change greedy output.
+ *
+ * layers: num_layers rows of LAYER_FIELDS int64:
+ *   wqkv, fmt_qkv, bqkv (0: none), wo, fmt_o, wgate_up, fmt_gate_up, wdown, fmt_down,
+ *   attn_norm, mlp_norm, k_cache, v_cache.
+ */
+#include <stdlib.h>
+
+#include "cpu_quant.h"
+
+#define LAYER_FIELDS 13
+#define SERIAL_TOKENS 32        /* per-token phases on fewer tokens: cheaper than a join (~5 us) */
+#define SERIAL_ATTN_MACS 32768  /* attention with less work runs on the caller, for the same reason */
+#define PTR(type, v) ((type)(intptr_t)(v))
+
+enum { PH_NORM, PH_ROTARY, PH_RESIDUAL, PH_SILU };
+
+typedef struct {
+  int64_t T, hidden, inter, qkv_w, q_w;
+  int nq, nkv, d, g;
+  float eps, scale;
+  const int64_t *positions, *slots, *seq, *block_tables;
+  int64_t bt_stride, block_size, lpad;
+  const float *cos, *sin;
+  /* the layer being run; norm: the RMSNorm weight PH_NORM / PH_RESIDUAL apply (NULL: none) */
+  const float *bqkv, *norm;
+  float *kc, *vc;
+  float *h, *x, *qkv, *attn, *gu, *tmp, *scores; /* scores: [threads][g][lpad] */
+  int phase;
+  pool_chunks chunks;
+} dec;
+
+/* ---- vector helpers: AVX2, and the scalar path computing the same values in order ---- */
+
+#if QUANT_AVX2
+
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+static inline __m256i lanes_below(int64_t n) { /* lanes 0..n-1 set (n < 8) */
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* e^x, ~1 ulp (Cephes' polynomial on x - n ln2, |x - n ln2| <= ln2/2). 2^n is applied in two
+ * halves so that n = 128 (x up to 88.72) stays finite; x < -87.5 gives 0 (the true value is
+ * below FLT_MIN: nothing a softmax or SiLU can tell from 0). NaN stays NaN (min/max return
+ * their second operand on NaN). */
+static inline __m256 exp8(__m256 x) {
+  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-88.0f), _mm256_min_ps(_mm256_set1_ps(88.75f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.5f), _CMP_LT_OQ), y);
+}
+
+/* sum_i a[i] b[i]: 8 lanes (lane l sums i = l mod 8, in order), then the lanes, then the tail */
+static inline float dotf(const float *a, const float *b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum8(acc);
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+static float max_row(const float *s, int64_t n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  float r = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+  for (; j < n; j++) r = fmaxf(r, s[j]);
+  return r;
+}
+
+/* s[j] = e^(s[j] - m) for j < n; returns their sum (lane sums in order, then the lanes) */
+static float exp_shift(float *s, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  if (j < n) {
+    const __m256i k = lanes_below(n - j);
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(s + j, k), mv)), _mm256_castsi256_ps(k));
+    _mm256_maskstore_ps(s + j, k, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  return hsum8(acc);
+}
+
+/* g[i] = g[i] / (1 + e^-g[i]) * u[i], torch's silu(gate) * up */
+static void silu_mul(float *g, const float *u, int64_t n) {
+  const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, neg))));
+    _mm256_storeu_ps(g + i, _mm256_mul_ps(y, _mm256_loadu_ps(u + i)));
+  }
+  if (i < n) {
+    const __m256i k = lanes_below(n - i);
+    const __m256 x = _mm256_maskload_ps(g + i, k);
+    const __m256 y = _mm256_div_ps(x, _mm256_add_ps(one, exp8(_mm256_xor_ps(x, neg))));
+    _mm256_maskstore_ps(g + i, k, _mm256_mul_ps(y, _mm256_maskload_ps(u + i, k)));
+  }
+}
+
+/* out[c] = inv * sum_j p[j] V_j[c] for c < 8 nv, the positions j in order through the block
+ * table (V: the kv head's column c0 in slot 0; rows `stride` floats apart) */
+static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const float *V, int64_t stride,
+                                                          const int64_t *bt, int64_t bs, float inv, float *out,
+                                                          const int nv) {
+  __m256 acc[8];
+  for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+  for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
+    const float *vb = V + bt[b] * bs * stride;
+    const int64_t n = L - j0 < bs ? L - j0 : bs;
+    for (int64_t jj = 0; jj < n; jj++) {
+      const __m256 e = _mm256_set1_ps(p[j0 + jj]);
+      const float *vr = vb + jj * stride;
+      for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vr + 8 * v), acc[v]);
+    }
+  }
+  for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));
+}
+
+static void pv(const float *p, int64_t L, const float *V, int64_t stride, const int64_t *bt, int64_t bs, float inv,
+               float *out, int d) {
+  for (int c0 = 0; c0 < d; c0 += 64) { /* d % 8 == 0 (checked): up to 8 accumulators in registers */
+    switch ((d - c0) / 8 < 8 ? (d - c0) / 8 : 8) {
+#define PV(NV) case NV: pv_cols(p, L, V + c0, stride, bt, bs, inv, out + c0, NV); break;
+      PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7) default: pv_cols(p, L, V + c0, stride, bt, bs, inv, out + c0, 8);
+#undef PV
+    }
+  }
+}
+
+#else /* scalar */
+
+static inline float dotf(const float *a, const float *b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+static float max_row(const float *s, int64_t n) {
+  float r = -INFINITY;
+  for (int64_t j = 0; j < n; j++) r = fmaxf(r, s[j]);
+  return r;
+}
+
+static float exp_shift(float *s, int64_t n, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; j++) sum += s[j] = expf(s[j] - m);
+  return sum;
+}
+
+static void silu_mul(float *g, const float *u, int64_t n) {
+  for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
+}
+
+static void pv(const float *p, int64_t L, const float *V, int64_t stride, const int64_t *bt, int64_t bs, float inv,
+               float *out, int d) {
+  for (int c = 0; c < d; c++) out[c] = 0.0f;
+  for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
+    const float *vb = V + bt[b] * bs * stride;
+    for (int64_t jj = 0; jj < bs && j0 + jj < L; jj++)
+      for (int c = 0; c < d; c++) out[c] += p[j0 + jj] * vb[jj * stride + c];
+  }
+  for (int c = 0; c < d; c++) out[c] *= inv;
+}
+
+#endif
+
+/* out = w * (x * (1 / sqrt(mean(x^2) + eps))), as the model's rms_norm with fp32 x */
+static void rms_row(const float *x, const float *w, int64_t n, float eps, float *out) {
+  const float r = 1.0f / sqrtf(dotf(x, x, n) / (float)n + eps);
+  for (int64_t i = 0; i < n; i++) out[i] = w[i] * (x[i] * r);
+}
+
+/* rotate_half on `heads` heads of d values: (a, b) -> (a c - b s, b c + a s) */
+static void rotary(float *x, int heads, int d, const float *cos, const float *sin) {
+  const int half = d / 2;
+  for (int h = 0; h < heads; h++, x += d)
+    for (int i = 0; i < half; i++) {
+      const float a = x[i], b = x[i + half];
+      x[i] = a * cos[i] - b * sin[i];
+      x[i + half] = b * cos[i] + a * sin[i];
+    }
+}
+
+static void token_phase(const dec *D, int64_t t) {
+  switch (D->phase) {
+    case PH_NORM:
+      rms_row(D->h + t * D->hidden, D->norm, D->hidden, D->eps, D->x + t * D->hidden);
+      break;
+    case PH_ROTARY: {
+      float *row = D->qkv + t * D->qkv_w;
+      if (D->bqkv)
+        for (int64_t i = 0; i < D->qkv_w; i++) row[i] += D->bqkv[i];
+      const int64_t half = D->d / 2, kv_row = (int64_t)D->nkv * D->d;
+      rotary(row, D->nq + D->nkv, D->d, D->cos + D->positions[t] * half, D->sin + D->positions[t] * half);
+      memcpy(D->kc + D->slots[t] * kv_row, row + D->q_w, sizeof(float) * (size_t)kv_row);
+      memcpy(D->vc + D->slots[t] * kv_row, row + D->q_w + kv_row, sizeof(float) * (size_t)kv_row);
+      break;
+    }
+    case PH_RESIDUAL: {
+      float *hr = D->h + t * D->hidden;
+      const float *y = D->tmp + t * D->hidden;
+      for (int64_t i = 0; i < D->hidden; i++) hr[i] = hr[i] + y[i];
+      if (D->norm) rms_row(hr, D->norm, D->hidden, D->eps, D->x + t * D->hidden);
+      break;
+    }
+    default: {
+      float *g = D->gu + t * 2 * D->inter;
+      silu_mul(g, g + D->inter, D->inter);
+    }
+  }
+}
+
+static void tokens_job(void *ctx, int tid, int nt) {
+  (void)nt;
+  dec *D = ctx;
+  for (int64_t t; (t = pool_claim(&D->chunks, tid)) >= 0;) token_phase(D, t);
+}
+
+static void run_tokens(dec *D, int phase, int threads) {
+  D->phase = phase;
+  if (D->T < SERIAL_TOKENS || threads <= 1) {
+    for (int64_t t = 0; t < D->T; t++) token_phase(D, t);
+    return;
+  }
+  const int nt = threads > D->T ? (int)D->T : threads;
+  pool_chunks_init(&D->chunks, D->T, nt);
+  pool_run(tokens_job, D, nt);
+}
+
+/* Token t's g query heads of kv head kvh over its positions 0..p; sc: [g][lpad] scratch. */
+static void attend(const dec *D, int64_t t, int kvh, float *sc) {
+  const int g = D->g, d = D->d;
+  const int64_t L = D->positions[t] + 1, bs = D->block_size, stride = (int64_t)D->nkv * d;
+  const int64_t *bt = D->block_tables + D->seq[t] * D->bt_stride;
+  const float *q = D->qkv + t * D->qkv_w + (int64_t)kvh * g * d;
+  const float *K = D->kc + (int64_t)kvh * d, *V = D->vc + (int64_t)kvh * d;
+  for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
+    const float *kb = K + bt[b] * bs * stride;
+    const int64_t n = L - j0 < bs ? L - j0 : bs;
+    for (int64_t jj = 0; jj < n; jj++)
+      for (int i = 0; i < g; i++) sc[i * D->lpad + j0 + jj] = dotf(q + i * d, kb + jj * stride, d) * D->scale;
+  }
+  for (int i = 0; i < g; i++) {
+    float *s = sc + i * D->lpad;
+    const float sum = exp_shift(s, L, max_row(s, L));
+    pv(s, L, V, stride, bt, bs, 1.0f / sum, D->attn + t * D->q_w + (int64_t)(kvh * g + i) * d, d);
+  }
+}
+
+static void attention_job(void *ctx, int tid, int nt) {
+  (void)nt;
+  dec *D = ctx;
+  float *sc = D->scores + (int64_t)tid * D->g * D->lpad;
+  for (int64_t c; (c = pool_claim(&D->chunks, tid)) >= 0;) attend(D, c / D->nkv, (int)(c % D->nkv), sc);
+}
+
+/* The caller's buffers for the layers' activations (the linears have their own). */
+static __thread scratch_buf scratch;
+
+static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* Inputs the loops index by: positions in [0, rope_rows), slots in [0, num_slots), cu_q a
+ * partition of 0..T, every block a token's context reaches inside the table and the cache,
+ * rows in [0, T). Fills seq[t], token t's sequence. */
+static int check_batch(int64_t T, const int64_t *positions, int64_t rope_rows, const int64_t *slots, int64_t num_slots,
+                       int64_t B, const int64_t *cu_q, const int64_t *block_tables, int64_t bt_stride, int64_t bt_cols,
+                       int64_t block_size, const int64_t *rows, int64_t n_rows, int64_t *seq) {
+  if (B < 1 || cu_q[0] != 0 || cu_q[B] != T || block_size < 1) return -2;
+  for (int64_t b = 0; b < B; b++) {
+    if (cu_q[b + 1] < cu_q[b]) return -2;
+    int64_t pmax = -1;
+    for (int64_t t = cu_q[b]; t < cu_q[b + 1]; t++) {
+      if (positions[t] < 0 || positions[t] >= rope_rows || slots[t] < 0 || slots[t] >= num_slots) return -2;
+      pmax = positions[t] > pmax ? positions[t] : pmax;
+      seq[t] = b;
+    }
+    if (pmax / block_size >= bt_cols) return -2;
+    for (int64_t i = 0; i <= pmax / block_size; i++) {
+      const int64_t blk = block_tables[b * bt_stride + i];
+      if (blk < 0 || (blk + 1) * block_size > num_slots) return -2;
+    }
+  }
+  for (int64_t i = 0; i < n_rows; i++)
+    if (rows && (rows[i] < 0 || rows[i] >= T)) return -2;
+  return 0;
+}
+
+/* h [T, hidden] fp32 in place through layers 0..num_layers-1, then out [n_rows, hidden] = the
+ * final norm of rows `rows` of h (rows NULL: rows 0..n_rows-1; final_norm NULL: no output).
+ * cos/sin [rope_rows, d/2]; caches [num_slots, nkv, d] fp32; block_tables [B, bt_cols] (row
+ * stride bt_stride). Returns 0; -1 for a bad format or dimension; -2 for an index out of range
+ * (nothing is written then); -3 when out of memory. */
+int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, int64_t T, int64_t hidden,
+                          int64_t inter, int nq, int nkv, int d, float eps, float scale, const int64_t *positions,
+                          const float *cos, const float *sin, int64_t rope_rows, const int64_t *slots,
+                          int64_t num_slots, int64_t B, const int64_t *cu_q, const int64_t *block_tables,
+                          int64_t bt_stride, int64_t bt_cols, int64_t block_size, const float *final_norm,
+                          const int64_t *rows, int64_t n_rows, float *out, int threads) {
+  if (nq < 1 || nkv < 1 || nq % nkv || d < 2 || d % 2 || (QUANT_AVX2 && d % 8) || hidden < 1 || inter < 1) return -1;
+  if (T <= 0) return 0;
+  threads = threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads;
+  dec D = {.T = T, .hidden = hidden, .inter = inter, .qkv_w = (int64_t)(nq + 2 * nkv) * d, .q_w = (int64_t)nq * d,
+           .nq = nq, .nkv = nkv, .d = d, .g = nq / nkv, .eps = eps, .scale = scale, .positions = positions,
+           .slots = slots, .block_tables = block_tables, .bt_stride = bt_stride, .block_size = block_size,
+           .cos = cos, .sin = sin, .h = h};
+  int64_t lmax = 1, macs = 0;
+  for (int64_t t = 0; t < T; t++) { /* check_batch refuses positions past the rotary table: size by it */
+    const int64_t p = positions[t] < rope_rows ? positions[t] : rope_rows - 1;
+    lmax = p + 1 > lmax ? p + 1 : lmax;
+    macs += (p + 1) * D.q_w;
+  }
+  D.lpad = up16(lmax);
+  const int64_t n_x = up16(T * hidden), n_qkv = up16(T * D.qkv_w), n_attn = up16(T * D.q_w);
+  const int64_t n_gu = up16(T * 2 * inter), n_seq = up16(T);
+  float *buf = scratch_get(&scratch, sizeof(float) * (size_t)(2 * n_x + n_qkv + n_attn + n_gu + 2 * n_seq +
+                                                    (int64_t)threads * D.g * D.lpad));
+  if (!buf) return -3;
+  D.x = buf;
+  D.tmp = D.x + n_x;
+  D.qkv = D.tmp + n_x;
+  D.attn = D.qkv + n_qkv;
+  D.gu = D.attn + n_attn;
+  int64_t *seq = (int64_t *)(D.gu + n_gu); /* 2 n_seq floats */
+  D.scores = (float *)(seq + n_seq);
+  D.seq = seq;
+  int rc = check_batch(T, positions, rope_rows, slots, num_slots, B, cu_q, block_tables, bt_stride, bt_cols,
+                       block_size, rows, n_rows, seq);
+  if (rc) return rc;
+  const int64_t attn_tasks = T * nkv;
+  const int attn_nt = macs < SERIAL_ATTN_MACS ? 1 : (threads > attn_tasks ? (int)attn_tasks : threads);
+  for (int64_t li = 0; li < num_layers; li++) {
+    const int64_t *L = layers + li * LAYER_FIELDS;
+    D.bqkv = PTR(const float *, L[2]);
+    D.kc = PTR(float *, L[11]);
+    D.vc = PTR(float *, L[12]);
+    if (li == 0) { /* later layers get their norm from the previous layer's last residual pass */
+      D.norm = PTR(const float *, L[9]);
+      run_tokens(&D, PH_NORM, threads);
+    }
+    rc = agentrt_quant_linear(D.x, hidden, T, PTR(const uint8_t *, L[0]), (int)L[1], D.qkv_w, hidden, D.qkv,
+                              D.qkv_w, threads);
+    if (rc) return rc;
+    run_tokens(&D, PH_ROTARY, threads);
+    pool_chunks_init(&D.chunks, attn_tasks, attn_nt);
+    pool_run(attention_job, &D, attn_nt);
+    rc = agentrt_quant_linear(D.attn, D.q_w, T, PTR(const uint8_t *, L[3]), (int)L[4], hidden, D.q_w, D.tmp, hidden,
+                              threads);
+    if (rc) return rc;
+    D.norm = PTR(const float *, L[10]);
+    run_tokens(&D, PH_RESIDUAL, threads);
+    rc = agentrt_quant_linear(D.x, hidden, T, PTR(const uint8_t *, L[5]), (int)L[6], 2 * inter, hidden, D.gu,
+                              2 * inter, threads);
+    if (rc) return rc;
+    run_tokens(&D, PH_SILU, threads);
+    rc = agentrt_quant_linear(D.gu, 2 * inter, T, PTR(const uint8_t *, L[7]), (int)L[8], hidden, inter, D.tmp, hidden,
+                              threads);
+    if (rc) return rc;
+    D.norm = li + 1 < num_layers ? PTR(const float *, L[LAYER_FIELDS + 9]) : NULL;
+    run_tokens(&D, PH_RESIDUAL, threads);
+  }
+  if (final_norm)
+    for (int64_t i = 0; i < n_rows; i++)
+      rms_row(h + (rows ? rows[i] : i) * hidden, final_norm, hidden, eps, out + i * hidden);
+  return 0;
+}

@@ -1,0 +1,147 @@
+"""A stack of Llama decoder layers on GGUF-quantized weights in one kernel call
+(csrc/cpu_quant_decoder.c), and the table of weight and cache addresses it reads.
+
+Per layer (h [T, hidden] fp32, updated in place; linears as quant_linear.quant_linear):
+    qkv  = quant_linear(rms_norm(h, attn_norm), Wqkv) + bias      rotary on q, k; K/V into their slots
+    attn = each query over its own sequence's positions 0..p      (paged caches, fp32)
+    h   += quant_linear(attn, Wo)
+    h   += quant_linear(silu(gate) * up, Wdown),   [gate | up] = quant_linear(rms_norm(h, mlp_norm), Wgate_up)
+then out = rms_norm(h[rows], final_norm).
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from agentrt.kernels.decoder import Dims
+from agentrt.kernels.quant_build import quant_kernels
+from agentrt.kernels.quant_formats import QuantWeight
+
+LAYER_FIELDS = 13  # the row layout csrc/cpu_quant_decoder.c reads
+_ERRORS = {-1: "a weight format or dimension the kernel does not run", -2: "an index out of range (a position past "
+           "the rotary table, a slot, block or row outside the cache or batch, or cu_q not a partition of the tokens)",
+           -3: "out of memory"}
+
+
+@dataclass(frozen=True)
+class QuantLayerWeights:
+    qkv: QuantWeight  # [(nq + 2 nkv) d, hidden]
+    qkv_bias: torch.Tensor | None  # [(nq + 2 nkv) d] fp32 contiguous
+    o: QuantWeight  # [hidden, nq d]
+    gate_up: QuantWeight  # [2 inter, hidden]: gate rows, then up rows
+    down: QuantWeight  # [hidden, inter]
+    attn_norm: torch.Tensor  # [hidden] fp32 contiguous
+    mlp_norm: torch.Tensor
+
+
+def quant_layer_table(layers: list[QuantLayerWeights], k_caches: list[torch.Tensor],
+                      v_caches: list[torch.Tensor]) -> torch.Tensor:
+    """[L, LAYER_FIELDS] int64 of addresses: valid while the weights and caches live. Caches
+    [num_slots, nkv, d] fp32 contiguous on the CPU."""
+    rows = []
+    for w, kc, vc in zip(layers, k_caches, v_caches):
+        for c in (kc, vc):
+            if c.dtype != torch.float32 or c.device.type != "cpu" or not c.is_contiguous():
+                raise ValueError(f"the quantized decoder needs contiguous fp32 CPU caches, got {c.dtype} on {c.device}")
+        rows.append([
+            w.qkv.data.data_ptr(), w.qkv.format.ggml_type, 0 if w.qkv_bias is None else w.qkv_bias.data_ptr(),
+            w.o.data.data_ptr(), w.o.format.ggml_type, w.gate_up.data.data_ptr(), w.gate_up.format.ggml_type,
+            w.down.data.data_ptr(), w.down.format.ggml_type, w.attn_norm.data_ptr(), w.mlp_norm.data_ptr(),
+            kc.data_ptr(), vc.data_ptr(),
+        ])
+    return torch.tensor(rows, dtype=torch.long).reshape(-1, LAYER_FIELDS)
+
+
+def _i64(t: torch.Tensor, name: str) -> torch.Tensor:
+    if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.device.type != "cpu":
+        raise ValueError(f"{name} must be integers on the CPU, got {t.dtype} on {t.device}")
+    return t.to(torch.long).contiguous()
+
+
+def quant_decoder_layers(
+    table: torch.Tensor,  # quant_layer_table(...), first num_layers rows used
+    num_layers: int,
+    dims: Dims,
+    h: torch.Tensor,  # [T, hidden] fp32 contiguous, updated in place
+    positions: torch.Tensor,  # [T] int64
+    cos: torch.Tensor,  # [P, d/2] fp32 (RotaryEmbedding.cos)
+    sin: torch.Tensor,
+    slots: torch.Tensor,  # [T] int64
+    num_slots: int,  # rows of every cache
+    cu_q: torch.Tensor,  # [B + 1] int64
+    block_tables: torch.Tensor,  # [B, max_blocks] int64
+    block_size: int,
+    final_norm: torch.Tensor | None = None,  # [hidden] fp32
+    rows: torch.Tensor | None = None,  # [n_out] int64 rows of h to normalize (None: all)
+    num_threads: int | None = None,
+    lib: ctypes.CDLL | None = None,  # a given build (tests: the scalar one); default: quant_kernels()
+) -> torch.Tensor | None:  # [n_out, hidden] fp32: rms_norm(h[rows], final_norm), when final_norm is given
+    lib = lib if lib is not None else quant_kernels()
+    if lib is None:
+        raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")
+    T = h.shape[0]
+    if h.dtype != torch.float32 or h.dim() != 2 or h.shape[1] != dims.hidden or not h.is_contiguous():
+        raise ValueError(f"h must be [T, {dims.hidden}] fp32 contiguous, got {h.dtype} {tuple(h.shape)}")
+    if not 0 <= num_layers <= table.shape[0]:
+        raise ValueError(f"num_layers {num_layers} outside 0..{table.shape[0]}")
+    for t, name in ((cos, "cos"), (sin, "sin")):
+        if t.dtype != torch.float32 or t.shape[-1] != dims.head_dim // 2 or not t.is_contiguous():
+            raise ValueError(f"{name} must be [P, {dims.head_dim // 2}] fp32 contiguous")
+    positions, slots, cu_q = _i64(positions, "positions"), _i64(slots, "slot_mapping"), _i64(cu_q, "cu_q")
+    block_tables = _i64(block_tables, "block_tables")
+    if positions.numel() != T or slots.numel() != T:
+        raise ValueError(f"positions and slot_mapping must have {T} entries")
+    if block_tables.dim() != 2 or block_tables.shape[0] < cu_q.numel() - 1:
+        raise ValueError(f"block_tables must be [B, max_blocks], a row per sequence: got {tuple(block_tables.shape)}")
+    out = None
+    if final_norm is not None:
+        rows = None if rows is None else _i64(rows.reshape(-1), "logits_indices")
+        out = torch.empty(T if rows is None else rows.numel(), dims.hidden, dtype=torch.float32)
+    rc = lib.agentrt_quant_decoder(
+        table.data_ptr(), num_layers, h.data_ptr(), T, dims.hidden, dims.intermediate, dims.num_heads,
+        dims.num_kv_heads, dims.head_dim, dims.eps, dims.scale, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
+        cos.shape[0], slots.data_ptr(), num_slots, cu_q.numel() - 1, cu_q.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), block_tables.shape[1], block_size,
+        None if final_norm is None else final_norm.data_ptr(), None if rows is None else rows.data_ptr(),
+        0 if out is None else out.shape[0], None if out is None else out.data_ptr(),
+        num_threads or torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise (IndexError if rc == -2 else RuntimeError)(f"quant_decoder_layers: {_ERRORS.get(rc, f'error {rc}')}")
+    return out
+
+
+def quant_decoder_reference(
+    layers: list[QuantLayerWeights],
+    k_caches: list[torch.Tensor],  # [num_slots, nkv, d] fp32, written
+    v_caches: list[torch.Tensor],
+    dims: Dims,
+    h: torch.Tensor,  # [T, hidden] fp32 (not modified)
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    slots: torch.Tensor,
+    cu_q: torch.Tensor,
+    block_tables: torch.Tensor,
+    block_size: int,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:  # h after the layers
+    """The same stack from the per-op PyTorch references and one quant_linear call per linear."""
+    from agentrt.kernels.linear import rms_norm_reference
+    from agentrt.kernels.paged_attention import paged_attention_reference, rotary_kv_write_reference
+    from agentrt.kernels.quant_linear import quant_linear
+
+    T, nq, d = h.shape[0], dims.num_heads, dims.head_dim
+    for w, kc, vc in zip(layers, k_caches, v_caches):
+        qkv = quant_linear(rms_norm_reference(h, w.attn_norm, dims.eps), w.qkv, lib=lib)
+        if w.qkv_bias is not None:
+            qkv = qkv + w.qkv_bias
+        rotary_kv_write_reference(qkv, positions, cos, sin, slots, kc, vc, nq)
+        attn = paged_attention_reference(qkv[:, : nq * d].reshape(T, nq, d), kc, vc, cu_q, positions, block_tables,
+                                         block_size, dims.scale)
+        h = h + quant_linear(attn.reshape(T, nq * d), w.o, lib=lib)
+        gate, up = quant_linear(rms_norm_reference(h, w.mlp_norm, dims.eps), w.gate_up, lib=lib).chunk(2, dim=-1)
+        h = h + quant_linear((torch.nn.functional.silu(gate) * up).contiguous(), w.down, lib=lib)
+    return h
