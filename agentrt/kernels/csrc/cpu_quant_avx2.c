@@ -28,6 +28,7 @@
  * on the thread count (batch invariance; built with -ffp-contract=off so that the compiler does
  * not fuse some multiply-adds in one tile shape and not in another).
  */
+#include <float.h>
 #include <stdlib.h>
 
 #include "cpu_quant.h" /* QUANT_AVX2, the format codes, qjob, f16_to_f32 */
@@ -45,10 +46,10 @@ static int block_bytes(int fmt) {
 
 /* ---- activations: int8 blocks, per row ---- */
 
-/* x [K] -> q [K] int8, d [K/32] = amax/127, s [K/32] = d * sum(q). Scalar on every path (M*K
- * work against the M*N*K of the products) so both paths quantize identically;
- * quantize_activations in quant_formats.py mirrors it. */
-static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s) {
+/* x [K] -> q [K] int8, d [K/32] = amax/127, s [K/32] = d * sum(q); quantize_activations in
+ * quant_formats.py mirrors it. The AVX2 version below runs the same fp32 ops per value (a max,
+ * one multiply, a round half to even, exact integer sums), so both paths quantize identically. */
+static inline void quantize_row_scalar(const float *x, int64_t K, int8_t *q, float *d, float *s) {
   for (int64_t b = 0; b < K / QK; b++) {
     const float *xb = x + b * QK;
     float amax = 0.0f;
@@ -79,6 +80,43 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
 
 #if QUANT_AVX2
 
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s) {
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), big = _mm256_set1_ps(FLT_MAX);
+  const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7); /* undoes packs' lane interleave */
+  for (int64_t b = 0; b < K / QK; b++) {
+    const float *xb = x + b * QK;
+    __m256 v[4], mx = _mm256_setzero_ps(), ok = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    for (int i = 0; i < 4; i++) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      const __m256 a = _mm256_and_ps(v[i], abs_mask);
+      ok = _mm256_and_ps(ok, _mm256_cmp_ps(a, big, _CMP_LE_OQ)); /* false for NaN and Inf */
+      mx = _mm256_max_ps(mx, a);
+    }
+    if (_mm256_movemask_ps(ok) != 0xff) {
+      memset(q + b * QK, 0, QK);
+      d[b] = s[b] = NAN;
+      continue;
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float inv127 = 127.0f / amax;
+    const __m256 inv = _mm256_set1_ps(amax != 0.0f && isfinite(inv127) ? inv127 : 0.0f);
+    __m256i iv[4];
+    for (int i = 0; i < 4; i++)
+      iv[i] = _mm256_cvtps_epi32(
+          _mm256_round_ps(_mm256_mul_ps(v[i], inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    const __m256i q8 = _mm256_packs_epi16(_mm256_packs_epi32(iv[0], iv[1]), _mm256_packs_epi32(iv[2], iv[3]));
+    _mm256_storeu_si256((__m256i *)(q + b * QK), _mm256_permutevar8x32_epi32(q8, order));
+    const __m256i t = _mm256_add_epi32(_mm256_add_epi32(iv[0], iv[1]), _mm256_add_epi32(iv[2], iv[3]));
+    __m128i t4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0x4e));
+    t4 = _mm_add_epi32(t4, _mm_shuffle_epi32(t4, 0xb1));
+    d[b] = amax / 127.0f;
+    s[b] = d[b] * (float)_mm_cvtsi128_si32(t4);
+  }
+}
+
 static inline float hsum(__m256 v) {
   __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -92,89 +130,132 @@ static inline __m256i unpack_nibbles(const uint8_t *qs) {
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0f));
 }
 
-/* Weight rows n .. n+nr-1 against activation rows m0 .. m0+mr-1 (nr, mr, fmt constant after
- * inlining). Every (weight row, activation row) pair runs the same ops in the same order
- * whatever nr and mr are. */
-static inline __attribute__((always_inline)) void tile(const qjob *j, int64_t n, int64_t m0, const int nr,
-                                                       const int mr, const int fmt) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[2][MR];
-  for (int i = 0; i < nr; i++)
-    for (int r = 0; r < mr; r++) acc[i][r] = _mm256_setzero_ps();
-  /* Q4_1's offsets m, zero-padded to nb8: the m * dx * sum(qx) terms are summed after the
-   * blocks, 8 at a time (saves a scalar multiply-add per block and activation row) */
-  float mw[2][fmt == FMT_Q4_1 ? j->nb8 : 1];
-  if (fmt == FMT_Q4_1)
-    for (int i = 0; i < nr; i++)
-      for (int64_t b = j->nb; b < j->nb8; b++) mw[i][b] = 0.0f;
-  const int bb = fmt == FMT_Q8_0 ? 34 : fmt == FMT_Q4_1 ? 20 : 18;
-  for (int64_t b = 0; b < j->nb; b++) {
-    __m256i wq[2];
-    float dw[2];
-    for (int i = 0; i < nr; i++) {
-      const uint8_t *blk = j->w + (n + i) * j->row_bytes + b * bb;
-      if (fmt == FMT_Q4_1) { /* d and m in one conversion */
-        int32_t dm;
-        memcpy(&dm, blk, 4);
-        const __m128 f = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
-        dw[i] = _mm_cvtss_f32(f);
-        mw[i][b] = _mm_cvtss_f32(_mm_movehdup_ps(f));
-      } else {
-        dw[i] = f16_to_f32(blk);
-      }
-      if (fmt == FMT_Q8_0) {
-        wq[i] = _mm256_loadu_si256((const __m256i *)(blk + 2));
-      } else if (fmt == FMT_Q4_0) {
-        wq[i] = _mm256_sub_epi8(unpack_nibbles(blk + 2), _mm256_set1_epi8(8));
-      } else {
-        wq[i] = unpack_nibbles(blk + 4);
-      }
-    }
-    for (int r = 0; r < mr; r++) {
-      const __m256i xq = _mm256_load_si256((const __m256i *)(j->xq + (m0 + r) * j->K + b * QK));
-      const float dx = j->xd[(m0 + r) * j->nb + b];
-      for (int i = 0; i < nr; i++) {
-        __m256i p;
-        if (fmt == FMT_Q4_1) /* unsigned nibbles: pairs <= 2 * 15 * 127, no int16 saturation */
-          p = _mm256_maddubs_epi16(wq[i], xq);
-        else /* |w| (unsigned; -128 -> 128) times x carrying w's sign: pairs <= 2 * 128 * 127 */
-          p = _mm256_maddubs_epi16(_mm256_sign_epi8(wq[i], wq[i]), _mm256_sign_epi8(xq, wq[i]));
-        p = _mm256_madd_epi16(p, ones);
-        acc[i][r] = _mm256_fmadd_ps(_mm256_set1_ps(dw[i] * dx), _mm256_cvtepi32_ps(p), acc[i][r]);
-      }
-    }
+static inline __m256i lanes_below(int n) { /* int32 lanes 0..n-1 set */
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* The f16 at byte `off` of blocks 0..n-1 (bb bytes apart) as 8 floats, lanes >= n zero. */
+static inline __attribute__((always_inline)) __m256 f16x8(const uint8_t *blk, int bb, int off, const int n) {
+  __m128i v = _mm_setzero_si128();
+  uint16_t h;
+#define LANE(I)                                     \
+  if (n > I) {                                      \
+    memcpy(&h, blk + (I) * bb + off, 2);            \
+    v = _mm_insert_epi16(v, h, I);                  \
   }
-  for (int i = 0; i < nr; i++)
-    for (int r = 0; r < mr; r++) {
-      float off = 0.0f;
-      if (fmt == FMT_Q4_1) {
-        const float *sx = j->xs + (m0 + r) * j->nb8;
-        __m256 o = _mm256_setzero_ps();
-        for (int64_t b = 0; b < j->nb8; b += 8) o = _mm256_fmadd_ps(_mm256_loadu_ps(mw[i] + b), _mm256_load_ps(sx + b), o);
-        off = hsum(o);
-      }
-      j->out[(m0 + r) * j->out_stride + n + i] = hsum(acc[i][r]) + off;
-    }
+  LANE(0) LANE(1) LANE(2) LANE(3) LANE(4) LANE(5) LANE(6) LANE(7)
+#undef LANE
+  return _mm256_cvtph_ps(v);
+}
+
+/* [sum(p0), ..., sum(p7)]: each p's 8 int32 lanes added (exact) */
+static inline __m256i sums8(__m256i p0, __m256i p1, __m256i p2, __m256i p3, __m256i p4, __m256i p5, __m256i p6,
+                            __m256i p7) {
+  const __m256i ab = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+  const __m256i cd = _mm256_hadd_epi32(_mm256_hadd_epi32(p4, p5), _mm256_hadd_epi32(p6, p7));
+  return _mm256_add_epi32(_mm256_permute2x128_si256(ab, cd, 0x20), _mm256_permute2x128_si256(ab, cd, 0x31));
+}
+
+/* A weight block's 32 values as bytes: Q4_1 0..15, Q4_0 0..15 (the - 8 is taken as an offset
+ * of -8 dw, as Q4_1's m), Q8_0 signed. */
+static inline __attribute__((always_inline)) __m256i weight_bytes(const uint8_t *blk, const int fmt) {
+  return fmt == FMT_Q8_0 ? _mm256_loadu_si256((const __m256i *)(blk + 2))
+                         : unpack_nibbles(blk + (fmt == FMT_Q4_1 ? 4 : 2));
+}
+
+/* The integer dot product of one weight block with one activation block, as 8 int32 lanes. */
+static inline __attribute__((always_inline)) __m256i block_dot(__m256i w, __m256i x, const int fmt) {
+  const __m256i p = fmt == FMT_Q8_0 /* |w| (unsigned; -128 -> 128) times x carrying w's sign */
+                        ? _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w))
+                        : _mm256_maddubs_epi16(w, x); /* unsigned nibbles: pairs <= 2 * 15 * 127 */
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Weight row n against activation rows m0 .. m0+mr-1, blocks b0 .. b0+n_blk-1 (n_blk <= 8):
+ * the 8 blocks' integer sums in the lanes of one vector, times dw * dx per lane, then the
+ * offsets (Q4_1's m, Q4_0's -8 dw) times xs = dx sum(qx), into acc[r]. Every (weight row,
+ * activation row) pair runs the same ops in the same order whatever mr is. */
+static inline __attribute__((always_inline)) void group(const qjob *j, int64_t n, int64_t m0, int64_t b0,
+                                                        const int mr, const int fmt, const int n_blk, __m256 *acc) {
+  const int bb = fmt == FMT_Q8_0 ? 34 : fmt == FMT_Q4_1 ? 20 : 18;
+  const uint8_t *blk = j->w + n * j->row_bytes + b0 * bb;
+  __m256i w[8];
+  for (int i = 0; i < 8; i++) w[i] = i < n_blk ? weight_bytes(blk + i * bb, fmt) : _mm256_setzero_si256();
+  const __m256 dw = f16x8(blk, bb, 0, n_blk);
+  const __m256 mw = fmt == FMT_Q4_1 ? f16x8(blk, bb, 2, n_blk)
+                    : fmt == FMT_Q4_0 ? _mm256_mul_ps(dw, _mm256_set1_ps(-8.0f)) : _mm256_setzero_ps();
+  for (int r = 0; r < mr; r++) {
+    const int8_t *xq = j->xq + (m0 + r) * j->K + b0 * QK;
+    __m256i p[8];
+    for (int i = 0; i < 8; i++)
+      p[i] = i < n_blk ? block_dot(w[i], _mm256_load_si256((const __m256i *)(xq + i * QK)), fmt) : _mm256_setzero_si256();
+    const float *xd = j->xd + (m0 + r) * j->nb + b0;
+    const __m256 dx = n_blk == 8 ? _mm256_loadu_ps(xd) : _mm256_maskload_ps(xd, lanes_below(n_blk));
+    const __m256 sums = _mm256_cvtepi32_ps(sums8(p[0], p[1], p[2], p[3], p[4], p[5], p[6], p[7]));
+    acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), sums, acc[r]);
+    if (fmt != FMT_Q8_0) /* xs rows are zero-padded to nb8: no mask */
+      acc[r] = _mm256_fmadd_ps(mw, _mm256_load_ps(j->xs + (m0 + r) * j->nb8 + b0), acc[r]);
+  }
+}
+
+/* acc[r]: weight row n against activation row m0 + r, in 8 lanes to be added */
+static inline __attribute__((always_inline)) void row_lanes(const qjob *j, int64_t n, int64_t m0, const int mr,
+                                                            const int fmt, __m256 *acc) {
+  for (int r = 0; r < mr; r++) acc[r] = _mm256_setzero_ps();
+  int64_t b0 = 0;
+  for (; b0 + 8 <= j->nb; b0 += 8) group(j, n, m0, b0, mr, fmt, 8, acc);
+  switch (j->nb - b0) {
+#define TAIL(T) case T: group(j, n, m0, b0, mr, fmt, T, acc); break;
+    TAIL(1) TAIL(2) TAIL(3) TAIL(4) TAIL(5) TAIL(6) TAIL(7)
+#undef TAIL
+    default: break;
+  }
+}
+
+/* [hsum(v[0]), ..., hsum(v[7])], each as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
+static inline __m256 hsums8(const __m256 *v) {
+  const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+  const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
+}
+
+/* Weight rows n .. n+nr-1 (nr <= 8) against activation rows m0 .. m0+mr-1: a row's lanes are
+ * added in the same order wherever it sits among the 8. */
+static inline __attribute__((always_inline)) void rows8(const qjob *j, int64_t n, int nr, int64_t m0, const int mr,
+                                                        const int fmt) {
+  __m256 v[MR][8], acc[MR];
+  for (int i = 0; i < 8; i++) {
+    if (i < nr) row_lanes(j, n + i, m0, mr, fmt, acc);
+    for (int r = 0; r < mr; r++) v[r][i] = i < nr ? acc[r] : _mm256_setzero_ps();
+  }
+  for (int r = 0; r < mr; r++) {
+    float *o = j->out + (m0 + r) * j->out_stride + n;
+    const __m256 sums = hsums8(v[r]);
+    if (nr == 8) _mm256_storeu_ps(o, sums);
+    else _mm256_maskstore_ps(o, lanes_below(nr), sums);
+  }
 }
 
 static inline __attribute__((always_inline)) void chunk_fmt(const qjob *j, int64_t n0, int64_t n1, const int fmt) {
   for (int64_t m0 = 0; m0 < j->M; m0 += MR) {
     const int64_t mr = j->M - m0 < MR ? j->M - m0 : MR;
-    int64_t n = n0;
-#define TILES(MRC)                                                      \
-  for (; n + 2 <= n1; n += 2) tile(j, n, m0, 2, MRC, fmt);             \
-  if (n < n1) tile(j, n, m0, 1, MRC, fmt);
-    switch (mr) {
-      case 4: TILES(4) break;
-      case 3: TILES(3) break;
-      case 2: TILES(2) break;
-      default: TILES(1) break;
+    for (int64_t n = n0; n < n1; n += 8) {
+      const int nr = n1 - n < 8 ? (int)(n1 - n) : 8;
+      switch (mr) {
+        case 4: rows8(j, n, nr, m0, 4, fmt); break;
+        case 3: rows8(j, n, nr, m0, 3, fmt); break;
+        case 2: rows8(j, n, nr, m0, 2, fmt); break;
+        default: rows8(j, n, nr, m0, 1, fmt); break;
+      }
     }
-#undef TILES
   }
 }
 
 #else /* scalar */
+
+static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *s) {
+  quantize_row_scalar(x, K, q, d, s);
+}
 
 static void chunk_scalar(const qjob *j, int64_t n0, int64_t n1) {
   const int fmt = j->fmt, bb = block_bytes(fmt);
