@@ -1,12 +1,14 @@
 """Name or path -> a ready model and tokenizer."""
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from agentrt.engine.gguf_convert import TENSOR_TABLE
 from agentrt.engine.models.layers import onednn_bf16
 from agentrt.engine.models.llama import LlamaModel
 from agentrt.engine.registry import ModelSource, find_model_gguf, resolve_model
@@ -94,7 +96,9 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", device: str
         from agentrt.engine.models.quantized import load_quantized_model
 
         source = resolve_model(name_or_path, progress=progress, weights=False)
-        return LoadedModel(source, load_quantized_model(source.config, source.gguf), Tokenizer.from_dir(source.path))
+        table = json.loads((source.path / TENSOR_TABLE).read_text())
+        return LoadedModel(source, load_quantized_model(source.config, source.gguf, table),
+                           Tokenizer.from_dir(source.path))
     dt = parse_dtype(dtype, device)
     source = resolve_model(name_or_path, progress=progress)
     sd = load_state_dict(source.path, source.config, dt, device)

@@ -4,17 +4,20 @@ a float dtype dequantizes the file once into a cached HF directory instead."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
 from engine_runs import forward_step
 
 from agentrt.engine.block_manager import BlockManager
-from agentrt.engine.gguf_convert import CONVERSION_MARKER, WEIGHTS_FILE
+from agentrt.engine.gguf_convert import CONVERSION_MARKER, TENSOR_TABLE, WEIGHTS_FILE, tensor_table
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.model_loader import load_model, parse_dtype
+from agentrt.engine.models.quantized import mapped_tensors
 from agentrt.engine.registry import gguf_cache_dir
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.quant_build import unsupported_reason
@@ -54,7 +57,7 @@ def test_a_gguf_path_runs_quantized_then_float_from_one_cache(embedded_gguf, tmp
     out = gguf_cache_dir(path)
     assert quant.weights == "quantized" and quant.name == "my-model" and quant.source.path == out
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        [CONVERSION_MARKER, "config.json", "tokenizer.json", "tokenizer_config.json"])  # no dequantized copy
+        [CONVERSION_MARKER, "config.json", "tokenizer.json", "tokenizer_config.json", TENSOR_TABLE])  # no weights
     assert json.loads((out / CONVERSION_MARKER).read_text())["weights"] is False
     # the same file as the embedded model's: the same blocks, the same kernels, the same bits
     assert torch.equal(_logits(quant), _logits(load_model("smollm2-135m-instruct", "quantized", progress=False)))
@@ -86,3 +89,48 @@ def test_a_truncated_gguf_is_named(embedded_gguf, tmp_path, monkeypatch):
         bad.write_bytes(f.read(1 << 20))
     with pytest.raises(ModelLoadError, match="cut.gguf: not a readable GGUF file"):
         load_model(str(bad), progress=False)
+
+
+def test_the_cached_tensor_table_maps_what_the_reader_reads(embedded_gguf):
+    import gguf
+
+    reader = gguf.GGUFReader(str(embedded_gguf))
+    mapped = mapped_tensors(embedded_gguf, tensor_table(reader))
+    assert [t.name for t in mapped] == [t.name for t in reader.tensors]
+    for m, r in zip(mapped, reader.tensors):
+        assert m.tensor_type == r.tensor_type and m.shape.tolist() == r.shape.tolist()
+        assert m.data.dtype == r.data.dtype and m.data.shape == r.data.shape and np.array_equal(m.data, r.data)
+
+
+def test_a_start_reads_the_table_not_the_metadata_and_checks_it(embedded_gguf, tmp_path, monkeypatch):
+    import gguf
+
+    monkeypatch.setenv("AGENTRT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "m.gguf"
+    shutil.copyfile(embedded_gguf, path)
+    load_model(str(path), progress=False)  # converts: config, tokenizer, table
+
+    def no_reader(*a, **k):
+        raise AssertionError("a cached start parsed the GGUF metadata")
+
+    monkeypatch.setattr(gguf, "GGUFReader", no_reader)
+    assert load_model(str(path), progress=False).weights == "quantized"
+
+    table = gguf_cache_dir(path) / TENSOR_TABLE
+    entries = json.loads(table.read_text())
+    entries["tensors"][-1]["offset"] = path.stat().st_size  # past the end of the file
+    table.write_text(json.dumps(entries))
+    with pytest.raises(ModelLoadError, match="m.gguf: the file does not match its cached tensor table"):
+        load_model(str(path), progress=False)
+
+
+def test_a_file_replaced_in_place_is_converted_again(embedded_gguf, tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRT_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "m.gguf"
+    shutil.copyfile(embedded_gguf, path)
+    load_model(str(path), progress=False)
+    marker = gguf_cache_dir(path) / CONVERSION_MARKER
+    stamp = marker.stat().st_mtime_ns
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # same name and size, newer
+    load_model(str(path), progress=False)
+    assert marker.stat().st_mtime_ns != stamp

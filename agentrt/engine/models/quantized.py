@@ -10,6 +10,10 @@ dequantized copy of a quantized tensor in memory:
   to fp32 with gguf.quants, as engine/gguf_convert.py does for the float path.
 Norms, rotary tables, attention and the KV cache run in fp32.
 
+The tensors are found through the tensor table the conversion cached (gguf_convert.tensor_table),
+so a start maps the file without parsing its metadata again; the table is checked against the
+file's header and size.
+
 Names follow the converter: gguf_convert.hf_tensor_name maps GGUF to HF names, and Q/K rows get
 gguf_convert.unpermute_rotary, applied to the quantized rows (a block runs along K, inside a row,
 so permuting whole rows of blocks is exact). The tensor set is checked against the config as the
@@ -18,7 +22,9 @@ names it.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -34,18 +40,51 @@ def _rotary_heads(name: str, cfg) -> int | None:
             "self_attn.k_proj.weight": cfg.num_key_value_heads}.get(name.split(".", 3)[-1])
 
 
-def read_gguf_weights(gguf_path: Path | str, cfg) -> dict[str, QuantWeight | torch.Tensor]:
+@dataclass(frozen=True)
+class MappedTensor:
+    """The fields of a gguf.ReaderTensor the loader reads, with the same meaning."""
+    name: str
+    tensor_type: Any  # gguf.GGMLQuantizationType
+    shape: np.ndarray  # dims innermost first
+    data: np.ndarray  # a view of the file: its elements (float/int types) or bytes [..., row bytes]
+
+
+def mapped_tensors(gguf_path: Path | str, table: dict) -> list[MappedTensor]:
+    """The tensors `table` (gguf_convert.tensor_table of this file) lists, as views of the file
+    mapped read-only, shaped as gguf.GGUFReader shapes them."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import quant_shape_to_byte_shape
+
+    plain = {"F16": np.float16, "F32": np.float32, "F64": np.float64, "I8": np.int8, "I16": np.int16,
+             "I32": np.int32, "I64": np.int64}
+    mm = np.memmap(gguf_path, dtype=np.uint8, mode="r")
+    header = mm[:24].tobytes()
+    entries = table["tensors"]
+    if (len(header) < 24 or header[:4] != b"GGUF" or int.from_bytes(header[8:16], "little") != len(entries)
+            or any(e["offset"] + e["n_bytes"] > mm.size for e in entries)):
+        raise ModelLoadError(f"{gguf_path}: the file does not match its cached tensor table; delete the cached "
+                             "conversion (agentrt models) to read it again")
+    out = []
+    for e in entries:
+        ggml_type = GGMLQuantizationType(e["type"])
+        np_dims = tuple(reversed(e["shape"]))
+        block, type_size = GGML_QUANT_SIZES[ggml_type]
+        raw = mm[e["offset"]: e["offset"] + e["n_bytes"]]
+        if ggml_type.name in plain:
+            data = raw.view(plain[ggml_type.name]).reshape(np_dims)
+        else:
+            data = raw.reshape(quant_shape_to_byte_shape(np_dims, ggml_type))
+        out.append(MappedTensor(e["name"], ggml_type, np.asarray(e["shape"], dtype=np.uint32), data))
+    return out
+
+
+def read_gguf_weights(gguf_path: Path | str, cfg, table: dict) -> dict[str, QuantWeight | torch.Tensor]:
     """HF name -> a QuantWeight (2-D tensors in a format with a kernel: the file's blocks, mapped;
     unpermuted Q/K rows are a copy) or an fp32 tensor (everything else, dequantized)."""
-    import gguf
     from gguf.quants import dequantize
 
-    try:
-        reader = gguf.GGUFReader(str(gguf_path))
-    except Exception as e:  # noqa: BLE001 - the gguf package raises plain ValueError/struct errors
-        raise ModelLoadError(f"{gguf_path}: not a readable GGUF file ({e})") from None
     out: dict[str, QuantWeight | torch.Tensor] = {}
-    for t in reader.tensors:
+    for t in mapped_tensors(gguf_path, table):
         name = hf_tensor_name(t.name)
         heads = _rotary_heads(name, cfg)
         if int(t.tensor_type) in FORMAT_BY_GGML_TYPE and len(t.shape) == 2:
@@ -62,12 +101,12 @@ def read_gguf_weights(gguf_path: Path | str, cfg) -> dict[str, QuantWeight | tor
     return out
 
 
-def load_quantized_model(cfg, gguf_path: Path | str, max_positions: int | None = None):
+def load_quantized_model(cfg, gguf_path: Path | str, table: dict, max_positions: int | None = None):
     """A CPU LlamaModel on the GGUF's own weights (see the module docstring). `model.quantized`
     maps each quantized module ("layers.3.qkv", "embed", "lm_head") to its formats."""
     from agentrt.engine.models.llama import LlamaModel
     from agentrt.engine.weights import check_tensor_set
 
-    weights = read_gguf_weights(gguf_path, cfg)
+    weights = read_gguf_weights(gguf_path, cfg, table)
     check_tensor_set(gguf_path, {name: tuple(w.shape) for name, w in weights.items()}, cfg)
     return LlamaModel(cfg, weights, max_positions=max_positions, use_kernels=False)
