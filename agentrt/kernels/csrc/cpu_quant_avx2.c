@@ -10,16 +10,19 @@
  * offset term. A weight block then contributes, with exact integer dot products:
  *
  *   Q8_0: dw * dx * sum(qw * qx)
- *   Q4_0: dw * dx * sum((qw - 8) * qx)
- *   Q4_1: dw * dx * sum(qw * qx) + m * dx * sum(qx)   (the m terms of a row summed after
- *                                                     its blocks, 8 blocks at a time)
+ *   Q4_0: dw * dx * sum(qw * qx) - 8 dw * dx * sum(qx)     (qw the nibble 0..15)
+ *   Q4_1: dw * dx * sum(qw * qx) + m * dx * sum(qx)
  *
  * AVX2 path (AVX2 + FMA + F16C): the nibbles are unpacked in registers; _mm256_maddubs_epi16
- * multiplies unsigned weight bytes by signed activation bytes (signed weights, Q8_0 and Q4_0's
- * q - 8, first move their sign onto the activation, as ggml_vec_dot_q8_0_q8_0),
- * _mm256_madd_epi16 widens to 8 int32 sums and an FMA adds dw * dx * sums into 8 fp32 lanes
- * per (weight row, activation row) pair.
- * Without AVX2 (or with -DAGENTRT_QUANT_SCALAR) a scalar path computes the same sums.
+ * multiplies unsigned weight bytes by signed activation bytes (Q8_0's signed weights first move
+ * their sign onto the activation, as ggml_vec_dot_q8_0_q8_0) and _mm256_madd_epi16 widens to 8
+ * int32 partial sums. Eight blocks' partial sums are then added into the 8 lanes of one vector
+ * (a tree of _mm256_hadd_epi32, exact), converted once and multiplied by the 8 blocks' dw * dx
+ * (scales gathered as f16 and converted 8 at a time), and the offset terms are one more FMA per
+ * 8 blocks; 8 weight rows' lane sums are reduced together into one store. Against one
+ * convert-broadcast-FMA per block this halves the float work per block (Q8_0's head: 1.9x).
+ * Without AVX2 (or with -DAGENTRT_QUANT_SCALAR) a scalar path computes the same sums in another
+ * order (Q4_0 as sum((qw - 8) * qx)).
  *
  * Loop order: a chunk of CHUNK_N weight rows stays in L1 while every activation row goes past
  * it, MR rows at a time, each weight block unpacked once per MR rows: k+1 verification rows
@@ -34,6 +37,7 @@
 #include "cpu_quant.h" /* QUANT_AVX2, the format codes, qjob, f16_to_f32 */
 #define CHUNK_N 16 /* weight rows per unit of work: 16 x 960 bytes (Q4_1, K=1536) stay in L1 */
 #define MR 4       /* activation rows sharing one unpacked weight block */
+#define PREFETCH_AHEAD 4096 /* bytes */
 
 static int block_bytes(int fmt) {
   switch (fmt) {
@@ -179,6 +183,10 @@ static inline __attribute__((always_inline)) void group(const qjob *j, int64_t n
                                                         const int mr, const int fmt, const int n_blk, __m256 *acc) {
   const int bb = fmt == FMT_Q8_0 ? 34 : fmt == FMT_Q4_1 ? 20 : 18;
   const uint8_t *blk = j->w + n * j->row_bytes + b0 * bb;
+  /* a thread's rows are contiguous: fetch 4 KB ahead of them. At M = 1 a linear streams its
+   * weights from DRAM once, and the hardware prefetchers alone left ~20% of the time waiting
+   * (Q8_0 head, 2 threads: 1.7 -> 1.2 ms); harmless past the end (prefetches do not fault) */
+  for (int c = 0; c < 8 * bb; c += 64) _mm_prefetch((const char *)blk + PREFETCH_AHEAD + c, _MM_HINT_T0);
   __m256i w[8];
   for (int i = 0; i < 8; i++) w[i] = i < n_blk ? weight_bytes(blk + i * bb, fmt) : _mm256_setzero_si256();
   const __m256 dw = f16x8(blk, bb, 0, n_blk);
