@@ -37,6 +37,21 @@ typedef struct {
   pool_chunks chunks;
 } qjob;
 
+#if QUANT_AVX2
+/* the 8 lanes added: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
+static inline float hsum8(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
+/* int32 lanes 0..n-1 set (n <= 8) */
+static inline __m256i lanes_below(int64_t n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+#endif
+
 static inline float f16_to_f32(const uint8_t *p) {
   uint16_t h;
   memcpy(&h, p, 2);

@@ -121,21 +121,10 @@ static void quantize_row(const float *x, int64_t K, int8_t *q, float *d, float *
   }
 }
 
-static inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 /* 16 bytes of nibbles -> 32 bytes 0..15: values 0..15 (low nibbles) in the low lane. */
 static inline __m256i unpack_nibbles(const uint8_t *qs) {
   const __m128i t = _mm_loadu_si128((const __m128i *)qs);
   return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(t, 4), t), _mm256_set1_epi8(0x0f));
-}
-
-static inline __m256i lanes_below(int n) { /* int32 lanes 0..n-1 set */
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
 /* The f16 at byte `off` of blocks 0..n-1 (bb bytes apart) as 8 floats, lanes >= n zero. */
@@ -220,7 +209,7 @@ static inline __attribute__((always_inline)) void row_lanes(const qjob *j, int64
   }
 }
 
-/* [hsum(v[0]), ..., hsum(v[7])], each as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
+/* [hsum8(v[0]), ..., hsum8(v[7])], each as ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) */
 static inline __m256 hsums8(const __m256 *v) {
   const __m256 ab = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
   const __m256 cd = _mm256_hadd_ps(_mm256_hadd_ps(v[4], v[5]), _mm256_hadd_ps(v[6], v[7]));

@@ -57,17 +57,6 @@ typedef struct {
 
 #if QUANT_AVX2
 
-static inline float hsum8(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-static inline __m256i lanes_below(int64_t n) { /* lanes 0..n-1 set (n < 8) */
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
 /* e^x, ~1 ulp (Cephes' polynomial on x - n ln2, |x - n ln2| <= ln2/2). 2^n is applied in two
  * halves so that n = 128 (x up to 88.72) stays finite; x < -87.5 gives 0 (the true value is
  * below FLT_MIN: nothing a softmax or SiLU can tell from 0). NaN stays NaN (min/max return

@@ -54,13 +54,6 @@ static inline void k_scales(const uint8_t *s, uint32_t u[4]) {
 
 #if QUANT_AVX2
 
-static inline float hsum_k(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 /* Activation block t (0..7) of a super-block: its 32 values 0..63 as bytes. */
 static inline __m256i unpack_k(const uint8_t *blk, const int t, const int fmt) {
   const __m256i lo4 = _mm256_set1_epi8(0x0f);
@@ -134,7 +127,7 @@ static inline __attribute__((always_inline)) void tile_k(const qjob *j, int64_t 
     }
   }
   for (int i = 0; i < nr; i++)
-    for (int r = 0; r < mr; r++) j->out[(m0 + r) * j->out_stride + n + i] = hsum_k(acc[i][r]);
+    for (int r = 0; r < mr; r++) j->out[(m0 + r) * j->out_stride + n + i] = hsum8(acc[i][r]);
 }
 
 /* 32 bits -> 32 bytes, 0xff where the bit is set (byte l: bit l). */
@@ -193,9 +186,9 @@ static inline __attribute__((always_inline)) void tile_q5(const qjob *j, int64_t
         __m256 o = _mm256_setzero_ps();
         for (int64_t b = 0; b < j->nb8; b += 8)
           o = _mm256_fmadd_ps(_mm256_loadu_ps(mw[i] + b), _mm256_load_ps(sx + b), o);
-        off = hsum_k(o);
+        off = hsum8(o);
       }
-      j->out[(m0 + r) * j->out_stride + n + i] = hsum_k(acc[i][r]) + off;
+      j->out[(m0 + r) * j->out_stride + n + i] = hsum8(acc[i][r]) + off;
     }
 }
 
