@@ -1,8 +1,8 @@
 """Session fixtures shared across the test suite.
 
-tests/engine/tiny_models.py and engine_runs.py are registered as modules `tiny_models` and
-`engine_runs` here (the suite runs with --import-mode=importlib, so test directories are not on
-sys.path): tests may import them.
+tests/engine/tiny_models.py, tests/engine/engine_runs.py and tests/kernels/quant_helpers.py are
+registered as modules `tiny_models`, `engine_runs` and `quant_helpers` here (the suite runs with
+--import-mode=importlib, so test directories are not on sys.path): tests may import them.
 It imports torch and transformers only when a model is built.
 """
 from __future__ import annotations
@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 
-def _helper(name: str):
-    """tests/engine/<name>.py as module `name` (tests/ is not a package)."""
+def _helper(name: str, folder: str = "engine"):
+    """tests/<folder>/<name>.py as module `name` (tests/ is not a package)."""
     if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "engine" / f"{name}.py")
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / folder / f"{name}.py")
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
@@ -30,6 +30,7 @@ def _tiny_models():
 
 _tiny_models()
 _helper("engine_runs")
+_helper("quant_helpers", "kernels")
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import gguf
 import pytest
 import torch
+from quant_helpers import activations, qtype
 
 from agentrt.kernels.quant_formats import (
     FORMAT_BY_GGML_TYPE,
@@ -43,9 +44,6 @@ F16_FIELDS = {Q4_K: (0, 2), Q5_K: (0, 2), Q6_K: (208,)}  # d (and dmin): byte of
 QUANT_BYTES = {Q4_K: slice(16, 144), Q5_K: slice(16, 176)}  # qh and nibbles; zeroed, w = -dmin * m
 
 
-def _qtype(fmt):
-    return gguf.GGMLQuantizationType(fmt.ggml_type)
-
 
 def _random_weight(fmt, n: int, k: int, g: torch.Generator) -> QuantWeight:
     """Random bytes, with f16 d (and dmin) of varied magnitude and sign (subnormal f16 included)."""
@@ -56,13 +54,6 @@ def _random_weight(fmt, n: int, k: int, g: torch.Generator) -> QuantWeight:
         data[..., o:o + 2] = d.half().view(torch.uint8)
     return QuantWeight(fmt, (n, k), data.view(n, -1).contiguous())
 
-
-def _activations(m: int, k: int, g: torch.Generator) -> torch.Tensor:
-    x = torch.randn(m, k, generator=g)
-    x[:, torch.randint(0, k, (max(1, k // 64),), generator=g)] *= 20  # outlier channels, as in LLMs
-    if m > 2:
-        x[1] = 0  # a zero row: amax = 0 blocks
-    return x
 
 
 def _offsets(w: QuantWeight) -> torch.Tensor:  # [N, K] float32
@@ -93,14 +84,14 @@ def _check_against_references(y: torch.Tensor, x: torch.Tensor, w: QuantWeight) 
 
 @pytest.mark.parametrize("fmt", KFMTS, ids=lambda f: f.name)
 def test_block_layouts_are_ggufs(fmt):
-    assert gguf.GGML_QUANT_SIZES[_qtype(fmt)] == (fmt.block_size, fmt.block_bytes) == (256, fmt.block_bytes)
-    assert _qtype(fmt).name == fmt.name and FORMATS[fmt.name] is fmt and FORMAT_BY_GGML_TYPE[fmt.ggml_type] is fmt
+    assert gguf.GGML_QUANT_SIZES[qtype(fmt)] == (fmt.block_size, fmt.block_bytes) == (256, fmt.block_bytes)
+    assert qtype(fmt).name == fmt.name and FORMATS[fmt.name] is fmt and FORMAT_BY_GGML_TYPE[fmt.ggml_type] is fmt
 
 
 @pytest.mark.parametrize("fmt", KFMTS, ids=lambda f: f.name)
 def test_dequantize_equals_gguf_on_random_blocks(fmt):
     w = _random_weight(fmt, 37, 768, torch.Generator().manual_seed(fmt.ggml_type))
-    ref = torch.from_numpy(gguf.quants.dequantize(w.data.numpy(), _qtype(fmt)))
+    ref = torch.from_numpy(gguf.quants.dequantize(w.data.numpy(), qtype(fmt)))
     assert ref.isfinite().all() and torch.equal(dequantize(w), ref)
     ids = torch.tensor([36, 0, 5, 5])
     assert torch.equal(dequantize_rows(w, ids), ref[ids])
@@ -120,7 +111,7 @@ def test_gguf_files_with_k_quants_map_as_weights(tmp_path):
                "d": quantize(torch.randn(7, 576, generator=g), Q5_0)}  # a Q4_K_M file's rows of 576
     writer = gguf.GGUFWriter(tmp_path / "k.gguf", "llama")
     for name, w in weights.items():
-        writer.add_tensor(name, w.data.numpy(), raw_dtype=_qtype(w.format))
+        writer.add_tensor(name, w.data.numpy(), raw_dtype=qtype(w.format))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
@@ -155,7 +146,7 @@ def test_rows_not_a_multiple_of_256_are_refused(lib):
 def test_kernel_matches_references(lib, fmt, N, K):
     g = torch.Generator().manual_seed(N * 7 + K + fmt.ggml_type)
     w = _random_weight(fmt, N, K, g)
-    x = _activations(64, K, g)
+    x = activations(64, K, g)
     ms = (1, 2, 3, 4, 5, 8, 17, 33, 64)
     ys = [quant_linear(x[:M], w, num_threads=2, lib=lib) for M in ms]
     for M, y in zip(ms, ys):
@@ -167,7 +158,7 @@ def test_kernel_matches_references(lib, fmt, N, K):
 def test_rows_do_not_depend_on_the_batch(lib, fmt):
     g = torch.Generator().manual_seed(fmt.ggml_type)
     w = _random_weight(fmt, 37, 512, g)  # 37 rows: chunks of 16 and a tail of 5 (a pair, a single)
-    x = _activations(64, 512, g)
+    x = activations(64, 512, g)
     full = quant_linear(x, w, num_threads=2, lib=lib)
     for M in (*range(1, 10), 16, 17, 31, 33, 63, 64):
         assert torch.equal(quant_linear(x[:M], w, num_threads=2, lib=lib), full[:M]), M
@@ -187,7 +178,7 @@ def test_rows_do_not_depend_on_the_batch(lib, fmt):
 def test_embedding_is_exactly_the_dequantized_rows(lib, fmt):
     w = _random_weight(fmt, 300, 768, torch.Generator().manual_seed(fmt.ggml_type))
     ids = torch.tensor([0, 299, 5, 5, 17, 128, 0])
-    ref = torch.from_numpy(gguf.quants.dequantize(w.data.numpy()[ids.numpy()], _qtype(fmt)))
+    ref = torch.from_numpy(gguf.quants.dequantize(w.data.numpy()[ids.numpy()], qtype(fmt)))
     assert torch.equal(quant_embedding(ids, w, lib=lib), ref)
     assert torch.equal(quant_embedding(ids.int(), w, lib=lib), dequantize_rows(w, ids))
     assert quant_embedding(torch.tensor([], dtype=torch.long), w, lib=lib).shape == (0, 768)
@@ -200,7 +191,7 @@ def test_nan_and_inf_activations_give_nan_not_numbers(lib, fmt):
     """A NaN or Inf in an activation block makes every output it feeds NaN; other rows untouched."""
     g = torch.Generator().manual_seed(5)
     w = _random_weight(fmt, 17, 512, g)
-    x = _activations(4, 512, g)
+    x = activations(4, 512, g)
     x[1, 300], x[2, 3] = float("nan"), float("-inf")
     x[3, 256:288] = 1e-38  # amax < 127 / FLT_MAX: 127 / amax overflows, the block is zeros
     y = quant_linear(x, w, lib=lib)

@@ -20,6 +20,7 @@ import gguf
 import numpy as np
 import pytest
 import torch
+from quant_helpers import activations, qtype
 
 from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
 from agentrt.kernels.quant_formats import (
@@ -44,9 +45,6 @@ FMTS = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0]
 needs_c = pytest.mark.skipif(unsupported_reason() is not None, reason=f"quantized kernels cannot run here: {unsupported_reason()}")
 
 
-def _qtype(fmt):
-    return gguf.GGMLQuantizationType(fmt.ggml_type)
-
 
 def _random_weight(fmt, n: int, k: int, g: torch.Generator) -> QuantWeight:
     """Random quants with finite f16 scales of varied magnitude (subnormal f16 ones included)."""
@@ -58,13 +56,6 @@ def _random_weight(fmt, n: int, k: int, g: torch.Generator) -> QuantWeight:
         data[..., 2:4] = (torch.randn(n, nb, 1, generator=g) * 0.05).half().view(torch.uint8)
     return QuantWeight(fmt, (n, k), data.view(n, -1).contiguous())
 
-
-def _activations(m: int, k: int, g: torch.Generator) -> torch.Tensor:
-    x = torch.randn(m, k, generator=g)
-    x[:, torch.randint(0, k, (max(1, k // 64),), generator=g)] *= 20  # outlier channels, as in LLMs
-    if m > 2:
-        x[1] = 0  # a zero row: amax = 0 blocks
-    return x
 
 
 def _gguf_path() -> Path | None:
@@ -89,14 +80,14 @@ def tensors() -> dict:
 
 @pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
 def test_block_layouts_are_ggufs(fmt):
-    assert gguf.GGML_QUANT_SIZES[_qtype(fmt)] == (fmt.block_size, fmt.block_bytes)
-    assert _qtype(fmt).name == fmt.name and FORMATS[fmt.name] is fmt
+    assert gguf.GGML_QUANT_SIZES[qtype(fmt)] == (fmt.block_size, fmt.block_bytes)
+    assert qtype(fmt).name == fmt.name and FORMATS[fmt.name] is fmt
 
 
 @pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
 def test_dequantize_equals_gguf_on_random_blocks(fmt):
     w = _random_weight(fmt, 37, 256, torch.Generator().manual_seed(fmt.ggml_type))
-    ref = gguf.quants.dequantize(w.data.numpy(), _qtype(fmt))
+    ref = gguf.quants.dequantize(w.data.numpy(), qtype(fmt))
     assert torch.equal(dequantize(w), torch.from_numpy(ref))
 
 
@@ -108,7 +99,7 @@ def test_quantize_gives_ggufs_bytes(fmt):
     w[1, :32] = 0.25  # a constant block (Q4_1: max == min)
     w[2, :32] = torch.arange(32) - 15.5  # ties in x / d
     q = quantize(w, fmt)
-    assert torch.equal(q.data, torch.from_numpy(gguf.quants.quantize(w.numpy(), _qtype(fmt))))
+    assert torch.equal(q.data, torch.from_numpy(gguf.quants.quantize(w.numpy(), qtype(fmt))))
     err = (dequantize(q) - w).abs().amax(-1)
     assert (err <= w.abs().amax(-1) / (7 if fmt.nibbles else 127) + 1e-6).all()  # half a step, with f16 scales
 
@@ -143,7 +134,7 @@ def test_kernels_load_with_the_fast_path_where_the_cpu_has_it():
 
 def test_activation_quantization_is_the_references(lib):
     g = torch.Generator().manual_seed(5)
-    x = _activations(9, 320, g)
+    x = activations(9, 320, g)
     x[2, :32] = torch.arange(32) - 15  # amax 16: q = x * 127/16, exact integers where 16 | 127x
     x[3, :32] = torch.arange(-127, 128, 8)[:32] + 0.5
     x[4, :32] = 0.5 * (torch.arange(32) % 3)  # amax 1: x * 127 = 63.5 ties, half to even
@@ -170,7 +161,7 @@ def _check_against_references(y: torch.Tensor, x: torch.Tensor, w: QuantWeight) 
 def test_kernel_matches_references(lib, fmt, N, K):
     g = torch.Generator().manual_seed(N * 7 + K + fmt.ggml_type)
     w = quantize(torch.randn(N, K, generator=g) * 0.05, fmt) if N > 100 else _random_weight(fmt, N, K, g)
-    x = _activations(64, K, g)
+    x = activations(64, K, g)
     ms = (1, 2, 3, 5, 8, 17, 33, 64)
     ys = [quant_linear(x[:M], w, num_threads=2, lib=lib) for M in ms]
     for M, y in zip(ms, ys):
@@ -183,7 +174,7 @@ def test_kernel_matches_references(lib, fmt, N, K):
 def test_rows_do_not_depend_on_the_batch(lib, fmt, N, K):
     g = torch.Generator().manual_seed(N + K + fmt.ggml_type)
     w = quantize(torch.randn(N, K, generator=g) * 0.05, fmt)
-    x = _activations(64, K, g)
+    x = activations(64, K, g)
     full = quant_linear(x, w, num_threads=2, lib=lib)
     for M in (*range(1, 10), 16, 17, 31, 33, 63, 64):
         assert torch.equal(quant_linear(x[:M], w, num_threads=2, lib=lib), full[:M]), M
@@ -230,7 +221,7 @@ def test_real_embedding_rows_are_ggufs(lib, tensors):
 def test_real_weight_through_the_kernel(lib, tensors):
     t = tensors["blk.0.ffn_down.weight"]  # Q4_1, [576, 1536]
     w = quant_weight_from_gguf(t)
-    x = _activations(5, w.shape[1], torch.Generator().manual_seed(1))
+    x = activations(5, w.shape[1], torch.Generator().manual_seed(1))
     _check_against_references(quant_linear(x, w, lib=lib), x, w)
 
 
@@ -271,7 +262,7 @@ def test_nan_and_inf_activations_give_nan_not_numbers(lib, fmt):
     plausible number; rows without one are untouched. Blocks too small to invert are zeros."""
     g = torch.Generator().manual_seed(5)
     w = _random_weight(fmt, 17, 96, g)
-    x = _activations(4, 96, g)
+    x = activations(4, 96, g)
     x[1, 40], x[2, 3] = float("nan"), float("inf")
     x[3, 64:96] = 1e-38  # amax < 127 / FLT_MAX: 127 / amax overflows
     y = quant_linear(x, w, lib=lib)

@@ -52,6 +52,27 @@ static inline void k_scales(const uint8_t *s, uint32_t u[4]) {
   u[3] = ((a[2] >> 4) & 0x0f0f0f0fu) | ((a[1] >> 2) & 0x30303030u);
 }
 
+/* Q4_K/Q5_K: sub-block t's scale dl[t] = d * sc[t] and offset ml[t] = dmin * m[t] (the weight is
+ * dl * q - ml), with the reference's fp32 ops */
+static inline void k_sub_scales(const uint8_t *blk, float dl[8], float ml[8]) {
+  uint32_t u[4];
+  uint8_t scm[16];
+  k_scales(blk + 4, u);
+  memcpy(scm, u, 16);
+  const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);
+  for (int t = 0; t < 8; t++) {
+    dl[t] = d * (float)scm[t];
+    ml[t] = dmin * (float)scm[8 + t];
+  }
+}
+
+/* Q4_K/Q5_K: the quant of value l of sub-block t (0..15; Q5_K 0..31) */
+static inline int k_quant(const uint8_t *blk, int fmt, int t, int l) {
+  const uint8_t *qs = blk + (fmt == FMT_Q5_K ? 48 : 16);
+  const int nib = t & 1 ? qs[32 * (t >> 1) + l] >> 4 : qs[32 * (t >> 1) + l] & 0x0f;
+  return nib | (fmt == FMT_Q5_K ? ((blk[16 + l] >> t) & 1) << 4 : 0);
+}
+
 #if QUANT_AVX2
 
 /* Activation block t (0..7) of a super-block: its 32 values 0..63 as bytes. */
@@ -254,20 +275,9 @@ static void unpack_block(const uint8_t *blk, int fmt, int8_t *wq, float *ds, flo
     for (int t = 0; t < 8; t++) ds[t] = f16_to_f32(blk + 208);
     return;
   }
-  uint32_t u[4];
-  uint8_t scm[16];
-  k_scales(blk + 4, u);
-  memcpy(scm, u, 16);
-  const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);
-  const uint8_t *qs = blk + (fmt == FMT_Q5_K ? 48 : 16);
-  for (int t = 0; t < 8; t++) {
-    ds[t] = d * (float)scm[t];
-    dm[t] = dmin * (float)scm[8 + t];
-    for (int l = 0; l < QK; l++) {
-      const int nib = t & 1 ? qs[32 * (t >> 1) + l] >> 4 : qs[32 * (t >> 1) + l] & 0x0f;
-      wq[QK * t + l] = (int8_t)(nib | (fmt == FMT_Q5_K ? ((blk[16 + l] >> t) & 1) << 4 : 0));
-    }
-  }
+  k_sub_scales(blk, ds, dm);
+  for (int t = 0; t < 8; t++)
+    for (int l = 0; l < QK; l++) wq[QK * t + l] = (int8_t)k_quant(blk, fmt, t, l);
 }
 
 QUANT_INTERNAL void quant_k_chunk(const qjob *j, int64_t n0, int64_t n1) {
@@ -330,19 +340,9 @@ QUANT_INTERNAL void quant_k_embed_row(const uint8_t *row, int fmt, int64_t K, fl
       }
       continue;
     }
-    uint32_t u[4]; /* (d * sc[t]) * q - (dmin * m[t]) */
-    uint8_t scm[16];
-    k_scales(blk + 4, u);
-    memcpy(scm, u, 16);
-    const float d = f16_to_f32(blk), dmin = f16_to_f32(blk + 2);
-    const uint8_t *qs = blk + (fmt == FMT_Q5_K ? 48 : 16);
-    for (int t = 0; t < 8; t++) {
-      const float dl = d * (float)scm[t], ml = dmin * (float)scm[8 + t];
-      for (int l = 0; l < QK; l++) {
-        const int nib = t & 1 ? qs[32 * (t >> 1) + l] >> 4 : qs[32 * (t >> 1) + l] & 0x0f;
-        const int q = nib | (fmt == FMT_Q5_K ? ((blk[16 + l] >> t) & 1) << 4 : 0);
-        o[QK * t + l] = dl * (float)q - ml;
-      }
-    }
+    float dl[8], ml[8]; /* (d * sc[t]) * q - (dmin * m[t]) */
+    k_sub_scales(blk, dl, ml);
+    for (int t = 0; t < 8; t++)
+      for (int l = 0; l < QK; l++) o[QK * t + l] = dl[t] * (float)k_quant(blk, fmt, t, l) - ml[t];
   }
 }
