@@ -46,9 +46,9 @@ def quant_layer_table(layers: list[QuantLayerWeights], k_caches: list[torch.Tens
             if c.dtype != torch.float32 or c.device.type != "cpu" or not c.is_contiguous():
                 raise ValueError(f"the quantized decoder needs contiguous fp32 CPU caches, got {c.dtype} on {c.device}")
         rows.append([
-            w.qkv.data.data_ptr(), w.qkv.format.ggml_type, 0 if w.qkv_bias is None else w.qkv_bias.data_ptr(),
-            w.o.data.data_ptr(), w.o.format.ggml_type, w.gate_up.data.data_ptr(), w.gate_up.format.ggml_type,
-            w.down.data.data_ptr(), w.down.format.ggml_type, w.attn_norm.data_ptr(), w.mlp_norm.data_ptr(),
+            w.qkv.data.data_ptr(), w.qkv.kernel_code, 0 if w.qkv_bias is None else w.qkv_bias.data_ptr(),
+            w.o.data.data_ptr(), w.o.kernel_code, w.gate_up.data.data_ptr(), w.gate_up.kernel_code,
+            w.down.data.data_ptr(), w.down.kernel_code, w.attn_norm.data_ptr(), w.mlp_norm.data_ptr(),
             kc.data_ptr(), vc.data_ptr(),
         ])
     return torch.tensor(rows, dtype=torch.long).reshape(-1, LAYER_FIELDS)

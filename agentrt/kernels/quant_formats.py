@@ -29,6 +29,12 @@ and m[4 + j] (high), whose top 2 bits are the top 2 bits of bytes j and 4 + j. Q
 h of 128 values has 64 bytes of ql and 32 of qh; value 32t + l (t < 4, l < 32) of the half takes
 nibble t >> 1 of ql[32 (t & 1) + l] and bits 2t, 2t + 1 of qh[l].
 
+Rows interleaved by 8 (`interleave_rows8`; Q4_0, Q4_1, Q8_0): the layout the C kernel reads
+fastest. Rows 8g .. 8g+7 form group g, and block b of the group is 8 x block_bytes: the 8 rows'
+f16 d, Q4_1's 8 f16 m, then the value bytes in 32-byte chunks, chunk c holding bytes 4c .. 4c+3
+of row 0's values, then of row 1's, ... row 7's. A partial last group is padded with zero rows.
+Same bytes, same values: only the order changes (`deinterleave_rows8` undoes it).
+
 The references here reproduce gguf.quants bit for bit (same fp32 ops, same order, no fused
 multiply-add): the tests hold them to exact equality.
 
@@ -71,6 +77,8 @@ Q5_K = QuantFormat("Q5_K", ggml_type=13, block_bytes=2 + 2 + 12 + 32 + 128, has_
 Q6_K = QuantFormat("Q6_K", ggml_type=14, block_bytes=128 + 64 + 16 + 2, block_size=QK_K)
 FORMATS = {f.name: f for f in (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)}
 FORMAT_BY_GGML_TYPE = {f.ggml_type: f for f in FORMATS.values()}
+ROWS8_FORMATS = (Q4_0, Q4_1, Q8_0)  # the formats interleave_rows8 lays out
+ROWS8 = 0x100  # added to a format code: rows interleaved by 8 (csrc/cpu_quant.h)
 
 
 @dataclass(frozen=True)
@@ -79,14 +87,18 @@ class QuantWeight:
 
     format: QuantFormat
     shape: tuple[int, int]  # (N, K)
-    data: torch.Tensor  # [N, K // block_size * block_bytes] uint8, rows contiguous
+    data: torch.Tensor  # [N, K // block_size * block_bytes] uint8, rows contiguous; rows8: [ceil(N / 8), 8 x that]
+    rows8: bool = False  # rows interleaved by 8 (interleave_rows8), else the file's layout
 
     def __post_init__(self):
         n, k = self.shape
         if k % self.format.block_size:
             raise ValueError(f"{self.format.name}: K ({k}) must be a multiple of {self.format.block_size}, "
                              f"its block size")
-        want = (n, k // self.format.block_size * self.format.block_bytes)
+        if self.rows8 and self.format not in ROWS8_FORMATS:
+            raise ValueError(f"{self.format.name}: no rows-by-8 layout (only {'/'.join(f.name for f in ROWS8_FORMATS)})")
+        row = k // self.format.block_size * self.format.block_bytes
+        want = ((n + 7) // 8, 8 * row) if self.rows8 else (n, row)
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
             raise ValueError(f"{self.format.name} [{n}, {k}]: data must be contiguous uint8 {want}, "
                              f"got {self.data.dtype} {tuple(self.data.shape)}")
@@ -94,6 +106,11 @@ class QuantWeight:
     @property
     def blocks_per_row(self) -> int:
         return self.shape[1] // self.format.block_size
+
+    @property
+    def kernel_code(self) -> int:
+        """The format code the C kernels take: the GGML type, plus ROWS8 for interleaved rows."""
+        return self.format.ggml_type | (ROWS8 if self.rows8 else 0)
 
 
 def quant_weight_from_gguf(tensor) -> QuantWeight:
@@ -108,6 +125,48 @@ def quant_weight_from_gguf(tensor) -> QuantWeight:
         warnings.simplefilter("ignore", UserWarning)
         data = torch.from_numpy(tensor.data)
     return QuantWeight(fmt, (n, k), data.view(n, -1))
+
+
+def _rows8_parts(fmt: QuantFormat) -> tuple[int, int]:
+    """(bytes of scales per row's block: d, and Q4_1's m; value bytes per row's block)"""
+    head = 4 if fmt is Q4_1 else 2
+    return head, fmt.block_bytes - head
+
+
+def interleave_rows8(w: QuantWeight) -> QuantWeight:
+    """w's rows interleaved by 8 (see the module docstring): a copy, the same bytes reordered."""
+    if w.rows8:
+        return w
+    if w.format not in ROWS8_FORMATS:
+        raise ValueError(f"{w.format.name}: no rows-by-8 layout (only {'/'.join(f.name for f in ROWS8_FORMATS)})")
+    (n, _), nb, bb = w.shape, w.blocks_per_row, w.format.block_bytes
+    head, vb = _rows8_parts(w.format)
+    g = (n + 7) // 8
+    blocks = torch.zeros(g * 8, nb, bb, dtype=torch.uint8)
+    blocks[:n] = w.data.view(n, nb, bb)
+    blocks = blocks.view(g, 8, nb, bb).transpose(1, 2)  # [G, nb, 8 rows, bb]
+    scales = [blocks[..., i: i + 2].reshape(g, nb, 16) for i in range(0, head, 2)]  # 8 rows' d, then m
+    values = blocks[..., head:].reshape(g, nb, 8, vb // 4, 4).transpose(2, 3).reshape(g, nb, 8 * vb)
+    return QuantWeight(w.format, w.shape, torch.cat([*scales, values], dim=-1).reshape(g, -1), rows8=True)
+
+
+def _rows8_blocks(data: torch.Tensor, fmt: QuantFormat, nb: int) -> torch.Tensor:
+    """Groups [G, nb * 8 * block_bytes] of the rows-by-8 layout -> [G, 8, nb, block_bytes] file blocks."""
+    g, bb = data.shape[0], fmt.block_bytes
+    head, vb = _rows8_parts(fmt)
+    gb = data.view(g, nb, 8 * bb)
+    scales = [gb[..., 16 * i: 16 * i + 16].reshape(g, nb, 8, 2) for i in range(head // 2)]
+    values = gb[..., 8 * head:].reshape(g, nb, vb // 4, 8, 4).transpose(2, 3).reshape(g, nb, 8, vb)
+    return torch.cat([*scales, values], dim=-1).transpose(1, 2)
+
+
+def deinterleave_rows8(w: QuantWeight) -> QuantWeight:
+    """w in the file's layout (a copy when w.rows8)."""
+    if not w.rows8:
+        return w
+    n = w.shape[0]
+    blocks = _rows8_blocks(w.data, w.format, w.blocks_per_row).reshape(-1, w.blocks_per_row * w.format.block_bytes)
+    return QuantWeight(w.format, w.shape, blocks[:n].contiguous())
 
 
 def _f16(b: torch.Tensor) -> torch.Tensor:
@@ -175,13 +234,18 @@ def _dequantize_blocks(blocks: torch.Tensor, fmt: QuantFormat) -> torch.Tensor:
 
 
 def dequantize(w: QuantWeight) -> torch.Tensor:  # [N, K] float32
+    w = deinterleave_rows8(w)
     n, k = w.shape
     return _dequantize_blocks(w.data.view(n, w.blocks_per_row, w.format.block_bytes), w.format).view(n, k)
 
 
 def dequantize_rows(w: QuantWeight, ids: torch.Tensor) -> torch.Tensor:  # [T, K] float32
     """Rows `ids` [T] of the weight, dequantized: the embedding lookup's reference."""
-    rows = w.data[ids.long()]
+    ids = ids.long()
+    if w.rows8:
+        rows = _rows8_blocks(w.data[ids // 8], w.format, w.blocks_per_row)[torch.arange(len(ids)), ids % 8]
+    else:
+        rows = w.data[ids]
     return _dequantize_blocks(rows.view(len(ids), w.blocks_per_row, w.format.block_bytes), w.format).view(len(ids), -1)
 
 

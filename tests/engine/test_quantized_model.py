@@ -59,6 +59,21 @@ def test_every_projection_embedding_and_head_is_quantized(quant):
     assert m.lm_head.parts[0] is m.embed.weight  # tied: the head multiplies by the embedding's blocks
 
 
+def test_weights_sit_in_one_buffer_interleaved_by_8(quant, smollm2_fp32):
+    """gather_weights: every block of the model in one huge-page buffer, rows interleaved by 8, the
+    tied embedding and head one copy; the embedding's rows are still the file's rows exactly."""
+    m = quant.model
+    weights = {id(p): p for ly in m.layers for a in ("qkv", "o", "gate_up", "down") for p in getattr(ly, a).parts}
+    weights[id(m.embed.weight)] = m.embed.weight
+    buf = m.quant_weights
+    lo, hi = buf.data_ptr(), buf.data_ptr() + buf.numel()
+    assert all(w.rows8 and lo <= w.data.data_ptr() and w.data.data_ptr() + w.data.numel() <= hi
+               for w in weights.values())
+    assert sum(w.data.numel() for w in weights.values()) <= buf.numel() < sum(w.data.numel() + 64 for w in weights.values())
+    ids = torch.tensor([0, 7, 8, 12345, 49151])
+    assert torch.equal(m.embed[ids], smollm2_fp32.model.embed[ids])  # the converter's exact dequantization
+
+
 def test_logits_close_to_fp32_model(quant, smollm2_fp32, monkeypatch):
     tok = smollm2_fp32.tokenizer
     ids = tok.encode(PROMPT)
@@ -153,3 +168,19 @@ def test_mixed_format_parts_run_one_call_each():
     x = torch.randn(2, 3, 64, generator=g)
     want = torch.cat([quant_linear(x.view(6, 64), a), quant_linear(x.view(6, 64), b)], dim=1) + bias
     assert torch.equal(lin(x), want.view(2, 3, 64))
+
+
+@pytest.mark.parametrize("rows", [(16, 8, 24), (12, 5, 3)], ids=["whole-groups", "groups-across-parts"])
+def test_interleaved_parts_stack_into_one_weight(rows):
+    """q, k, v in one format with rows interleaved by 8 become one weight, whether or not a part's
+    rows fill whole groups of 8; its outputs are the parts' outputs side by side."""
+    from agentrt.kernels.quant_formats import Q4_1, deinterleave_rows8, quantize
+    from agentrt.kernels.quant_linear import quant_linear, rows8
+
+    g = torch.Generator().manual_seed(1)
+    parts = [quantize(torch.randn(n, 64, generator=g), Q4_1) for n in rows]
+    lin = QuantLinear([rows8(p) for p in parts])
+    assert len(lin.parts) == 1 and lin.parts[0].rows8 and lin.out_features == sum(rows)
+    assert torch.equal(deinterleave_rows8(lin.parts[0]).data, torch.cat([p.data for p in parts]))
+    x = torch.randn(3, 64, generator=g)
+    assert torch.equal(lin(x), torch.cat([quant_linear(x, rows8(p)) for p in parts], dim=1))

@@ -1,8 +1,9 @@
 """The fused quantized decoder (csrc/cpu_quant_decoder.c, agentrt/kernels/quant_decoder.py) on a
-small random model in four formats (Q4_K qkv with a bias, Q8_0 o, Q4_1 gate_up, Q6_K down), GQA
-with 2 query heads per kv head, head_dim 96 (a tail of 32 columns past the 64-wide chunks), a
-ragged batch through permuted block tables of 4 slots, against quant_decoder_reference (the
-per-op PyTorch references with the same quant_linear kernel per linear).
+small random model in four formats (Q4_K qkv with a bias, Q8_0 o, Q4_1 gate_up with its rows
+interleaved by 8, Q6_K down), GQA with 2 query heads per kv head, head_dim 96 (a tail of 32
+columns past the 64-wide chunks), a ragged batch through permuted block tables of 4 slots,
+against quant_decoder_reference (the per-op PyTorch references with the same quant_linear
+kernel per linear).
 
 Bounds, per token row of h, as |fused - ref| / |ref - h_in| (relative to the layers' update):
 - with the same int8 activations both sum the same products in another order: ~K 2^-24 at worst,
@@ -25,7 +26,7 @@ from agentrt.kernels.decoder import Dims
 from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
 from agentrt.kernels.quant_decoder import (QuantLayerWeights, quant_decoder_layers, quant_decoder_reference,
                                            quant_layer_table)
-from agentrt.kernels.quant_formats import Q4_1, Q4_K, Q6_K, Q8_0, QuantWeight, quantize
+from agentrt.kernels.quant_formats import Q4_1, Q4_K, Q6_K, Q8_0, QuantWeight, interleave_rows8, quantize
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
                                 reason=f"quantized kernels cannot run here: {unsupported_reason()}")
@@ -49,7 +50,7 @@ def _model(n_layers=2, seed=0):
     g = torch.Generator().manual_seed(seed)
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
     layers = [QuantLayerWeights(_k_quant(Q4_K, (NQ + 2 * NKV) * D, HIDDEN, g, 2e-4), 0.1 * r((NQ + 2 * NKV) * D),
-                                quantize(0.06 * r(HIDDEN, NQ * D), Q8_0), quantize(0.06 * r(2 * INTER, HIDDEN), Q4_1),
+                                quantize(0.06 * r(HIDDEN, NQ * D), Q8_0), interleave_rows8(quantize(0.06 * r(2 * INTER, HIDDEN), Q4_1)),
                                 _k_quant(Q6_K, HIDDEN, INTER, g, 4e-5), 1 + 0.1 * r(HIDDEN), 1 + 0.1 * r(HIDDEN))
               for _ in range(n_layers)]
     inv_freq = 1.0 / 10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)

@@ -10,6 +10,7 @@ quantizes activations to int8 blocks exactly as quantize_activations does, then:
 - against the float reference, each activation moves by at most half its block's step,
   amax / 254, so |err| <= sum_blocks amax / 254 * sum_block |w| (+ the fp32 term above);
 - a row's output bits do not depend on M, on the other rows, or on the thread count.
+Q4_0, Q4_1 and Q8_0 run in both layouts: the file's and rows interleaved by 8 (rows8).
 """
 from __future__ import annotations
 
@@ -37,11 +38,24 @@ from agentrt.kernels.quant_formats import (
     quant_linear_reference,
     quant_weight_from_gguf,
     quantize,
+    ROWS8_FORMATS,
+    deinterleave_rows8,
+    interleave_rows8,
     quantize_activations,
 )
-from agentrt.kernels.quant_linear import quant_activations, quant_embedding, quant_linear
+from agentrt.kernels.quant_linear import quant_activations, quant_embedding, quant_linear, rows8
 
 FMTS = [Q4_0, Q4_1, Q5_0, Q5_1, Q8_0]
+# (format, rows interleaved by 8)
+LAYOUTS = [(f, False) for f in FMTS] + [(f, True) for f in ROWS8_FORMATS]
+
+
+def _layout_id(p) -> str:
+    return f"{p[0].name}{'-rows8' if p[1] else ''}"
+
+
+def _in_layout(w: QuantWeight, interleaved: bool, lib) -> QuantWeight:
+    return rows8(w, lib=lib) if interleaved else w
 needs_c = pytest.mark.skipif(unsupported_reason() is not None, reason=f"quantized kernels cannot run here: {unsupported_reason()}")
 
 
@@ -156,11 +170,13 @@ def _check_against_references(y: torch.Tensor, x: torch.Tensor, w: QuantWeight) 
     assert (y - quant_linear_reference(x, w)).abs().le(bound).all()
 
 
-@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
 @pytest.mark.parametrize("N,K", [(1, 32), (3, 96), (17, 160), (33, 576), (192, 576), (576, 1536)])
-def test_kernel_matches_references(lib, fmt, N, K):
+def test_kernel_matches_references(lib, layout, N, K):
+    fmt, interleaved = layout
     g = torch.Generator().manual_seed(N * 7 + K + fmt.ggml_type)
     w = quantize(torch.randn(N, K, generator=g) * 0.05, fmt) if N > 100 else _random_weight(fmt, N, K, g)
+    w = _in_layout(w, interleaved, lib)
     x = activations(64, K, g)
     ms = (1, 2, 3, 5, 8, 17, 33, 64)
     ys = [quant_linear(x[:M], w, num_threads=2, lib=lib) for M in ms]
@@ -169,11 +185,12 @@ def test_kernel_matches_references(lib, fmt, N, K):
     _check_against_references(torch.cat(ys), torch.cat([x[:M] for M in ms]), w)  # the references once
 
 
-@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
 @pytest.mark.parametrize("N,K", [(33, 160), (576, 576)])
-def test_rows_do_not_depend_on_the_batch(lib, fmt, N, K):
+def test_rows_do_not_depend_on_the_batch(lib, layout, N, K):
+    fmt, interleaved = layout
     g = torch.Generator().manual_seed(N + K + fmt.ggml_type)
-    w = quantize(torch.randn(N, K, generator=g) * 0.05, fmt)
+    w = _in_layout(quantize(torch.randn(N, K, generator=g) * 0.05, fmt), interleaved, lib)
     x = activations(64, K, g)
     full = quant_linear(x, w, num_threads=2, lib=lib)
     for M in (*range(1, 10), 16, 17, 31, 33, 63, 64):
@@ -197,10 +214,11 @@ def test_strided_rows_and_a_given_out(lib):
     assert (wide[:, :8] == 7).all() and (wide[:, 48:] == 7).all()
 
 
-@pytest.mark.parametrize("fmt", FMTS, ids=lambda f: f.name)
-def test_embedding_is_exactly_the_dequantized_rows(lib, fmt):
+@pytest.mark.parametrize("layout", LAYOUTS, ids=_layout_id)
+def test_embedding_is_exactly_the_dequantized_rows(lib, layout):
+    fmt, interleaved = layout
     g = torch.Generator().manual_seed(fmt.ggml_type)
-    w = _random_weight(fmt, 300, 576, g)
+    w = _in_layout(_random_weight(fmt, 300, 576, g), interleaved, lib)
     ids = torch.tensor([0, 299, 5, 5, 17, 128, 0])
     assert torch.equal(quant_embedding(ids, w, lib=lib), dequantize(w)[ids])
     assert torch.equal(quant_embedding(ids.int(), w, lib=lib), dequantize_rows(w, ids))
@@ -223,6 +241,44 @@ def test_real_weight_through_the_kernel(lib, tensors):
     w = quant_weight_from_gguf(t)
     x = activations(5, w.shape[1], torch.Generator().manual_seed(1))
     _check_against_references(quant_linear(x, w, lib=lib), x, w)
+    _check_against_references(quant_linear(x, rows8(w, lib=lib), lib=lib), x, w)
+
+
+# ---- rows interleaved by 8 ----
+
+
+@pytest.mark.parametrize("fmt", ROWS8_FORMATS, ids=lambda f: f.name)
+@pytest.mark.parametrize("N", [1, 7, 8, 9, 24, 37])
+def test_rows8_is_the_same_blocks_reordered(lib, fmt, N):
+    w = _random_weight(fmt, N, 96, torch.Generator().manual_seed(N))
+    r = rows8(w, lib=lib)
+    assert r.rows8 and r.data.shape == ((N + 7) // 8, 8 * w.data.shape[1])
+    assert torch.equal(r.data, interleave_rows8(w).data)  # the kernel's copy is the reference's bytes
+    assert torch.equal(deinterleave_rows8(r).data, w.data) and torch.equal(dequantize(r), dequantize(w))
+    assert int(r.data.sum(dtype=torch.int64)) == int(w.data.sum(dtype=torch.int64))  # the padding rows are zeros
+    assert rows8(r, lib=lib) is r
+
+
+def test_rows8_layout_is_the_documented_one():
+    """Group block 0 of Q4_1: the 8 rows' d, their m, then chunk c = bytes 4c..4c+3 of each row's values."""
+    data = torch.arange(8 * 20, dtype=torch.uint8).view(8, 20)  # row r, block 0: bytes 20r .. 20r+19
+    g = interleave_rows8(QuantWeight(Q4_1, (8, 32), data)).data[0]
+    assert torch.equal(g[:16].view(8, 2), data[:, 0:2]) and torch.equal(g[16:32].view(8, 2), data[:, 2:4])
+    for c in range(4):
+        assert torch.equal(g[32 + 32 * c: 64 + 32 * c].view(8, 4), data[:, 4 + 4 * c: 8 + 4 * c])
+
+
+def test_rows8_refuses_the_k_quants(lib):
+    from agentrt.kernels.quant_formats import Q4_K
+
+    w = QuantWeight(Q4_K, (8, 256), torch.zeros(8, 144, dtype=torch.uint8))
+    assert rows8(w, lib=lib) is w  # no such layout: the file's stays
+    with pytest.raises(ValueError, match="rows-by-8"):
+        interleave_rows8(w)
+    with pytest.raises(ValueError, match="rows-by-8"):
+        QuantWeight(Q4_K, (8, 256), torch.zeros(1, 8 * 144, dtype=torch.uint8), rows8=True)
+    with pytest.raises(ValueError, match="data must be"):
+        QuantWeight(Q4_1, (9, 32), torch.zeros(1, 160, dtype=torch.uint8), rows8=True)  # 9 rows: 2 groups
 
 
 def test_without_the_library_the_references_run(monkeypatch):

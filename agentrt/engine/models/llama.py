@@ -20,7 +20,7 @@ from agentrt.engine.models import invariant
 from agentrt.engine.models.kernel_forward import KernelDecoder, kernel_forward, kernel_support
 from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, rms_norm
 from agentrt.engine.models.quant_forward import QuantDecoder, cache_supported, quant_forward, quant_support
-from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear
+from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear, gather_weights
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.quant_formats import QuantWeight, dequantize
 
@@ -78,6 +78,10 @@ class LlamaModel:
         self.norm = state_dict["model.norm.weight"]
         head = state_dict["model.embed_tokens.weight"] if cfg.tie_word_embeddings else state_dict["lm_head.weight"]
         self.lm_head = _linear(head, None, pack, kernel)
+        if self.quantized:  # one huge-page buffer, rows interleaved by 8 (the kernels' layout); None without them
+            quant = [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)] + [self.lm_head]
+            self.quant_weights = gather_weights([m for m in quant if isinstance(m, QuantLinear)],
+                                                emb if isinstance(emb, QuantEmbedding) else None)
         self.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings, self.device)
         self.scale = cfg.head_dim**-0.5
         self._kernels_packed = kernel

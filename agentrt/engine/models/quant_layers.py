@@ -1,5 +1,6 @@
 """A model's linears and token embedding on GGUF block-quantized weights, as drop-ins for
-layers.Linear and the fp32 embedding table (agentrt/kernels/quant_linear.py runs them).
+layers.Linear and the fp32 embedding table (agentrt/kernels/quant_linear.py runs them), and
+`gather_weights`, which lays them out for the kernels' speed.
 
 QuantLinear has no fused epilogue (as layers.Linear): norm, rotary, residual and SiLU gating stay
 in the model's forward. Each linear is batch invariant (a row's bits do not depend on the other
@@ -7,18 +8,23 @@ rows) and differs from the fp32 product by the kernel's int8 activation rounding
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
-from agentrt.kernels.quant_formats import QuantWeight
+from agentrt.kernels.quant_formats import ROWS8_FORMATS, QuantWeight, deinterleave_rows8
 from agentrt.kernels import quant_linear as kernels
+from agentrt.kernels.quant_linear import rows8, rows8_shape
 
 
 def _stack(parts: list[QuantWeight]) -> list[QuantWeight]:
-    """Row blocks of one format -> one weight (one kernel call); mixed formats stay separate."""
-    if len(parts) == 1 or len({p.format for p in parts}) > 1 or len({p.shape[1] for p in parts}) > 1:
+    """Row blocks of one format and layout -> one weight (one kernel call); others stay separate."""
+    if len(parts) == 1 or len({(p.format, p.rows8, p.shape[1]) for p in parts}) > 1:
         return parts
-    data = torch.cat([p.data for p in parts]).contiguous()
-    return [QuantWeight(parts[0].format, (sum(p.shape[0] for p in parts), parts[0].shape[1]), data)]
+    shape = (sum(p.shape[0] for p in parts), parts[0].shape[1])
+    if parts[0].rows8 and any(p.shape[0] % 8 for p in parts[:-1]):  # groups of 8 would straddle two parts
+        return [rows8(QuantWeight(parts[0].format, shape, torch.cat([deinterleave_rows8(p).data for p in parts])))]
+    return [QuantWeight(parts[0].format, shape, torch.cat([p.data for p in parts]).contiguous(), parts[0].rows8)]
 
 
 class QuantLinear:
@@ -77,3 +83,43 @@ class QuantEmbedding:
 
     def nbytes(self) -> int:
         return self.weight.data.numel()
+
+
+def _gathered_shape(w: QuantWeight) -> tuple[int, int]:
+    return rows8_shape(w) if w.format in ROWS8_FORMATS else tuple(w.data.shape)
+
+
+def _rows8_or_copy(w: QuantWeight, out: torch.Tensor) -> QuantWeight:
+    """w into out (uint8, exactly its bytes): interleaved by 8 where the format has that layout."""
+    if w.format in ROWS8_FORMATS:
+        return rows8(w, out=out.view(rows8_shape(w)))
+    return QuantWeight(w.format, w.shape, out.view(w.data.shape).copy_(w.data))
+
+
+def gather_weights(linears: list[QuantLinear], embedding: QuantEmbedding | None) -> torch.Tensor | None:
+    """Every quantized weight of these modules copied into one buffer on transparent huge pages,
+    Q4_0/Q4_1/Q8_0 with their rows interleaved by 8 (quant_linear.rows8), the modules then
+    reading them there; a weight shared by two modules (a tied head and embedding) stays one.
+    Returns the buffer (the weights hold views of it), or None where the C kernels do not run.
+
+    Why: a batch-1 step streams every weight from DRAM once, and on 4 KB pages the TLB misses
+    cost ~12% of the 30 layers' linears (2.8-2.9 ms against 3.1-3.3 ms on SmolLM2's Q4_1 here);
+    the interleaved layout runs 1.3-2.5x faster than the file's. ~0.1 s for 100 MB."""
+    from agentrt.engine.kv_cache import cache_buffer  # an anonymous mapping with MADV_HUGEPAGE
+
+    if kernels.quant_kernels() is None:
+        return None
+    weights: dict[int, QuantWeight] = {}
+    for w in [p for lin in linears for p in lin.parts] + ([embedding.weight] if embedding is not None else []):
+        weights.setdefault(id(w), w)
+    nbytes = {key: math.prod(_gathered_shape(w)) for key, w in weights.items()}
+    buf = cache_buffer((sum((n + 63) // 64 * 64 for n in nbytes.values()),), torch.uint8, "cpu")
+    moved, offset = {}, 0
+    for key, w in weights.items():
+        moved[key] = _rows8_or_copy(w, buf[offset: offset + nbytes[key]])
+        offset += (nbytes[key] + 63) // 64 * 64  # each weight 64-byte aligned
+    for lin in linears:
+        lin.parts = [moved[id(p)] for p in lin.parts]
+    if embedding is not None:
+        embedding.weight = moved[id(embedding.weight)]
+    return buf

@@ -20,13 +20,16 @@
 enum { /* gguf.GGMLQuantizationType values */
   FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q5_0 = 6, FMT_Q5_1 = 7, FMT_Q8_0 = 8, FMT_Q4_K = 12, FMT_Q5_K = 13, FMT_Q6_K = 14
 };
+/* A format code with ROWS8 set: the weight's rows interleaved in groups of 8
+ * (agentrt_quant_interleave; Q4_0, Q4_1, Q8_0) */
+#define ROWS8 0x100
 #define QK 32    /* values per activation block (and per block of the small formats) */
 #define QK_K 256 /* values per K-quant super-block */
 
 typedef struct {
   const uint8_t *w;
-  int fmt;
-  int64_t N, K, nb, row_bytes; /* nb: activation blocks per row, K/32 */
+  int fmt, rows8; /* fmt without the ROWS8 bit; rows8: it was set */
+  int64_t N, K, nb, row_bytes; /* nb: activation blocks per row, K/32; ROWS8: bytes per group of 8 rows */
   const int8_t *xq; /* [M][K] */
   const float *xd; /* [M][nb] */
   const float *xs;  /* [M][nb8]: nb rounded up to 8, zero-padded */
