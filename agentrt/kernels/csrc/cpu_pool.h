@@ -36,16 +36,23 @@ void pool_run(pool_fn fn, void *ctx, int n);
 /* A job's chunks 0..n-1 in one contiguous range per thread (each thread streams its own part of
  * the weights, as a static split would); a thread done with its range takes chunks from the
  * others' ranges, so one that is descheduled or never joins delays nobody. */
+/* Each thread's counter on a cache line of its own: with the counters side by side every claim
+ * moved the line between the cores (false sharing), ~20% of a Q4_1 linear's time from cache
+ * and 8-10% of the 30 layers' linears streamed from DRAM (2 threads, this 2-core EPYC). */
+typedef struct {
+  _Alignas(64) _Atomic int64_t next;
+} pool_counter;
+
 typedef struct {
   int64_t n;
   int nt;
-  _Atomic int64_t next[POOL_MAX_THREADS];
+  pool_counter next[POOL_MAX_THREADS];
 } pool_chunks;
 
 static inline void pool_chunks_init(pool_chunks *c, int64_t n, int nt) {
   c->n = n;
   c->nt = nt < 1 ? 1 : (nt > POOL_MAX_THREADS ? POOL_MAX_THREADS : nt);
-  for (int t = 0; t < c->nt; t++) atomic_init(&c->next[t], n * t / c->nt);
+  for (int t = 0; t < c->nt; t++) atomic_init(&c->next[t].next, n * t / c->nt);
 }
 
 /* The next chunk for thread tid, or -1 when none is left. */
@@ -53,8 +60,8 @@ static inline int64_t pool_claim(pool_chunks *c, int tid) {
   for (int k = 0; k < c->nt; k++) {
     const int r = (tid + k) % c->nt;
     const int64_t end = c->n * (r + 1) / c->nt;
-    if (atomic_load_explicit(&c->next[r], memory_order_relaxed) >= end) continue;
-    const int64_t i = atomic_fetch_add_explicit(&c->next[r], 1, memory_order_relaxed);
+    if (atomic_load_explicit(&c->next[r].next, memory_order_relaxed) >= end) continue;
+    const int64_t i = atomic_fetch_add_explicit(&c->next[r].next, 1, memory_order_relaxed);
     if (i < end) return i;
   }
   return -1;
