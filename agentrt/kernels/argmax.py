@@ -1,5 +1,6 @@
 """Row-wise argmax of float32 logits, greedy decoding's last op, optionally under a token bitmask
-per row: the C kernel where it runs (csrc/cpu_argmax_f32.c), torch elsewhere.
+per row: the C kernel where it runs (csrc/cpu_argmax_f32.c: AVX-512, AVX2 or scalar), torch
+elsewhere.
 
 torch.argmax on CPU tracks an index per element (~0.06 ms per 49k-wide row: 2.5 ms for the 40
 rows of a speculative batch step) and joins OpenMP threads, which stall when the other core is
@@ -10,9 +11,12 @@ first maximal index after disallowed entries are set to -inf, a NaN above everyt
 """
 from __future__ import annotations
 
+import ctypes
+
 import torch
 
 from agentrt.kernels.cpu_build import cpu_kernels
+from agentrt.kernels.quant_build import quant_kernels
 
 
 def unpack_bitmask(mask: torch.Tensor, cols: int) -> torch.Tensor:
@@ -42,9 +46,11 @@ def argmax_reference(x: torch.Tensor, mask: torch.Tensor | None = None,
 
 
 def argmax_rows(x: torch.Tensor, mask: torch.Tensor | None = None, mask_rows: torch.Tensor | None = None,
-                num_threads: int | None = None) -> torch.Tensor:
-    """argmax_reference's result; the kernel reads x [rows, cols] float32 with contiguous rows."""
-    lib = cpu_kernels()
+                num_threads: int | None = None, lib: ctypes.CDLL | None = None) -> torch.Tensor:
+    """argmax_reference's result; the kernel reads x [rows, cols] float32 with contiguous rows.
+    It runs in the AMX library (AVX-512) or, without it, in the quantized kernels' (AVX2 or
+    scalar); `lib` picks one (tests)."""
+    lib = lib if lib is not None else (cpu_kernels() or quant_kernels())
     if (lib is None or x.device.type != "cpu" or x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] == 0
             or x.stride(1) != 1):
         return argmax_reference(x, mask, mask_rows)

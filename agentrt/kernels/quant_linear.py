@@ -71,14 +71,16 @@ def quant_embedding(
     _on_cpu("quant_embedding", ids=ids, weight=w.data)
     ids = ids.reshape(-1).to(torch.int64).contiguous()
     n, k = w.shape
-    if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
-        raise IndexError(f"quant_embedding: ids must lie in [0, {n})")
     lib = lib if lib is not None else quant_kernels()
     if lib is None:
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= n):
+            raise IndexError(f"quant_embedding: ids must lie in [0, {n})")
         return dequantize_rows(w, ids)
     out = torch.empty(len(ids), k, dtype=torch.float32)
     rc = lib.agentrt_quant_embedding(ids.data_ptr(), len(ids), w.data.data_ptr(), w.kernel_code, n, k,
                                      out.data_ptr(), out.stride(0))
+    if rc == -2:  # the kernel checks every id before it writes
+        raise IndexError(f"quant_embedding: ids must lie in [0, {n})")
     _check_rc(rc, "quant_embedding")
     return out
 
