@@ -28,7 +28,8 @@ def cache_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.devic
     (madvise): one fault per 2 MB instead of per 4 KB, though the zeroing stays. `agentrt bench
     attention` measured a 1000-token prefill step's rotary + KV write over 30 layers at 11.3-15.7
     ms on 4 KB pages, 10.6-14.9 on huge pages, 7.7-10.3 on touched ones (six runs). Where huge
-    pages are off the mapping stays on small pages (logged at debug level).
+    pages are off the mapping stays on small pages (logged at debug level). The quantized
+    weights' buffer (models/quant_layers.gather_weights) is such a mapping too, for the huge pages.
 
     prefault: map and zero every page now (madvise MADV_POPULATE_WRITE, else a write of zeros),
     so the first steps do not pay for it: 0.6-1.2 s for the default cache at engine start here,
