@@ -250,10 +250,10 @@ static inline __m256 hsums8(const __m256 *v) {
   return _mm256_add_ps(_mm256_permute2f128_ps(ab, cd, 0x20), _mm256_permute2f128_ps(ab, cd, 0x31));
 }
 
-/* Weight rows n .. n+nr-1 (nr <= 8) against activation rows m0 .. m0+mr-1: a row's lanes are
- * added in the same order wherever it sits among the 8. */
-static inline __attribute__((always_inline)) void rows8(const qjob *j, int64_t n, int nr, int64_t m0, const int mr,
-                                                        const int fmt) {
+/* The file's layout: weight rows n .. n+nr-1 (nr <= 8) against activation rows m0 .. m0+mr-1,
+ * a row's lanes added in the same order wherever it sits among the 8. */
+static inline __attribute__((always_inline)) void file_rows8(const qjob *j, int64_t n, int nr, int64_t m0,
+                                                             const int mr, const int fmt) {
   __m256 v[MR][8], acc[MR];
   for (int i = 0; i < 8; i++) {
     if (i < nr) row_lanes(j, n + i, m0, mr, fmt, acc);
@@ -273,10 +273,10 @@ static inline __attribute__((always_inline)) void chunk_fmt(const qjob *j, int64
     for (int64_t n = n0; n < n1; n += 8) {
       const int nr = n1 - n < 8 ? (int)(n1 - n) : 8;
       switch (mr) {
-        case 4: rows8(j, n, nr, m0, 4, fmt); break;
-        case 3: rows8(j, n, nr, m0, 3, fmt); break;
-        case 2: rows8(j, n, nr, m0, 2, fmt); break;
-        default: rows8(j, n, nr, m0, 1, fmt); break;
+        case 4: file_rows8(j, n, nr, m0, 4, fmt); break;
+        case 3: file_rows8(j, n, nr, m0, 3, fmt); break;
+        case 2: file_rows8(j, n, nr, m0, 2, fmt); break;
+        default: file_rows8(j, n, nr, m0, 1, fmt); break;
       }
     }
   }
