@@ -98,7 +98,7 @@ class QuantWeight:
         if self.rows8 and self.format not in ROWS8_FORMATS:
             raise ValueError(f"{self.format.name}: no rows-by-8 layout (only {'/'.join(f.name for f in ROWS8_FORMATS)})")
         row = k // self.format.block_size * self.format.block_bytes
-        want = ((n + 7) // 8, 8 * row) if self.rows8 else (n, row)
+        want = rows8_shape(self.format, self.shape) if self.rows8 else (n, row)
         if self.data.dtype != torch.uint8 or tuple(self.data.shape) != want or not self.data.is_contiguous():
             raise ValueError(f"{self.format.name} [{n}, {k}]: data must be contiguous uint8 {want}, "
                              f"got {self.data.dtype} {tuple(self.data.shape)}")
@@ -125,6 +125,13 @@ def quant_weight_from_gguf(tensor) -> QuantWeight:
         warnings.simplefilter("ignore", UserWarning)
         data = torch.from_numpy(tensor.data)
     return QuantWeight(fmt, (n, k), data.view(n, -1))
+
+
+def rows8_shape(fmt: QuantFormat, shape: tuple[int, int]) -> tuple[int, int]:
+    """The data shape of an [N, K] weight in `fmt` with its rows interleaved by 8: [ceil(N / 8),
+    8 rows' bytes]."""
+    n, k = shape
+    return (n + 7) // 8, 8 * (k // fmt.block_size) * fmt.block_bytes
 
 
 def _rows8_parts(fmt: QuantFormat) -> tuple[int, int]:

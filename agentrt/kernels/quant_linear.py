@@ -20,7 +20,7 @@ import torch
 
 from agentrt.kernels.quant_build import quant_kernels
 from agentrt.kernels.quant_formats import (ROWS8_FORMATS, QuantWeight, dequantize_rows, interleave_rows8,
-                                           quant_linear_reference)
+                                           quant_linear_reference, rows8_shape)
 
 
 def _on_cpu(what: str, **tensors: torch.Tensor | None) -> None:
@@ -85,18 +85,13 @@ def quant_embedding(
     return out
 
 
-def rows8_shape(w: QuantWeight) -> tuple[int, int]:
-    """The data shape of w with its rows interleaved by 8 (w a format of ROWS8_FORMATS)."""
-    return (w.shape[0] + 7) // 8, 8 * w.shape[1] // w.format.block_size * w.format.block_bytes
-
-
 def rows8(w: QuantWeight, *, out: torch.Tensor | None = None, lib: ctypes.CDLL | None = None) -> QuantWeight:
     """w with its rows interleaved by 8 (quant_formats.interleave_rows8), the layout the kernels
-    read fastest, written into `out` (uint8 [rows8_shape(w)], contiguous) when given; w itself
-    when it has no such layout (the K-quants) or already is."""
+    read fastest, written into `out` (uint8 [rows8_shape(w.format, w.shape)], contiguous) when
+    given; w itself when it has no such layout (the K-quants) or already is."""
     if w.rows8 or w.format not in ROWS8_FORMATS:
         return w
-    shape = rows8_shape(w)
+    shape = rows8_shape(w.format, w.shape)
     if out is None:
         out = torch.empty(shape, dtype=torch.uint8)
     elif out.dtype != torch.uint8 or tuple(out.shape) != shape or not out.is_contiguous():
