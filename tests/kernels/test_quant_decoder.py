@@ -30,9 +30,13 @@ from agentrt.kernels.quant_formats import Q4_1, Q4_K, Q6_K, Q8_0, QuantWeight, i
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
                                 reason=f"quantized kernels cannot run here: {unsupported_reason()}")
-HIDDEN, INTER, NQ, NKV, D, BS, BLOCKS, P = 256, 512, 4, 2, 96, 4, 32, 64
+HIDDEN, INTER, NQ, NKV, D, BS, BLOCKS, P = 256, 512, 4, 2, 96, 4, 128, 160
 DIMS = Dims(HIDDEN, INTER, NQ, NKV, D, 1e-5, D**-0.5)
-STEPS = [[9, 2, 13], [1, 5, 3]]  # new tokens per sequence: a prefill, then decode and verify-shaped rows
+# New tokens per sequence: prefills, then decode and verify-shaped rows. Past position 64 (the
+# decoder's attention chunk) a token's attention folds two chunks; the steps of few tokens and
+# long contexts (4, 5) split them across threads, the same tokens alone (step 4) or on one
+# thread run each token's chunks in one task: the invariance test compares the two.
+STEPS = [[9, 2, 13], [1, 5, 3], [70, 1, 60], [1, 1, 1], [4, 1, 2]]
 
 
 def _k_quant(fmt, n: int, k: int, g: torch.Generator, scale: float) -> QuantWeight:
@@ -55,7 +59,7 @@ def _model(n_layers=2, seed=0):
               for _ in range(n_layers)]
     inv_freq = 1.0 / 10000 ** (torch.arange(0, D, 2, dtype=torch.float64) / D)
     ang = torch.outer(torch.arange(P, dtype=torch.float64), inv_freq)
-    tables = torch.randperm(BLOCKS, generator=g)[:30].view(3, 10)  # each sequence's blocks, scattered
+    tables = torch.randperm(BLOCKS, generator=g)[:120].view(3, 40)  # each sequence's blocks, scattered
     return layers, ang.cos().float(), ang.sin().float(), tables, r
 
 

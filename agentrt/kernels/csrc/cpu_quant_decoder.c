@@ -18,10 +18,11 @@
  * path's, op for op (rotary and the norm's scaling bit for bit under -ffp-contract=off); only the
  * sums (mean of squares, q.k, softmax's denominator, p.v) and exp() round differently.
  *
- * Batch invariance: a query's attention runs in one task, over its positions 0..p in order, with
- * the same vector lanes whatever the batch; the per-token ops touch one token's row; the linears
- * compute each row alone. So a token's bits depend neither on the other tokens nor on the thread
- * count, and speculation (k+1 verify rows) cannot change greedy output.
+ * Batch invariance: a query's attention is cut into chunks of its positions fixed by the position
+ * alone, each computed with the same vector lanes and folded in order whichever task runs them
+ * (see chunk_partial); the per-token ops touch one token's row; the linears compute each row
+ * alone. So a token's bits depend neither on the other tokens nor on the thread count, and
+ * speculation (k+1 verify rows) cannot change greedy output.
  *
  * layers: num_layers rows of LAYER_FIELDS int64:
  *   wqkv, fmt_qkv, bqkv (0: none), wo, fmt_o, wgate_up, fmt_gate_up, wdown, fmt_down,
@@ -34,21 +35,26 @@
 #define LAYER_FIELDS 13
 #define SERIAL_TOKENS 32        /* per-token phases on fewer tokens: cheaper than a join (~5 us) */
 #define SERIAL_ATTN_MACS 32768  /* attention with less work runs on the caller, for the same reason */
+#define ATTN_CHUNK 64           /* positions per attention chunk (a multiple of 8) */
+#define MAX_SPLIT_CHUNKS 4096   /* attention split into chunk tasks keeps this many partials at most */
 #define PTR(type, v) ((type)(intptr_t)(v))
 
-enum { PH_NORM, PH_ROTARY, PH_RESIDUAL, PH_SILU };
+enum { PH_NORM, PH_ROTARY, PH_RESIDUAL, PH_SILU, PH_MERGE };
 
 typedef struct {
   int64_t T, hidden, inter, qkv_w, q_w;
   int nq, nkv, d, g;
   float eps, scale;
   const int64_t *positions, *slots, *seq, *block_tables;
-  int64_t bt_stride, block_size, lpad;
+  int64_t bt_stride, block_size;
   const float *cos, *sin;
   /* the layer being run; norm: the RMSNorm weight PH_NORM / PH_RESIDUAL apply (NULL: none) */
   const float *bqkv, *norm;
   float *kc, *vc;
-  float *h, *x, *qkv, *attn, *gu, *tmp, *scores; /* scores: [threads][g][lpad] */
+  float *h, *x, *qkv, *attn, *gu, *tmp;
+  float *work;      /* per thread: WORK_FLOATS(nq, d) floats for one token's attention */
+  float *parts;     /* split attention: chunk task i's partials at parts + i * nq * PART_STRIDE(d) */
+  int64_t *cu_chunks; /* split attention: token t's chunk tasks are cu_chunks[t] .. cu_chunks[t+1]-1 */
   int phase;
   pool_chunks chunks;
 } dec;
@@ -139,31 +145,24 @@ static void silu_mul(float *g, const float *u, int64_t n) {
   }
 }
 
-/* out[c] = inv * sum_j p[j] V_j[c] for c < 8 nv, the positions j in order through the block
- * table (V: the kv head's column c0 in slot 0; rows `stride` floats apart) */
-static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const float *V, int64_t stride,
-                                                          const int64_t *bt, int64_t bs, float inv, float *out,
-                                                          const int nv) {
+/* out[c] = inv * sum_j p[j] V_j[c] for c < 8 nv, the positions j in order (V_j = V + off[j]) */
+static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const float *V,
+                                                          const int64_t *off, float inv, float *out, const int nv) {
   __m256 acc[8];
   for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-  for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
-    const float *vb = V + bt[b] * bs * stride;
-    const int64_t n = L - j0 < bs ? L - j0 : bs;
-    for (int64_t jj = 0; jj < n; jj++) {
-      const __m256 e = _mm256_set1_ps(p[j0 + jj]);
-      const float *vr = vb + jj * stride;
-      for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vr + 8 * v), acc[v]);
-    }
+  for (int64_t j = 0; j < L; j++) {
+    const __m256 e = _mm256_set1_ps(p[j]);
+    const float *vr = V + off[j];
+    for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vr + 8 * v), acc[v]);
   }
   for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));
 }
 
-static void pv(const float *p, int64_t L, const float *V, int64_t stride, const int64_t *bt, int64_t bs, float inv,
-               float *out, int d) {
+static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float inv, float *out, int d) {
   for (int c0 = 0; c0 < d; c0 += 64) { /* d % 8 == 0 (checked): up to 8 accumulators in registers */
     switch ((d - c0) / 8 < 8 ? (d - c0) / 8 : 8) {
-#define PV(NV) case NV: pv_cols(p, L, V + c0, stride, bt, bs, inv, out + c0, NV); break;
-      PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7) default: pv_cols(p, L, V + c0, stride, bt, bs, inv, out + c0, 8);
+#define PV(NV) case NV: pv_cols(p, L, V + c0, off, inv, out + c0, NV); break;
+      PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7) default: pv_cols(p, L, V + c0, off, inv, out + c0, 8);
 #undef PV
     }
   }
@@ -193,14 +192,10 @@ static void silu_mul(float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-static void pv(const float *p, int64_t L, const float *V, int64_t stride, const int64_t *bt, int64_t bs, float inv,
-               float *out, int d) {
+static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float inv, float *out, int d) {
   for (int c = 0; c < d; c++) out[c] = 0.0f;
-  for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
-    const float *vb = V + bt[b] * bs * stride;
-    for (int64_t jj = 0; jj < bs && j0 + jj < L; jj++)
-      for (int c = 0; c < d; c++) out[c] += p[j0 + jj] * vb[jj * stride + c];
-  }
+  for (int64_t j = 0; j < L; j++)
+    for (int c = 0; c < d; c++) out[c] += p[j] * V[off[j] + c];
   for (int c = 0; c < d; c++) out[c] *= inv;
 }
 
@@ -222,6 +217,8 @@ static void rotary(float *x, int heads, int d, const float *cos, const float *si
       x[i + half] = b * cos[i] + a * sin[i];
     }
 }
+
+static void merge_chunks(const dec *D, int64_t t);
 
 static void token_phase(const dec *D, int64_t t) {
   switch (D->phase) {
@@ -245,10 +242,13 @@ static void token_phase(const dec *D, int64_t t) {
       if (D->norm) rms_row(hr, D->norm, D->hidden, D->eps, D->x + t * D->hidden);
       break;
     }
-    default: {
+    case PH_SILU: {
       float *g = D->gu + t * 2 * D->inter;
       silu_mul(g, g + D->inter, D->inter);
+      break;
     }
+    default:
+      merge_chunks(D, t);
   }
 }
 
@@ -269,37 +269,136 @@ static void run_tokens(dec *D, int phase, int threads) {
   pool_run(tokens_job, D, nt);
 }
 
-/* Token t's g query heads of kv head kvh over its positions 0..p; sc: [g][lpad] scratch. */
-static void attend(const dec *D, int64_t t, int kvh, float *sc) {
-  const int g = D->g, d = D->d;
-  const int64_t L = D->positions[t] + 1, bs = D->block_size, stride = (int64_t)D->nkv * d;
-  const int64_t *bt = D->block_tables + D->seq[t] * D->bt_stride;
-  const float *q = D->qkv + t * D->qkv_w + (int64_t)kvh * g * d;
-  const float *K = D->kc + (int64_t)kvh * d, *V = D->vc + (int64_t)kvh * d;
-  for (int64_t j0 = 0, b = 0; j0 < L; j0 += bs, b++) {
-    const float *kb = K + bt[b] * bs * stride;
-    const int64_t n = L - j0 < bs ? L - j0 : bs;
-    for (int64_t jj = 0; jj < n; jj++)
-      for (int i = 0; i < g; i++) sc[i * D->lpad + j0 + jj] = dotf(q + i * d, kb + jj * stride, d) * D->scale;
+/* s[j] = scale * (q . K_j) for j < n, K_j = K + off[j] (off: n rounded up to 8 entries). Eight
+ * positions at a time: lane l of acc[r] sums q[c] K_j+r[c] over c = l mod 8, then one transposing
+ * reduction gives the eight dots as one vector, each summed in the same order
+ * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) whichever slot it had, so the padding entries (repeats of
+ * a real row, their dots dropped) change nothing. */
+static void scores(const float *q, const float *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
+#if QUANT_AVX2
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {
+    const float *row[8];
+    for (int r = 0; r < 8; r++) row[r] = K + off[j0 + r];
+    __m256 acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + c);
+      for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row[r] + c), acc[r]);
+    }
+    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    /* h0123 = [a0 a1 a2 a3 | b0 b1 b2 b3], a: the sum of lanes 0-3 of acc[r], b: of lanes 4-7 */
+    const __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20), hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
+    const __m256 v = _mm256_mul_ps(_mm256_add_ps(lo, hi), sv);
+    if (j0 + 8 <= n) _mm256_storeu_ps(s + j0, v);
+    else _mm256_maskstore_ps(s + j0, lanes_below(n - j0), v);
   }
-  for (int i = 0; i < g; i++) {
-    float *s = sc + i * D->lpad;
-    const float sum = exp_shift(s, L, max_row(s, L));
-    pv(s, L, V, stride, bt, bs, 1.0f / sum, D->attn + t * D->q_w + (int64_t)(kvh * g + i) * d, d);
+#else
+  for (int64_t j = 0; j < n; j++) s[j] = dotf(q, K + off[j], d) * scale;
+#endif
+}
+
+static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+/* Attention in chunks of ATTN_CHUNK positions. Chunk c of a token covers its positions
+ * c*ATTN_CHUNK .. up to p; its partial for query head h is, over the chunk's positions j,
+ *   m = max_j s_j,   s = sum_j e^(s_j - m),   acc = sum_j e^(s_j - m) V_j       (s_j = scale q.K_j)
+ * and a token's chunks are folded in order, (m, s, acc) (+) (m', s', acc') =
+ *   (M, s e^(m - M) + s' e^(m' - M), acc e^(m - M) + acc' e^(m' - M)),  M = max(m, m'),
+ * then out = acc * (1 / s). The chunks depend on the position only, so whether one task runs a
+ * token's chunks in turn (many tokens) or each chunk is a task of its own and a merge folds them
+ * (few tokens, long contexts: both threads read the cache), the bits are the same. A chunk reads
+ * whole cache rows (every kv head's d values, side by side) for all its query heads. One decode
+ * token's attention over 1000 positions takes ~70 us a layer on the 2-core EPYC (SmolLM2, caches
+ * cold after the layer's weights went past), near the time to read its 1.5 MB of K and V. */
+#define PART_STRIDE(d) ((d) + 8)        /* a partial: acc[d], m, s, padding */
+#define WORK_FLOATS(nq, d) (2 * (int64_t)(nq) * PART_STRIDE(d) + (int64_t)(nq) * ATTN_CHUNK + 2 * ATTN_CHUNK)
+
+static int64_t num_chunks(int64_t position) { return position / ATTN_CHUNK + 1; }
+
+/* Token t's chunk c into part [nq][PART_STRIDE]; work: ATTN_CHUNK int64 row offsets, then
+ * nq * ATTN_CHUNK floats of scores. */
+static void chunk_partial(const dec *D, int64_t t, int64_t c, float *part, float *work) {
+  const int d = D->d;
+  const int64_t j0 = c * ATTN_CHUNK, L = D->positions[t] + 1, n = L - j0 < ATTN_CHUNK ? L - j0 : ATTN_CHUNK;
+  const int64_t bs = D->block_size, stride = (int64_t)D->nkv * d;
+  const int64_t *bt = D->block_tables + D->seq[t] * D->bt_stride;
+  int64_t *off = (int64_t *)work;
+  float *sc = work + 2 * ATTN_CHUNK;
+  for (int64_t j = 0, b = j0 / bs, jj = j0 % bs; j < ATTN_CHUNK; j++) {
+    off[j] = j < n ? (bt[b] * bs + jj) * stride : off[n - 1]; /* padding: row n-1 again */
+    if (++jj == bs) jj = 0, b++;
+  }
+  const float *q = D->qkv + t * D->qkv_w;
+  for (int h = 0; h < D->nq; h++) {
+    const int64_t kv = (int64_t)(h / D->g) * d;
+    float *s = sc + (int64_t)h * ATTN_CHUNK, *ph = part + (int64_t)h * PART_STRIDE(d);
+    scores(q + (int64_t)h * d, D->kc + kv, off, n, D->scale, s, d);
+    const float m = max_row(s, n), sum = exp_shift(s, n, m);
+    pv(s, n, D->vc + kv, off, 1.0f, ph, d);
+    ph[d] = m;
+    ph[d + 1] = sum;
   }
 }
 
-static void attention_job(void *ctx, int tid, int nt) {
+/* run (+)= part, per query head (the fold above) */
+static void fold(float *run, const float *part, int nq, int d) {
+  for (int h = 0; h < nq; h++, run += PART_STRIDE(d), part += PART_STRIDE(d)) {
+    const float m = fmaxf(run[d], part[d]), a = expf(run[d] - m), b = expf(part[d] - m);
+    for (int c = 0; c < d + 2; c++) run[c] = run[c] * a + part[c] * b; /* acc and s */
+    run[d] = m;
+  }
+}
+
+static void finish(const float *run, int nq, int d, float *out) {
+  for (int h = 0; h < nq; h++, run += PART_STRIDE(d), out += d) {
+    const float inv = 1.0f / run[d + 1];
+    for (int c = 0; c < d; c++) out[c] = run[c] * inv;
+  }
+}
+
+/* Token t's attention in one task: its chunks in turn. */
+static void attend(const dec *D, int64_t t, float *work) {
+  const int64_t ps = (int64_t)D->nq * PART_STRIDE(D->d), nc = num_chunks(D->positions[t]);
+  float *run = work, *part = work + ps, *scratch = work + 2 * ps;
+  chunk_partial(D, t, 0, run, scratch);
+  for (int64_t c = 1; c < nc; c++) {
+    chunk_partial(D, t, c, part, scratch);
+    fold(run, part, D->nq, D->d);
+  }
+  finish(run, D->nq, D->d, D->attn + t * D->q_w);
+}
+
+/* Token t's chunk partials (computed by chunks_job) folded in order, into its attention row. */
+static void merge_chunks(const dec *D, int64_t t) {
+  const int64_t ps = (int64_t)D->nq * PART_STRIDE(D->d);
+  float *run = D->parts + D->cu_chunks[t] * ps;
+  for (int64_t i = D->cu_chunks[t] + 1; i < D->cu_chunks[t + 1]; i++) fold(run, D->parts + i * ps, D->nq, D->d);
+  finish(run, D->nq, D->d, D->attn + t * D->q_w);
+}
+
+static void tokens_attention_job(void *ctx, int tid, int nt) {
   (void)nt;
   dec *D = ctx;
-  float *sc = D->scores + (int64_t)tid * D->g * D->lpad;
-  for (int64_t c; (c = pool_claim(&D->chunks, tid)) >= 0;) attend(D, c / D->nkv, (int)(c % D->nkv), sc);
+  float *work = D->work + (int64_t)tid * WORK_FLOATS(D->nq, D->d);
+  for (int64_t t; (t = pool_claim(&D->chunks, tid)) >= 0;) attend(D, t, work);
+}
+
+static void chunks_job(void *ctx, int tid, int nt) {
+  (void)nt;
+  dec *D = ctx;
+  float *work = D->work + (int64_t)tid * WORK_FLOATS(D->nq, D->d) + 2 * (int64_t)D->nq * PART_STRIDE(D->d);
+  for (int64_t i, t = 0; (i = pool_claim(&D->chunks, tid)) >= 0;) {
+    while (i >= D->cu_chunks[t + 1]) t++; /* a thread's claims ascend */
+    while (i < D->cu_chunks[t]) t--;      /* except after taking over another's range */
+    chunk_partial(D, t, i - D->cu_chunks[t], D->parts + i * (int64_t)D->nq * PART_STRIDE(D->d), work);
+  }
 }
 
 /* The caller's buffers for the layers' activations (the linears have their own). */
 static __thread scratch_buf scratch;
-
-static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
 /* Inputs the loops index by: positions in [0, rope_rows), slots in [0, num_slots), cu_q a
  * partition of 0..T, every block a token's context reaches inside the table and the cache,
@@ -345,31 +444,39 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
            .nq = nq, .nkv = nkv, .d = d, .g = nq / nkv, .eps = eps, .scale = scale, .positions = positions,
            .slots = slots, .block_tables = block_tables, .bt_stride = bt_stride, .block_size = block_size,
            .cos = cos, .sin = sin, .h = h};
-  int64_t lmax = 1, macs = 0;
-  for (int64_t t = 0; t < T; t++) { /* check_batch refuses positions past the rotary table: size by it */
-    const int64_t p = positions[t] < rope_rows ? positions[t] : rope_rows - 1;
-    lmax = p + 1 > lmax ? p + 1 : lmax;
+  int64_t macs = 0, n_chunks = 0;
+  for (int64_t t = 0; t < T; t++) { /* sizes only: check_batch refuses positions out of range */
+    const int64_t p = positions[t] < 0 ? 0 : positions[t] < rope_rows ? positions[t] : rope_rows - 1;
     macs += (p + 1) * D.q_w;
+    n_chunks += num_chunks(p);
   }
-  D.lpad = up16(lmax);
+  /* Attention's tasks: a token each, or with few tokens a chunk each (see chunk_partial) */
+  const int serial_attn = macs < SERIAL_ATTN_MACS || threads == 1;
+  const int split = !serial_attn && T < 4 * threads && n_chunks > T && n_chunks <= MAX_SPLIT_CHUNKS;
+  const int64_t attn_tasks = split ? n_chunks : T;
+  const int attn_nt = serial_attn ? 1 : (threads > attn_tasks ? (int)attn_tasks : threads);
   const int64_t n_x = up16(T * hidden), n_qkv = up16(T * D.qkv_w), n_attn = up16(T * D.q_w);
-  const int64_t n_gu = up16(T * 2 * inter), n_seq = up16(T);
-  float *buf = scratch_get(&scratch, sizeof(float) * (size_t)(2 * n_x + n_qkv + n_attn + n_gu + 2 * n_seq +
-                                                    (int64_t)threads * D.g * D.lpad));
+  const int64_t n_gu = up16(T * 2 * inter), n_work = up16(WORK_FLOATS(nq, d));
+  const int64_t n_parts = split ? n_chunks * nq * PART_STRIDE(d) : 0, n_seq = up16(T + 1);
+  /* floats, then two int64 arrays (seq, cu_chunks: two floats per entry) */
+  float *buf = scratch_get(&scratch, sizeof(float) * (size_t)(2 * n_x + n_qkv + n_attn + n_gu + attn_nt * n_work +
+                                                              n_parts + 4 * n_seq));
   if (!buf) return -3;
   D.x = buf;
   D.tmp = D.x + n_x;
   D.qkv = D.tmp + n_x;
   D.attn = D.qkv + n_qkv;
   D.gu = D.attn + n_attn;
-  int64_t *seq = (int64_t *)(D.gu + n_gu); /* 2 n_seq floats */
-  D.scores = (float *)(seq + n_seq);
+  D.work = D.gu + n_gu;
+  D.parts = D.work + attn_nt * n_work;
+  int64_t *seq = (int64_t *)(D.parts + n_parts);
   D.seq = seq;
+  D.cu_chunks = seq + n_seq;
   int rc = check_batch(T, positions, rope_rows, slots, num_slots, B, cu_q, block_tables, bt_stride, bt_cols,
                        block_size, rows, n_rows, seq);
   if (rc) return rc;
-  const int64_t attn_tasks = T * nkv;
-  const int attn_nt = macs < SERIAL_ATTN_MACS ? 1 : (threads > attn_tasks ? (int)attn_tasks : threads);
+  D.cu_chunks[0] = 0;
+  for (int64_t t = 0; t < T; t++) D.cu_chunks[t + 1] = D.cu_chunks[t] + num_chunks(positions[t]);
   for (int64_t li = 0; li < num_layers; li++) {
     const int64_t *L = layers + li * LAYER_FIELDS;
     D.bqkv = PTR(const float *, L[2]);
@@ -384,7 +491,8 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
     if (rc) return rc;
     run_tokens(&D, PH_ROTARY, threads);
     pool_chunks_init(&D.chunks, attn_tasks, attn_nt);
-    pool_run(attention_job, &D, attn_nt);
+    pool_run(split ? chunks_job : tokens_attention_job, &D, attn_nt);
+    if (split) run_tokens(&D, PH_MERGE, threads);
     rc = agentrt_quant_linear(D.attn, D.q_w, T, PTR(const uint8_t *, L[3]), (int)L[4], hidden, D.q_w, D.tmp, hidden,
                               threads);
     if (rc) return rc;
