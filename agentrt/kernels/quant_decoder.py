@@ -6,11 +6,13 @@ Per layer (h [T, hidden] fp32, updated in place; linears as quant_linear.quant_l
     attn = each query over its own sequence's positions 0..p      (paged caches, fp32)
     h   += quant_linear(attn, Wo)
     h   += quant_linear(silu(gate) * up, Wdown),   [gate | up] = quant_linear(rms_norm(h, mlp_norm), Wgate_up)
-then out = rms_norm(h[rows], final_norm).
+then out = rms_norm(h[rows], final_norm). quant_model_forward runs a whole model in one call: the
+embedding lookup first, the head after.
 """
 from __future__ import annotations
 
 import ctypes
+import struct
 from dataclasses import dataclass
 
 import torch
@@ -20,8 +22,10 @@ from agentrt.kernels.quant_build import quant_kernels
 from agentrt.kernels.quant_formats import QuantWeight
 
 LAYER_FIELDS = 13  # the row layout csrc/cpu_quant_decoder.c reads
-_ERRORS = {-1: "a weight format or dimension the kernel does not run", -2: "an index out of range (a position past "
-           "the rotary table, a slot, block or row outside the cache or batch, or cu_q not a partition of the tokens)",
+MODEL_FIELDS = 20  # agentrt_quant_forward's model table
+_ERRORS = {-1: "a weight format or dimension the kernel does not run", -2: "an index out of range (a token id outside "
+           "the embedding, a position past the rotary table, a slot, block or row outside the cache or batch, or cu_q "
+           "not a partition of the tokens)",
            -3: "out of memory"}
 
 
@@ -145,3 +149,92 @@ def quant_decoder_reference(
         gate, up = quant_linear(rms_norm_reference(h, w.mlp_norm, dims.eps), w.gate_up, lib=lib).chunk(2, dim=-1)
         h = h + quant_linear((torch.nn.functional.silu(gate) * up).contiguous(), w.down, lib=lib)
     return h
+
+
+def _float_bits(x: float) -> int:
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+@dataclass(frozen=True)
+class QuantModelTable:
+    """What quant_model_forward reads: `fields` [MODEL_FIELDS] int64, addresses valid while the
+    weights, norms, rotary tables and caches live (the layer table is kept here)."""
+
+    fields: torch.Tensor
+    layer_table: torch.Tensor
+    hidden: int
+    head_rows: int
+
+
+def quant_model_table(layer_table: torch.Tensor, dims: Dims, cos: torch.Tensor, sin: torch.Tensor, num_slots: int,
+                      block_size: int, final_norm: torch.Tensor, embedding: QuantWeight,
+                      head: QuantWeight) -> QuantModelTable:
+    """The layers (quant_layer_table) and their caches' geometry, the rotary tables, the final
+    norm, the embedding and head weights, for quant_model_forward."""
+    for t, name in ((cos, "cos"), (sin, "sin"), (final_norm, "final_norm")):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"{name} must be fp32 contiguous on the CPU")
+    if cos.shape[-1] != dims.head_dim // 2 or final_norm.shape != (dims.hidden,):
+        raise ValueError(f"cos/sin must be [P, {dims.head_dim // 2}] and final_norm [{dims.hidden}]")
+    if embedding.shape[1] != dims.hidden or head.shape[1] != dims.hidden:
+        raise ValueError(f"embedding {tuple(embedding.shape)} and head {tuple(head.shape)} must have {dims.hidden} "
+                         "columns")
+    fields = torch.tensor([
+        layer_table.data_ptr(), dims.hidden, dims.intermediate, dims.num_heads, dims.num_kv_heads, dims.head_dim,
+        _float_bits(dims.eps), _float_bits(dims.scale), cos.data_ptr(), sin.data_ptr(), cos.shape[0], num_slots,
+        block_size, final_norm.data_ptr(), embedding.data.data_ptr(), embedding.kernel_code, embedding.shape[0],
+        head.data.data_ptr(), head.kernel_code, head.shape[0],
+    ], dtype=torch.long)
+    assert fields.numel() == MODEL_FIELDS
+    return QuantModelTable(fields, layer_table, dims.hidden, head.shape[0])
+
+
+def _index(t: torch.Tensor, n: int | None, name: str) -> torch.Tensor:
+    if not (t.dtype is torch.long and t.is_cpu and t.is_contiguous()):  # the engine's own tensors pass as they are
+        t = _i64(t, name)
+    if n is not None and t.shape != (n,):
+        raise ValueError(f"{name} must have {n} entries, got shape {tuple(t.shape)}")
+    return t
+
+
+def quant_model_forward(
+    model: QuantModelTable,
+    num_layers: int,  # layers run (at most the layer table's rows)
+    ids: torch.Tensor,  # [T] token ids
+    positions: torch.Tensor,  # [T] int64
+    slots: torch.Tensor,  # [T] int64
+    cu_q: torch.Tensor,  # [B + 1] int64
+    block_tables: torch.Tensor,  # [B, max_blocks] int64
+    rows: torch.Tensor | None,  # [n_out] rows of the batch to project (None: all)
+    num_threads: int | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:  # hidden [n_out, hidden] (final-normed), logits [n_out, head rows]
+    """embed -> layers -> final norm of `rows` -> head, in one kernel call (a decode step's
+    Python between separate calls costs more than the calls themselves)."""
+    lib = lib if lib is not None else quant_kernels()
+    if lib is None:
+        raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")
+    if not 0 <= num_layers <= model.layer_table.shape[0]:
+        raise ValueError(f"num_layers {num_layers} outside 0..{model.layer_table.shape[0]}")
+    T = ids.shape[0] if ids.dim() == 1 else -1
+    ids, positions = _index(ids, T, "input_ids"), _index(positions, T, "positions")
+    slots = _index(slots, T, "slot_mapping")
+    cu_q = _index(cu_q, None, "cu_q")
+    if not (block_tables.dtype is torch.long and block_tables.is_cpu and block_tables.is_contiguous()):
+        block_tables = _i64(block_tables, "block_tables")
+    if block_tables.dim() != 2 or block_tables.shape[0] < cu_q.shape[0] - 1:
+        raise ValueError(f"block_tables must be [B, max_blocks], a row per sequence: got {tuple(block_tables.shape)}")
+    rows = None if rows is None else _index(rows.reshape(-1), None, "logits_indices")
+    n_out = T if rows is None else rows.shape[0]
+    h = torch.empty(T, model.hidden)
+    hidden = torch.empty(n_out, model.hidden)
+    logits = torch.empty(n_out, model.head_rows)
+    rc = lib.agentrt_quant_forward(
+        model.fields.data_ptr(), num_layers, ids.data_ptr(), T, positions.data_ptr(), slots.data_ptr(),
+        cu_q.shape[0] - 1, cu_q.data_ptr(), block_tables.data_ptr(), block_tables.stride(0), block_tables.shape[1],
+        None if rows is None else rows.data_ptr(), n_out, h.data_ptr(), hidden.data_ptr(), logits.data_ptr(),
+        num_threads or torch.get_num_threads(),
+    )
+    if rc != 0:
+        raise (IndexError if rc == -2 else RuntimeError)(f"quant_model_forward: {_ERRORS.get(rc, f'error {rc}')}")
+    return hidden, logits

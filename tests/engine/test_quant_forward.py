@@ -33,7 +33,7 @@ from agentrt.engine.models.attention import build_attention_metadata, paged_atte
 from agentrt.engine.models.layers import apply_rotary, rms_norm
 from agentrt.engine.models.llama import ForwardBatch
 from agentrt.kernels import quant_build
-from agentrt.kernels.quant_decoder import quant_decoder_layers
+from agentrt.kernels.quant_decoder import quant_decoder_layers, quant_model_forward
 
 CHATS = [  # tests/engine/test_spec_engine.py's
     [{"role": "user", "content": "Repeat exactly: red green blue, red green blue, red green blue."}],
@@ -202,16 +202,37 @@ def test_layer_skip_logits_indices_and_hidden(quant, num_layers):
     assert all(fused_cache.kv.k[i].any() for i in range(n))
 
 
+@pytest.mark.parametrize("num_layers", [12, None])
+def test_one_call_equals_three(quant, monkeypatch, num_layers):
+    """The one-call forward (embedding, layers, norm, head: quant_model_forward) against the
+    embedding lookup, the decoder call and the head call it replaces: the same bits, logits and
+    hidden, for chosen rows and a batch of two; an id outside the vocabulary raises IndexError
+    before any cache row is written."""
+    m, tok = quant.model, quant.tokenizer
+    feeds = [tok.encode(PROMPTS[1]), tok.encode(PROMPTS[2])]
+    rows = torch.tensor([len(feeds[0]) - 1, 0, len(feeds[0]) + 2])
+    one = Cache(m).step(feeds, logits_indices=rows, num_layers=num_layers, return_hidden=True)
+    monkeypatch.setattr(m.quant_decoder, "embedding", None)  # the model table's switch
+    monkeypatch.setattr(qf, "quant_model_forward", lambda *a, **k: pytest.fail("the one-call path ran"))
+    three = Cache(m).step(feeds, logits_indices=rows, num_layers=num_layers, return_hidden=True)
+    assert torch.equal(one.logits, three.logits) and torch.equal(one.hidden, three.hidden)
+    monkeypatch.undo()
+    cache = Cache(m)
+    with pytest.raises(IndexError, match="quant_model_forward"):
+        cache.step([[1, 2, m.cfg.vocab_size]])
+    assert not any(k.any() for k in cache.kv.k)
+
+
 def test_scalar_build_matches_the_native_one(quant, monkeypatch):
-    """The whole model on the scalar fallback's decoder (the head stays native): as close to the
-    AVX2 build as the PyTorch path is (bounds in the module docstring; observed median 2.9%, max
-    19%, the same argmax everywhere)."""
+    """The whole model on the scalar fallback's build (embedding, decoder and head): as close to
+    the AVX2 build as the PyTorch path is (bounds in the module docstring; observed median 2.9%,
+    max 19%, the same argmax everywhere)."""
     m = quant.model
     ids = quant.tokenizer.encode(PROMPTS[0])
     native = Cache(m).step([ids]).logits
     scalar_lib = quant_build.quant_kernels(scalar=True)
     assert scalar_lib is not None
-    monkeypatch.setattr(qf, "quant_decoder_layers", functools.partial(quant_decoder_layers, lib=scalar_lib))
+    monkeypatch.setattr(qf, "quant_model_forward", functools.partial(quant_model_forward, lib=scalar_lib))
     scalar = Cache(m).step([ids]).logits
     rel = _rel(scalar, native)
     assert rel.median() < 0.06 and rel.max() < 0.35, rel

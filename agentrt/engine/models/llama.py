@@ -114,7 +114,6 @@ class LlamaModel:
     def num_layers(self) -> int:
         return len(self.layers)
 
-    @torch.inference_mode()
     def forward(
         self, batch: ForwardBatch, kv: KVCache, num_layers: int | None = None, return_hidden: bool = False,
         batch_invariant: bool = False,
@@ -125,11 +124,17 @@ class LlamaModel:
         the batch (models/invariant.py; slower); the C kernels and the fused quantized decoder
         are invariant anyway."""
         n_layers = num_layers or len(self.layers)
+        if self._quant_fused and not self._kernels_enabled and cache_supported(kv):
+            # kernel calls on tensors that need no autograd: inference mode would only cost time
+            return quant_forward(self, batch, kv, n_layers, return_hidden)
+        return self._forward(batch, kv, n_layers, return_hidden, batch_invariant)
+
+    @torch.inference_mode()
+    def _forward(self, batch: ForwardBatch, kv: KVCache, n_layers: int, return_hidden: bool,
+                 batch_invariant: bool) -> ForwardOutput:
         T = batch.input_ids.shape[0]
         if self._kernels_enabled:
             return kernel_forward(self, batch, kv, n_layers, return_hidden)
-        if self._quant_fused and cache_supported(kv):
-            return quant_forward(self, batch, kv, n_layers, return_hidden)
         if batch_invariant:
             return self._forward_invariant(batch, kv, n_layers, return_hidden)
         cfg = self.cfg

@@ -1,11 +1,14 @@
 """The forward of a quantized LlamaModel (GGUF blocks, fp32 activations) on the fused C decoder
-(agentrt/kernels/quant_decoder.py): every layer in one call, then the final norm of the rows
-asked for, then the head (one QuantLinear call):
+(agentrt/kernels/quant_decoder.py):
 
     h      = embed[input_ids]                                    [T, hidden]
     h      = layers(h)             norms, quantized linears, rotary, K/V writes, attention, SiLU
     hidden = rms_norm(h[logits_indices], norm)                   [n_out, hidden]
     logits = lm_head(hidden)                                     [n_out, vocab]
+
+all in one kernel call when the embedding and the head are quantized weights (the Python between
+three calls cost ~0.3 ms of a ~5 ms batch-1 step: its caches are cold after the weights went
+past); otherwise the layers and the norm in one call, the embedding and head around it.
 
 It computes the PyTorch path's model (same weights, same int8 activation blocks before every
 linear); the two differ by fp32 summation order and exp() rounding, which can flip an int8
@@ -23,10 +26,11 @@ import torch
 
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput
-from agentrt.engine.models.quant_layers import QuantLinear
+from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear
 from agentrt.kernels.decoder import Dims
 from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
-from agentrt.kernels.quant_decoder import QuantLayerWeights, quant_decoder_layers, quant_layer_table
+from agentrt.kernels.quant_decoder import (QuantLayerWeights, QuantModelTable, quant_decoder_layers, quant_layer_table,
+                                           quant_model_forward, quant_model_table)
 from agentrt.kernels.quant_formats import FORMAT_BY_GGML_TYPE
 
 
@@ -82,7 +86,12 @@ class QuantDecoder:
         ]
         self.final_norm = _f32(model.norm)
         self.cos, self.sin = _f32(model.rope.cos), _f32(model.rope.sin)
+        head, embed = model.lm_head, model.embed
+        whole = (isinstance(embed, QuantEmbedding) and isinstance(head, QuantLinear) and len(head.parts) == 1
+                 and head.bias is None and head.parts[0].format.ggml_type in FORMAT_BY_GGML_TYPE)
+        self.embedding, self.head = (embed.weight, head.parts[0]) if whole else (None, None)
         self._tables: weakref.WeakKeyDictionary[KVCache, torch.Tensor] = weakref.WeakKeyDictionary()
+        self._models: weakref.WeakKeyDictionary[KVCache, QuantModelTable] = weakref.WeakKeyDictionary()
 
     def table(self, kv: KVCache) -> torch.Tensor:
         t = self._tables.get(kv)
@@ -90,10 +99,26 @@ class QuantDecoder:
             t = self._tables[kv] = quant_layer_table(self.layers, kv.k, kv.v)
         return t
 
+    def model_table(self, kv: KVCache) -> QuantModelTable | None:
+        """The whole model's table for one-call forwards, None when its embedding or head is not
+        a quantized weight."""
+        if self.embedding is None:
+            return None
+        t = self._models.get(kv)
+        if t is None:
+            t = self._models[kv] = quant_model_table(self.table(kv), self.dims, self.cos, self.sin, kv.k[0].shape[0],
+                                                     kv.block_size, self.final_norm, self.embedding, self.head)
+        return t
+
 
 def quant_forward(model, batch: ForwardBatch, kv: KVCache, num_layers: int, return_hidden: bool) -> ForwardOutput:
     dec: QuantDecoder = model.quant_decoder
     meta = batch.attn
+    whole = dec.model_table(kv)
+    if whole is not None and meta.block_size == kv.block_size:
+        hidden, logits = quant_model_forward(whole, num_layers, batch.input_ids, batch.positions, batch.slot_mapping,
+                                             meta.cu_q, meta.block_tables, batch.logits_indices)
+        return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
     h = model.embed[batch.input_ids]  # [T, hidden], fresh: updated in place
     h = h if h.dtype == torch.float32 and h.is_contiguous() else h.float().contiguous()
     hidden = quant_decoder_layers(

@@ -83,8 +83,10 @@ QUANT_INTERNAL void quant_k_chunk(const qjob *j, int64_t n0, int64_t n1);
 /* One weight row of K values dequantized into out [K], with the reference's fp32 ops. */
 QUANT_INTERNAL void quant_k_embed_row(const uint8_t *row, int fmt, int64_t K, float *out);
 
-/* cpu_quant_avx2.c's linear entry point, also run by cpu_quant_decoder.c's layers. */
+/* cpu_quant_avx2.c's linear and embedding entry points, also run by cpu_quant_decoder.c. */
 int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint8_t *w, int fmt, int64_t N,
                          int64_t K, float *out, int64_t out_stride, int threads);
+int agentrt_quant_embedding(const int64_t *ids, int64_t T, const uint8_t *w, int fmt, int64_t N, int64_t K,
+                            float *out, int64_t out_stride);
 
 #endif

@@ -513,3 +513,44 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
       rms_row(h + (rows ? rows[i] : i) * hidden, final_norm, hidden, eps, out + i * hidden);
   return 0;
 }
+
+/* The fields of agentrt_quant_forward's model table (int64; eps and scale as float bits). */
+enum {
+  M_LAYERS, M_HIDDEN, M_INTER, M_NQ, M_NKV, M_D, M_EPS, M_SCALE, M_COS, M_SIN, M_ROPE_ROWS, M_NUM_SLOTS, M_BLOCK_SIZE,
+  M_FINAL_NORM, M_EMBED, M_EMBED_FMT, M_VOCAB, M_HEAD, M_HEAD_FMT, M_HEAD_ROWS, MODEL_FIELDS
+};
+
+static float float_bits(int64_t v) {
+  const int32_t b = (int32_t)v;
+  float f;
+  memcpy(&f, &b, 4);
+  return f;
+}
+
+/* A quantized Llama's whole forward in one call (a decode step's Python between its kernel calls
+ * costs more than the calls: the caches are cold after the weights went past):
+ *   h      [T, hidden]      = embedding rows of ids (agentrt_quant_embedding)
+ *   h                       = layers 0..num_layers-1 (agentrt_quant_decoder)
+ *   hidden [n_rows, hidden] = final norm of rows `rows` of h (NULL: rows 0..n_rows-1)
+ *   logits [n_rows, head]   = hidden W_head^T (agentrt_quant_linear)
+ * model: MODEL_FIELDS int64 (agentrt/engine/models/quant_forward.py builds it). Returns 0, or
+ * as agentrt_quant_decoder (-2 also for an id outside the embedding; the caches are written
+ * only when every index is in range). */
+int agentrt_quant_forward(const int64_t *model, int64_t num_layers, const int64_t *ids, int64_t T,
+                          const int64_t *positions, const int64_t *slots, int64_t B, const int64_t *cu_q,
+                          const int64_t *block_tables, int64_t bt_stride, int64_t bt_cols, const int64_t *rows,
+                          int64_t n_rows, float *h, float *hidden, float *logits, int threads) {
+  const int64_t dim = model[M_HIDDEN];
+  int rc = agentrt_quant_embedding(ids, T, PTR(const uint8_t *, model[M_EMBED]), (int)model[M_EMBED_FMT],
+                                   model[M_VOCAB], dim, h, dim);
+  if (rc) return rc;
+  rc = agentrt_quant_decoder(PTR(const int64_t *, model[M_LAYERS]), num_layers, h, T, dim, model[M_INTER],
+                             (int)model[M_NQ], (int)model[M_NKV], (int)model[M_D], float_bits(model[M_EPS]),
+                             float_bits(model[M_SCALE]), positions, PTR(const float *, model[M_COS]),
+                             PTR(const float *, model[M_SIN]), model[M_ROPE_ROWS], slots, model[M_NUM_SLOTS], B, cu_q,
+                             block_tables, bt_stride, bt_cols, model[M_BLOCK_SIZE],
+                             PTR(const float *, model[M_FINAL_NORM]), rows, n_rows, hidden, threads);
+  if (rc || n_rows == 0) return rc;
+  return agentrt_quant_linear(hidden, dim, n_rows, PTR(const uint8_t *, model[M_HEAD]), (int)model[M_HEAD_FMT],
+                              model[M_HEAD_ROWS], dim, logits, model[M_HEAD_ROWS], threads);
+}
