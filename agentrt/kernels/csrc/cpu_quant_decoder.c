@@ -145,9 +145,9 @@ static void silu_mul(float *g, const float *u, int64_t n) {
   }
 }
 
-/* out[c] = inv * sum_j p[j] V_j[c] for c < 8 nv, the positions j in order (V_j = V + off[j]) */
+/* out[c] = sum_j p[j] V_j[c] for c < 8 nv, the positions j in order (V_j = V + off[j]) */
 static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const float *V,
-                                                          const int64_t *off, float inv, float *out, const int nv) {
+                                                          const int64_t *off, float *out, const int nv) {
   __m256 acc[8];
   for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
   for (int64_t j = 0; j < L; j++) {
@@ -155,14 +155,14 @@ static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_
     const float *vr = V + off[j];
     for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vr + 8 * v), acc[v]);
   }
-  for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + 8 * v, _mm256_mul_ps(acc[v], _mm256_set1_ps(inv)));
+  for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + 8 * v, acc[v]);
 }
 
-static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float inv, float *out, int d) {
+static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float *out, int d) {
   for (int c0 = 0; c0 < d; c0 += 64) { /* d % 8 == 0 (checked): up to 8 accumulators in registers */
     switch ((d - c0) / 8 < 8 ? (d - c0) / 8 : 8) {
-#define PV(NV) case NV: pv_cols(p, L, V + c0, off, inv, out + c0, NV); break;
-      PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7) default: pv_cols(p, L, V + c0, off, inv, out + c0, 8);
+#define PV(NV) case NV: pv_cols(p, L, V + c0, off, out + c0, NV); break;
+      PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7) default: pv_cols(p, L, V + c0, off, out + c0, 8);
 #undef PV
     }
   }
@@ -192,11 +192,10 @@ static void silu_mul(float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
-static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float inv, float *out, int d) {
+static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float *out, int d) {
   for (int c = 0; c < d; c++) out[c] = 0.0f;
   for (int64_t j = 0; j < L; j++)
     for (int c = 0; c < d; c++) out[c] += p[j] * V[off[j] + c];
-  for (int c = 0; c < d; c++) out[c] *= inv;
 }
 
 #endif
@@ -337,7 +336,7 @@ static void chunk_partial(const dec *D, int64_t t, int64_t c, float *part, float
     float *s = sc + (int64_t)h * ATTN_CHUNK, *ph = part + (int64_t)h * PART_STRIDE(d);
     scores(q + (int64_t)h * d, D->kc + kv, off, n, D->scale, s, d);
     const float m = max_row(s, n), sum = exp_shift(s, n, m);
-    pv(s, n, D->vc + kv, off, 1.0f, ph, d);
+    pv(s, n, D->vc + kv, off, ph, d);
     ph[d] = m;
     ph[d + 1] = sum;
   }
