@@ -7,12 +7,14 @@ kernel per linear).
 
 Bounds, per token row of h, as |fused - ref| / |ref - h_in| (relative to the layers' update):
 - with the same int8 activations both sum the same products in another order: ~K 2^-24 at worst,
-  observed <= 6e-7 (both builds); asserted <= 1e-5 for >= 60% of the rows;
+  observed <= 6e-7 (both builds);
 - a last-bit difference of an activation (norm, attention, SiLU sums) can move its int8 rounding
   by one step (amax/127 of its block of 32: ~1e-3 of a 256-wide output), and a flip in a K or V
   row reaches every later token of its sequence through attention; every row stays within 2e-2.
-  Observed: no flip at this seed; at seeds 1-5, 0 to 12 of the 33 rows past 1e-5, at most 7e-3,
-  K/V within 2e-3 of their largest value (asserted: 1e-2).
+Asserted: >= 50% of the 33 rows of the first two steps within 1e-5 (later rows sit behind more
+K/V rows that may have flipped), all 174 rows within 2e-2, K/V within 1e-2 of their largest
+value. Observed over seeds 0-5: 0 to 14 of the 33 rows past 1e-5 (at seed 0: none), all rows
+within 1.3e-2, and at seed 1 137 of the 174 past 1e-5 (both builds alike).
 """
 from __future__ import annotations
 
@@ -107,6 +109,12 @@ def _row_errors(a_outs, b_outs) -> torch.Tensor:
     return torch.cat(errs)
 
 
+def _assert_within_bounds(err: torch.Tensor) -> None:
+    """The module docstring's bounds on every step's row errors, in feed order."""
+    early = err[: sum(map(sum, STEPS[:2]))]
+    assert (early <= 1e-5).float().mean() >= 0.5 and err.max() <= 2e-2, err
+
+
 @pytest.mark.parametrize("scalar", [False, True], ids=["native", "scalar"])
 def test_matches_the_per_op_reference(scalar):
     """Both builds against the reference on the same build's linears: bounds in the module docstring."""
@@ -114,8 +122,7 @@ def test_matches_the_per_op_reference(scalar):
     assert lib is not None
     fused, run_f = _steps(True, lib)
     ref, run_r = _steps(False, lib)
-    err = _row_errors(fused, ref)
-    assert (err <= 1e-5).float().mean() >= 0.6 and err.max() <= 2e-2, err
+    _assert_within_bounds(_row_errors(fused, ref))
     for a, b in zip(run_f.k + run_f.v, run_r.k + run_r.v):  # the K/V rows written (rotary included)
         assert (a - b).abs().max() <= 1e-2 * b.abs().max()
 
@@ -124,8 +131,7 @@ def test_scalar_build_matches_the_native_one():
     """The scalar fallback against the AVX2 build (other summation order and exp): as above."""
     native, _ = _steps(True, quant_kernels())
     scalar, _ = _steps(True, quant_kernels(scalar=True))
-    err = _row_errors(scalar, native)
-    assert (err <= 1e-5).float().mean() >= 0.6 and err.max() <= 2e-2, err
+    _assert_within_bounds(_row_errors(scalar, native))
 
 
 def test_rows_are_batch_and_thread_invariant():
