@@ -115,7 +115,9 @@ def quant_forward(model, batch: ForwardBatch, kv: KVCache, num_layers: int, retu
     dec: QuantDecoder = model.quant_decoder
     meta = batch.attn
     whole = dec.model_table(kv)
-    if whole is not None and meta.block_size == kv.block_size:
+    if whole is not None:
+        if meta.block_size != kv.block_size:  # the table holds the cache's: a batch for another cache
+            raise ValueError(f"the batch's block size {meta.block_size} is not its KV cache's ({kv.block_size})")
         hidden, logits = quant_model_forward(whole, num_layers, batch.input_ids, batch.positions, batch.slot_mapping,
                                              meta.cu_q, meta.block_tables, batch.logits_indices)
         return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
