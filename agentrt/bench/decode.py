@@ -12,12 +12,16 @@ number of new tokens, at batch 1 and 8 (llama.cpp: 8 sequences in one context, n
 through llama_batch / llama_decode). tok/s is decode only: B x (tokens - 1) / (last token - first
 token), the first token coming out of the prefill. Best of `repeats` interleaved runs.
 
-floor_ratio / floor_ratio_q4: our batch-1 decode step (median of a repeat) over the time to read
-the bytes a step reads once (every linear's weights, in GGUF blocks for the quantized path, the
-head, the norms) at the read bandwidth measured just before that repeat: the fastest fp32 sum
-(torch, its threads: 2 here) over a buffer of max(256 MB, 8 x the L3 cache), repeated for
-~0.5 s. Best of the repeats: on a shared machine the bandwidth moves with the neighbours' load,
-so each step time is set against the bandwidth of its own moment.
+floor_ratio / floor_ratio_q4: our batch-1 decode step over the read floor of the bytes a step
+reads once (every linear's weights, in GGUF blocks for the quantized path, the head, the norms),
+measured in pairs: in a decode run of its own, each step is followed by a plain read of as many
+bytes (kernels/stream_read.py: the kernels' threads, each one contiguous part; a buffer on huge
+pages like the weights'), and the figure is the median over the steps of step time / read time.
+On a shared machine the memory's rate moves with the neighbours' load within a second, so a step
+is set against a read of the same moment. config.paths also gives a coarser estimate: the median
+step of a tok/s repeat against the best rate of a torch fp32 sum over max(256 MB, 8 x L3) in the
+~0.5 s before that repeat (best of the repeats); a best rate against a median step reads high
+when the load moves.
 
 Summary: b1_vs_hf, b8_vs_hf (our float path / transformers), b1_vs_llamacpp_q4, b8_vs_llamacpp_q4
 (our quantized path / llama.cpp; goals >= 1.2), floor_ratio_q4 (goal <= 1.5), floor_ratio,
@@ -169,6 +173,33 @@ def _read_bandwidth(budget_s: float = 0.5) -> float:
     return measure_read_bandwidth(buffer_bytes=max(256 << 20, 8 * l3_bytes), budget_s=budget_s)
 
 
+def _paired_floor(engine, prompt: list[int], n_tokens: int, read_buf: torch.Tensor) -> list[tuple[float, float]]:
+    """(step seconds, read seconds) of each decode step of one batch-1 greedy run, every step
+    followed by a stream_read of read_buf (outside the step's own time)."""
+    from agentrt.kernels.stream_read import stream_read_seconds
+
+    pairs: list[tuple[float, float]] = []
+
+    def after_step(record) -> None:
+        if record.num_prefill_tokens == 0:
+            pairs.append((record.duration_s, stream_read_seconds(read_buf)))
+
+    engine.step_listeners.append(after_step)
+    try:
+        _ours(engine, [prompt], n_tokens)
+    finally:
+        engine.step_listeners.remove(after_step)
+    return pairs
+
+
+def _read_buffer(nbytes: int) -> torch.Tensor:
+    """nbytes of random bytes on (transparent) huge pages, as the quantized weights are."""
+    from agentrt.engine.kv_cache import cache_buffer
+
+    buf = cache_buffer((nbytes,), torch.uint8, "cpu")
+    return buf.copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)))
+
+
 def run(args: argparse.Namespace) -> BenchResult:
     import transformers
 
@@ -244,18 +275,30 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     floor: dict[str, float | None] = {}
     config_paths = {}
-    for key, engine in (("quant", quant), ("deq", deq)):
-        if engine is None:
+    ours_paths = [(k, e) for k, e in (("quant", quant), ("deq", deq)) if e is not None]
+    nbytes = {key: step_bytes(engine.model) for key, engine in ours_paths}
+    read_buf = _read_buffer(max(nbytes.values()))
+    pairs: dict[str, list[tuple[float, float]]] = {key: [] for key, _ in ours_paths}
+    for r in range(repeats):
+        console.print(f"  read floor: paired steps and reads, repeat {r + 1}/{repeats}")
+        for key, engine in ours_paths:
+            pairs[key] += _paired_floor(engine, prompt_ids[0], n_tokens, read_buf[: nbytes[key]])
+    for key in ("quant", "deq"):
+        if key not in pairs:
             floor[key] = None
             continue
-        nbytes = step_bytes(engine.model)
-        step_s, bw = min(((statistics.median(s), bw) for s, bw in zip(steps[key], bws)), key=lambda t: t[0] * t[1])
-        floor_s = nbytes / bw
-        floor[key] = step_s / floor_s
-        notes.append(f"{paths[key].weights}: batch-1 decode step median {step_s * 1e3:.2f} ms; floor "
-                     f"{floor_s * 1e3:.2f} ms ({nbytes / 1e6:.1f} MB read per step at {bw / 1e9:.1f} GB/s, "
-                     f"measured before that repeat; best of {len(bws)})")
-        config_paths[key] = {"step_ms": step_s * 1e3, "floor_ms": floor_s * 1e3, "step_bytes": nbytes,
+        floor[key] = statistics.median(step / read for step, read in pairs[key])
+        step_ms = statistics.median(step for step, _ in pairs[key]) * 1e3
+        read_ms = statistics.median(read for _, read in pairs[key]) * 1e3
+        # the coarser estimate: a tok/s repeat's median step against the torch sum's best rate before it
+        best_step, bw = min(((statistics.median(s), bw) for s, bw in zip(steps[key], bws)), key=lambda t: t[0] * t[1])
+        notes.append(f"{paths[key].weights}: batch-1 decode step median {step_ms:.2f} ms, a read of its "
+                     f"{nbytes[key] / 1e6:.1f} MB right after each step median {read_ms:.2f} ms "
+                     f"({nbytes[key] / read_ms / 1e6:.1f} GB/s); step / read median of {len(pairs[key])} pairs "
+                     f"{floor[key]:.2f} (against the best torch read rate before a tok/s repeat, "
+                     f"{bw / 1e9:.1f} GB/s: {best_step * bw / nbytes[key]:.2f})")
+        config_paths[key] = {"step_ms": step_ms, "read_ms": read_ms, "step_bytes": nbytes[key], "pairs": len(pairs[key]),
+                             "floor_ratio_best_bw": best_step * bw / nbytes[key], "best_bw_step_ms": best_step * 1e3,
                              "read_bw_gb_s": bw / 1e9}
     notes.append(f"perplexity on {len(text_ids)} tokens of Pride and Prejudice, chapter 1 (bench/perplexity.py): "
                  + ", ".join(f"{p.engine.split(' (')[0]} {p.weights} {ppl[k]:.3f}" for k, p in paths.items()))

@@ -1,6 +1,7 @@
 """Build, cache and load the quantized-weight kernels (csrc/cpu_quant_avx2.c, cpu_quant_k.c, and
 cpu_quant_decoder.c's fused decoder layers over them; and cpu_argmax_f32.c, greedy decoding's
-row argmax, for CPUs without the AMX library) for this CPU.
+row argmax, for CPUs without the AMX library; and cpu_stream_read.c, the plain read that `bench
+decode` measures a step's read floor with) for this CPU.
 
 A second library beside cpu_build.py's AMX one, because it asks much less of the CPU: its fast
 path needs AVX2 + FMA + F16C (any x86-64 from ~2013), and without them it compiles a scalar
@@ -30,7 +31,8 @@ from agentrt.kernels.cpu_build import (_compiler, _cpu_flags, compile_library, c
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("cpu_pool.c", "cpu_quant_avx2.c", "cpu_quant_k.c", "cpu_quant_decoder.c", "cpu_argmax_f32.c")
+SOURCES = ("cpu_pool.c", "cpu_quant_avx2.c", "cpu_quant_k.c", "cpu_quant_decoder.c", "cpu_argmax_f32.c",
+           "cpu_stream_read.c")
 HEADERS = ("cpu_pool.h", "cpu_quant.h")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11")
 FAST_PATH_CPU_FLAGS = ("avx2", "fma", "f16c")
@@ -48,6 +50,7 @@ SIGNATURES = {
                                      _P, _P, _P, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P,
                                      _I32]),
     "agentrt_quant_forward": (_I32, [_P, _I64, _P, _I64, _P, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I32]),
+    "agentrt_stream_read": (ctypes.c_uint64, [_P, _I64, _I32]),
 }
 
 _lock = threading.Lock()
