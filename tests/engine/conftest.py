@@ -24,6 +24,20 @@ def smollm2_quant(smollm2_source):
 
 
 @pytest.fixture(scope="session")
+def smollm2_greedy(smollm2_source):
+    """The embedded SmolLM2 on its fastest batch-invariant path, for tests that compare greedy
+    tokens across batches: its GGUF's quantized blocks where the kernels build (each row's bits
+    depend on nothing else in the batch, and a step runs ~10x faster than fp32 on a CPU without
+    AMX), else fp32."""
+    from agentrt.engine.model_loader import load_model
+    from agentrt.kernels.quant_build import unsupported_reason
+
+    if unsupported_reason() is None and smollm2_source.gguf is not None:
+        return load_model("smollm2-135m-instruct", "quantized", progress=False)
+    return load_model(str(smollm2_source.path), "float32", progress=False)
+
+
+@pytest.fixture(scope="session")
 def hf_smollm2_fp32(smollm2_source):
     transformers = pytest.importorskip("transformers")
     model = transformers.AutoModelForCausalLM.from_pretrained(smollm2_source.path, dtype=torch.float32).eval()

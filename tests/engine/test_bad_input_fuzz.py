@@ -74,14 +74,9 @@ formats = st.one_of(st.none(), st.sampled_from(HARD_SCHEMAS), generated_schemas)
 
 
 @pytest.fixture(scope="module")
-def engine_factory(smollm2_source):
-    from agentrt.engine import EngineConfig, LLMEngine
-    from agentrt.engine.model_loader import load_model
-
-    loaded = load_model(str(smollm2_source.path), "auto", progress=False)
-    dtype = str(loaded.model.dtype).removeprefix("torch.")
-    return lambda: LLMEngine(EngineConfig(model=str(loaded.source.path), dtype=dtype, kv_cache_tokens=4096,
-                                          spec=SpecConfig(drafter="template")), loaded=loaded)
+def engine_factory(smollm2_greedy, make_engine):
+    # batch-invariant greedy: the good request's tokens cannot depend on what runs beside it
+    return lambda: make_engine(smollm2_greedy, spec=SpecConfig(drafter="template"))
 
 
 @pytest.fixture(scope="module")
