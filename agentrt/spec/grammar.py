@@ -12,11 +12,23 @@ import weakref
 from typing import Any
 
 import torch
-import xgrammar as xgr
 
 from agentrt.errors import RequestError
 from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.structured import SEPARATORS, OutputFormat
+
+
+class _Xgrammar:
+    """xgrammar, imported on first use: the import takes ~1.2 s (it loads transformers), a
+    quarter of a CLI start, and only constrained requests need it."""
+
+    def __getattr__(self, name: str) -> Any:
+        import xgrammar
+
+        return getattr(xgrammar, name)
+
+
+xgr = _Xgrammar()
 
 
 def tokenizer_info(hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
