@@ -193,11 +193,12 @@ def _paired_floor(engine, prompt: list[int], n_tokens: int, read_buf: torch.Tens
 
 
 def _read_buffer(nbytes: int) -> torch.Tensor:
-    """nbytes of random bytes on (transparent) huge pages, as the quantized weights are."""
+    """nbytes on (transparent) huge pages, as the quantized weights are, every page written; fp32
+    ones, so that the torch fallback of stream_read_seconds adds normal floats."""
     from agentrt.engine.kv_cache import cache_buffer
 
-    buf = cache_buffer((nbytes,), torch.uint8, "cpu")
-    return buf.copy_(torch.randint(0, 256, (nbytes,), dtype=torch.uint8, generator=torch.Generator().manual_seed(0)))
+    buf = cache_buffer(((nbytes + 3) // 4,), torch.float32, "cpu").fill_(1.0)
+    return buf.view(torch.uint8)[:nbytes]
 
 
 def run(args: argparse.Namespace) -> BenchResult:

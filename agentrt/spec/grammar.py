@@ -22,10 +22,12 @@ class _Xgrammar:
     """xgrammar, imported on first use: the import takes ~1.2 s (it loads transformers), a
     quarter of a CLI start, and only constrained requests need it."""
 
-    def __getattr__(self, name: str) -> Any:
+    def __getattr__(self, name: str) -> Any:  # only for names not yet set on the instance
         import xgrammar
 
-        return getattr(xgrammar, name)
+        value = getattr(xgrammar, name)
+        setattr(self, name, value)
+        return value
 
 
 xgr = _Xgrammar()

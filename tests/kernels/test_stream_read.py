@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from agentrt.kernels import quant_build
+from agentrt.kernels import stream_read as stream_read_module
 from agentrt.kernels.stream_read import stream_read, stream_read_reference, stream_read_seconds
 
 
@@ -35,4 +36,22 @@ def test_many_threads_for_few_bytes_and_other_dtypes(read_lib):
     assert stream_read(buf, 64, lib=read_lib) == 5 * 255  # more threads than lines
     x = torch.randn(1001)  # read as bytes whatever the dtype
     assert stream_read(x, 2, lib=read_lib) == stream_read_reference(x)
-    assert stream_read_seconds(x, 2) >= 0.0
+
+
+def test_the_timed_read_reads_every_byte_on_the_kernel_or_sums_floats_without_it(monkeypatch):
+    calls = []
+
+    class Lib:
+        def agentrt_stream_read(self, ptr, n, threads):
+            calls.append((ptr, n, threads))
+            return 0
+
+    x = torch.ones(3, 7)  # [3, 7] fp32: 84 bytes
+    monkeypatch.setattr(stream_read_module, "quant_kernels", lambda: Lib())
+    stream_read_seconds(x, 3)
+    assert calls == [(x.data_ptr(), 84, 3)]
+    summed = []
+    monkeypatch.setattr(stream_read_module, "quant_kernels", lambda: None)
+    monkeypatch.setattr(torch.Tensor, "sum", lambda t, *a, **k: summed.append(t.numel()))
+    stream_read_seconds(torch.ones(11, dtype=torch.uint8))  # 11 bytes: the first 8 as 2 floats
+    assert summed == [2]
