@@ -6,11 +6,14 @@ import asyncio
 import queue
 import threading
 import time
-from typing import AsyncIterator, Callable
+from typing import AsyncIterator, Callable, TypeVar
 
+from agentrt.engine.calibration import fit_cost_model_when_idle
 from agentrt.engine.llm_engine import EngineConfig, LLMEngine
 from agentrt.engine.outputs import GenerationResult, TokenEvent
 from agentrt.engine.sampling_params import SamplingParams
+
+T = TypeVar("T")
 
 
 class AsyncEngine:
@@ -114,11 +117,30 @@ class AsyncEngine:
     async def warm_up(self) -> float:
         """Pay a fresh engine's one-off costs (first touch of the weights and KV cache, the grammar
         compiler's tokenizer tables, the kernels' first calls) on one short constrained request,
-        before any caller's request does. Returns the seconds it took."""
+        before any caller's request does; with speculation on the quantized path and no cached
+        step-cost fit, fit one on a few forwards first (calibration.fit_cost_model_when_idle).
+        Returns the seconds it took."""
         t0 = time.perf_counter()
+        await self.run_on_engine_thread(lambda: fit_cost_model_when_idle(self.engine))
         await self.generate([{"role": "user", "content": "Hi"}],
                             SamplingParams(max_tokens=2, temperature=0, response_format={"type": "json_object"}))
         return time.perf_counter() - t0
+
+    async def run_on_engine_thread(self, fn: Callable[[], T]) -> T:
+        """fn()'s result (or its exception), fn run on the engine thread between steps."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn()
+            except BaseException as e:  # noqa: BLE001 - handed to the caller
+                loop.call_soon_threadsafe(done.set_exception, e)
+            else:
+                loop.call_soon_threadsafe(done.set_result, result)
+
+        self.submit(run)
+        return await done
 
     def abort(self, request_id: int) -> None:
         self.submit(lambda: self._deliver_abort(request_id))

@@ -99,6 +99,11 @@ class SpecRunner:
         self._cost_model = model
 
     @property
+    def has_cost_model(self) -> bool:
+        """Whether a cost model is in use already (built on first need, or set)."""
+        return self._cost_model is not None
+
+    @property
     def controller(self) -> KController:
         return KController(self.cost_model, kmax_cap=self.config.kmax, policy=self.config.policy,
                            fixed_k=self.config.k or 0)

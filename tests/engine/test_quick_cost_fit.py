@@ -1,0 +1,87 @@
+"""The step-cost fit a warm-up makes for speculation on the quantized path
+(calibration.fit_cost_model_when_idle): made once on a few real forwards, saved where `agentrt
+calibrate` saves, loaded by the next engine instead of fitting again; never made where it has no
+business (no drafter, a cost model already in use, work in the engine)."""
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from agentrt.engine import SamplingParams, SpecConfig
+from agentrt.engine import calibration
+from agentrt.engine.async_engine import AsyncEngine
+
+
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRT_CACHE", str(tmp_path / "cache"))
+    from agentrt.kernels.quant_build import quant_kernels
+
+    quant_kernels()  # loaded from the user's cache before it moves: not compiled again
+
+
+def _warm(engine) -> None:
+    front = AsyncEngine(engine)
+    try:
+        asyncio.run(front.warm_up())
+    finally:
+        front.close()
+
+
+def test_a_warm_up_fits_once_and_the_next_engine_loads_the_fit(smollm2_quant, make_engine, own_cache, monkeypatch):
+    engine = make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix"))
+    _warm(engine)
+    model = engine.spec.cost_model
+    assert model.source == "fit" and model.num_samples == len(calibration.QUICK_FIT_TOKENS)
+    assert calibration.model_cost_path(engine).is_file()
+    assert engine.blocks.num_free == engine.blocks.allocator.num_blocks  # the scratch sequence's blocks are back
+
+    def no_second_fit(*a, **k):
+        raise AssertionError("fitted again")
+
+    monkeypatch.setattr(calibration, "quick_cost_model", no_second_fit)
+    again = make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix"))
+    _warm(again)
+    assert again.spec.cost_model == model  # read from the file
+
+
+def test_no_fit_without_a_drafter_with_a_model_in_use_or_with_work(smollm2_quant, make_engine, own_cache, monkeypatch):
+    monkeypatch.setattr(calibration, "quick_cost_model", lambda *a, **k: pytest.fail("fitted"))
+    assert calibration.fit_cost_model_when_idle(make_engine(smollm2_quant)) is None  # no speculation
+    in_use = make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix"))
+    in_use.spec.cost_model  # built on first need (the analytic roofline): kept
+    assert calibration.fit_cost_model_when_idle(in_use) is None
+    busy = make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix"))
+    busy.add_request([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=2))
+    assert calibration.fit_cost_model_when_idle(busy) is None
+
+
+def test_a_fit_that_fails_leaves_the_roofline_and_the_warm_up_goes_on(smollm2_quant, make_engine, own_cache, monkeypatch):
+    from agentrt.errors import CalibrationError
+
+    def unusable(*a, **k):
+        raise CalibrationError("step_fn(1, 128) returned 0.0, not a time")
+
+    monkeypatch.setattr(calibration, "quick_cost_model", unusable)
+    engine = make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix"))
+    _warm(engine)  # the warm-up request still ran
+    assert not calibration.model_cost_path(engine).exists()
+    assert engine.spec.cost_model.source == "analytic"
+
+
+def test_run_on_engine_thread_gives_the_result_or_the_exception(smollm2_quant, make_engine):
+    front = AsyncEngine(make_engine(smollm2_quant))
+
+    def boom():
+        raise ValueError("boom")
+
+    async def both():
+        assert await front.run_on_engine_thread(lambda: 6 * 7) == 42
+        with pytest.raises(ValueError, match="boom"):
+            await front.run_on_engine_thread(boom)
+
+    try:
+        asyncio.run(both())
+    finally:
+        front.close()
