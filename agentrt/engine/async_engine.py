@@ -131,13 +131,17 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
 
+        def settle(set_outcome, value) -> None:  # on the loop; the caller may have gone (cancelled)
+            if not done.done():
+                set_outcome(value)
+
         def run() -> None:
             try:
                 result = fn()
             except BaseException as e:  # noqa: BLE001 - handed to the caller
-                loop.call_soon_threadsafe(done.set_exception, e)
+                loop.call_soon_threadsafe(settle, done.set_exception, e)
             else:
-                loop.call_soon_threadsafe(done.set_result, result)
+                loop.call_soon_threadsafe(settle, done.set_result, result)
 
         self.submit(run)
         return await done

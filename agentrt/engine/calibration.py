@@ -69,10 +69,9 @@ def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 3) -> StepC
     it prices the int8 kernels at torch's fp32 matmul rate and puts a 9-token verify step at 6.1x
     a 1-token step, where it measured 2.5-2.7x; this fit says 2.7x. The engine must be idle (the
     forwards run on a scratch sequence's blocks)."""
-    timer = forward_timer(engine)
     grid = [(n, kv_tokens) for n in QUICK_FIT_TOKENS]
-    model, _, _ = calibrate(lambda n, kv: min(timer(n, kv) for _ in range(fastest_of)), grid, repeats=1,
-                            progress=False, prior=analytic_cost_model(engine))
+    model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=1, progress=False,
+                            prior=analytic_cost_model(engine))
     return model
 
 
@@ -131,6 +130,16 @@ def forward_timer(engine):
     return step_fn
 
 
+def fastest_forward_timer(engine, fastest_of: int):
+    """forward_timer's step_fn, each sample the fastest of `fastest_of` back-to-back forwards."""
+    timer = forward_timer(engine)
+
+    def fastest(num_tokens: int, kv_tokens: int) -> float:
+        return min(timer(num_tokens, kv_tokens) for _ in range(max(1, fastest_of)))
+
+    return fastest
+
+
 def calibrate_engine(engine, max_tokens: int = 256, kv_values=(128, 512, 2048), repeats: int = 3, progress: bool = True,
                      fastest_of: int = 3):
     """Measure, fit, persist. Returns (model, report rows of predicted vs measured, path).
@@ -142,12 +151,8 @@ def calibrate_engine(engine, max_tokens: int = 256, kv_values=(128, 512, 2048), 
     kv_values = [kv for kv in kv_values if kv + max_tokens <= engine.blocks.allocator.num_blocks * engine.blocks.block_size]
     grid = default_grid(max_tokens, kv_values)
     prior = analytic_cost_model(engine)
-    timer = forward_timer(engine)
-
-    def fastest(num_tokens: int, kv_tokens: int) -> float:
-        return min(timer(num_tokens, kv_tokens) for _ in range(max(1, fastest_of)))
-
-    model, _, report = calibrate(fastest, grid, repeats=repeats, progress=progress, prior=prior)
+    model, _, report = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=repeats, progress=progress,
+                                 prior=prior)
     path = model_cost_path(engine)
     model.save(path)
     engine.spec.cost_model = model
