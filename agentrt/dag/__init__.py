@@ -1,5 +1,5 @@
-"""Agent programs as graphs of LLM calls and tool calls: the DSL, the graph IR and its run-time
-expansion. Imports nothing from agentrt but agentrt.errors (no torch, no engine, no runtime).
+"""Agent programs as graphs of LLM calls, tool calls and waits for outside input: the DSL, the
+graph IR and its run-time expansion. Imports nothing from agentrt but agentrt.errors (no torch, no engine, no runtime).
 
     p = Program("trip", inputs={"request": str}, tools=[get_weather, ...])
     plan = p.llm("plan", prompt="Plan: {request}", output=JsonSchema({...}))
@@ -16,11 +16,11 @@ from agentrt.dag.refs import Ref, Template, resolve
 from agentrt.dag.render import render_prompt, tool_arguments
 from agentrt.dag.run import ProgramRun
 from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, Case, Constant, FanOutSpec, InputSpec, ItemSpec, LLMSpec,
-                               NodeSpec, ToolSpec)
+                               NodeSpec, ToolSpec, WaitForSpec)
 from agentrt.dag.tooldefs import ToolDef
 
 __all__ = [
     "AgentLoopSpec", "BranchSpec", "CallCount", "Case", "CompiledProgram", "Constant", "FanOutSpec", "InputSpec",
     "ItemSpec", "JsonSchema", "LLMSpec", "NodeSpec", "OutputSpec", "Program", "ProgramRun", "Ref", "Scope", "Template",
-    "Text", "ToolCall", "ToolDef", "ToolSpec", "render_prompt", "resolve", "tool_arguments",
+    "Text", "ToolCall", "ToolDef", "ToolSpec", "WaitForSpec", "render_prompt", "resolve", "tool_arguments",
 ]

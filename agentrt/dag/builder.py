@@ -18,7 +18,7 @@ from agentrt.dag.declare import (_case_label, _case_pairs, _check_case_labels, _
 from agentrt.dag.outputs import JsonSchema, OutputSpec, Text, ToolCall
 from agentrt.dag.refs import Ref, Template
 from agentrt.dag.specs import (LOOP_OUTPUTS, AgentLoopSpec, BranchSpec, Case, Constant, FanOutSpec, InputSpec,
-                               ItemSpec, LLMSpec, NodeSpec, ToolSpec, walk_args)
+                               ItemSpec, LLMSpec, NodeSpec, ToolSpec, WaitForSpec, walk_args)
 from agentrt.dag.tooldefs import ToolDef, schema_problems, to_tool_def
 
 if TYPE_CHECKING:
@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 _ID = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 ITEM = "item"  # the local name of a fan-out branch's item
-INPUT_TOOL = "(input)"  # what a wait_for node is called where a tool name is shown
 CaseBody = Any  # a function (Scope -> Ref) declaring a branch case's nodes, or a JSON constant: Scope.branch
 
 
@@ -152,8 +151,8 @@ class Scope:
         ...                              "required": ["approved"]}, prompt="Run {sql}?")
         >>> p.output(ok["approved"])
         >>> run = p.compile().start({"sql": "DELETE FROM orders"})
-        >>> run.ready(), run.spec("approval").is_input
-        (['approval'], True)
+        >>> run.ready(), run.spec("approval").kind
+        (['approval'], 'wait_for')
         >>> run.complete("approval", {"approved": False})
         []
         >>> run.result
@@ -163,8 +162,8 @@ class Scope:
         problems = schema_problems(schema)
         if problems:
             raise _fail(node, f"schema is not a valid JSON schema: {problems[0]}")
-        args = {} if prompt is None else {"prompt": _check_template(node, "prompt", prompt)}
-        return self._add(ToolSpec(node, INPUT_TOOL, args, awaits_input=dict(schema)))
+        question = None if prompt is None else _check_template(node, "prompt", prompt)
+        return self._add(WaitForSpec(node, dict(schema), question))
 
     def fan_out(self, id: str, over: Ref, body: Callable[[Scope], Ref]) -> Ref:
         """Run `body` once per item of the list `over`, in parallel; the output is the list of the

@@ -18,7 +18,7 @@ from agentrt.dag.builder import Decl
 from agentrt.dag.compiled import CompiledProgram, node_attrs
 from agentrt.dag.outputs import ToolCall
 from agentrt.dag.refs import Ref, Template
-from agentrt.dag.specs import AgentLoopSpec, BranchSpec, ItemSpec, LLMSpec, NodeSpec, ToolSpec, map_args
+from agentrt.dag.specs import AgentLoopSpec, BranchSpec, ItemSpec, LLMSpec, NodeSpec, ToolSpec, WaitForSpec, map_args
 from agentrt.dag.tooldefs import ToolDef
 from agentrt.dag.typecheck import check_types
 from agentrt.errors import ProgramValidationError
@@ -105,13 +105,15 @@ def _resolve_names(spec: NodeSpec, decls: Mapping[str, Decl], problems: Problems
                        system=resolve("system", spec.system) if spec.system else None)
     if isinstance(spec, ToolSpec) and not isinstance(spec.args, Ref):
         return replace(spec, args=map_args(spec.args, lambda v: resolve("args", v) if isinstance(v, Template) else v))
+    if isinstance(spec, WaitForSpec) and spec.prompt is not None:
+        return replace(spec, prompt=resolve("prompt", spec.prompt))
     return spec
 
 
 def _attach_tools(spec: NodeSpec, tools: Mapping[str, ToolDef], problems: Problems) -> NodeSpec:
     declared = ", ".join(tools) or "none"
     if isinstance(spec, ToolSpec):
-        if spec.tool not in tools and not spec.is_input:
+        if spec.tool not in tools:
             problems.append((spec.id, f"unknown tool '{spec.tool}' (declared tools: {declared})"))
         return spec
     names = spec.output.tools if isinstance(spec, LLMSpec) and isinstance(spec.output, ToolCall) else \

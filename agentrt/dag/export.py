@@ -9,10 +9,10 @@ import networkx as nx
 
 from agentrt.dag.specs import Case, Constant, predicate_name
 
-_MERMAID_SHAPES = {"input": ("([", "])"), "llm": ("[", "]"), "tool": ("[[", "]]"), "item": (">", "]"),
-                   "fan_out": ("[/", "/]"), "branch": ("{", "}"), "agent_loop": ("{{", "}}")}
-_DOT_SHAPES = {"input": "ellipse", "llm": "box", "tool": "component", "item": "cds", "fan_out": "trapezium",
-               "branch": "diamond", "agent_loop": "hexagon"}
+_MERMAID_SHAPES = {"input": ("([", "])"), "llm": ("[", "]"), "tool": ("[[", "]]"), "wait_for": ("(", ")"),
+                   "item": (">", "]"), "fan_out": ("[/", "/]"), "branch": ("{", "}"), "agent_loop": ("{{", "}}")}
+_DOT_SHAPES = {"input": "ellipse", "llm": "box", "tool": "component", "wait_for": "house", "item": "cds",
+               "fan_out": "trapezium", "branch": "diamond", "agent_loop": "hexagon"}
 _STATE_COLOURS = {"done": "#d4edda", "running": "#fff3cd", "failed": "#f8d7da"}
 
 
@@ -24,8 +24,8 @@ def describe(attrs: Mapping[str, Any]) -> str:
     if kind == "llm":
         step = f" (step {spec.id.rsplit('#', 1)[1].split('.')[0]})" if spec.loop else ""
         return f"llm -> {spec.output.describe()}{step}"
-    if kind == "tool" and spec.is_input:
-        return "waits for input"
+    if kind == "wait_for":
+        return "waits for input" + (f": {_clip(spec.prompt.text)}" if spec.prompt is not None else "")
     if kind == "tool":
         return f"tool {spec.tool}" + (" (fallback)" if spec.has_fallback else "")
     if kind == "item":
@@ -37,6 +37,11 @@ def describe(attrs: Mapping[str, Any]) -> str:
     choice = f", tool_choice {spec.tool_choice}" if spec.tool_choice != "auto" else ""
     ended = f" -> {attrs['ended']} at step {attrs['llm_steps']}" if "ended" in attrs else ""
     return f"agent loop, max {spec.max_steps} steps{choice}: {', '.join(spec.tools)}{ended}"
+
+
+def _clip(text: str, chars: int = 60) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= chars else line[: chars - 1] + "…"
 
 
 def _ordered(graph: nx.DiGraph) -> list[str]:
@@ -121,9 +126,10 @@ def to_dot(graph: nx.DiGraph) -> str:
 
 def to_json(graph: nx.DiGraph) -> dict[str, Any]:
     """The graph as JSON (what a server or a web page draws): nodes in declaration order with
-    kind and a one-line description (plus the tool of a tool node, template for a fan-out body
-    not yet expanded, state on a run's graph; a branch's cases, in the order they are tried), and
-    edges (control: a branch decision -> case)."""
+    kind and a one-line description (plus the tool of a tool node; the question, as its template,
+    and the JSON schema of a wait_for node; template for a fan-out body not yet expanded, state on
+    a run's graph; a branch's cases, in the order they are tried), and edges (control: a branch
+    decision -> case)."""
     return {"nodes": [node_json(graph, n) for n in _ordered(graph)],
             "edges": [edge_json(graph, u, v) for u, v in _ordered_edges(graph)]}
 
@@ -134,6 +140,9 @@ def node_json(graph: nx.DiGraph, node: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"id": node, "kind": attrs["kind"], "label": describe(attrs)}
     if attrs["kind"] == "tool":
         entry["tool"] = attrs["spec"].tool
+    if attrs["kind"] == "wait_for":
+        spec = attrs["spec"]
+        entry.update(schema=dict(spec.schema), prompt=spec.prompt.text if spec.prompt is not None else None)
     if attrs["kind"] == "branch":
         entry["cases"] = [_case_json(c) for c in attrs["spec"].cases]
     if attrs.get("template"):

@@ -15,7 +15,7 @@ import networkx as nx
 from agentrt.dag import analysis, export
 from agentrt.dag.control_flow import ControlFlow
 from agentrt.dag.refs import Ref, resolve, type_name
-from agentrt.dag.specs import Constant, NodeSpec, ToolSpec
+from agentrt.dag.specs import EXEC_KINDS, Constant, NodeSpec, ToolSpec
 from agentrt.errors import ProgramRunError
 
 if TYPE_CHECKING:
@@ -34,7 +34,8 @@ _PY_TYPES: dict[str, Callable[[Any], bool]] = {
 class ProgramRun(ControlFlow):
     """One execution of a compiled program (make it with `program.start(inputs)`).
 
-    The runtime loop: take nodes from `ready()` (LLM and tool calls whose inputs are all done),
+    The runtime loop: take nodes from `ready()` (LLM calls, tool calls and waits for outside
+    input whose inputs are all done),
     optionally `begin(node)`, run them (render_prompt / tool_arguments give what to send), then
     `complete(node, value)` or `fail(node, error)`. Each returns the nodes that became ready.
     `status` is "running", "done" (then `result` holds the output) or "failed" (then `error`, a
@@ -109,7 +110,7 @@ class ProgramRun(ControlFlow):
         return self._attrs(node)["spec"]
 
     def ready(self) -> list[str]:
-        """Pending LLM and tool nodes whose inputs are all done, in declaration order."""
+        """Pending LLM, tool and wait_for nodes whose inputs are all done, in declaration order."""
         if self.status != "running":
             return []
         return [n for n in self._ordered() if self._is_ready(n)]
@@ -146,7 +147,8 @@ class ProgramRun(ControlFlow):
         self.graph.nodes[node]["state"] = "running"
 
     def complete(self, node: str, value: Any) -> list[str]:
-        """Record the output of an LLM or tool node; returns the nodes that became ready.
+        """Record the output of an LLM or tool node, or the value a wait_for node was given;
+        returns the nodes that became ready.
         An LLM value that does not fit the node's output spec ends the run with an error."""
         self._check_callable(node)
         spec = self.spec(node)
@@ -167,7 +169,7 @@ class ProgramRun(ControlFlow):
         if isinstance(spec, ToolSpec) and (spec.errors_to_output or spec.has_fallback):
             self.graph.nodes[node]["error"] = message
             return self._accept(node, {"error": message} if spec.errors_to_output else spec.fallback)
-        self._die(node, f"{spec.kind} call failed: {message}")
+        self._die(node, f"{'wait for input' if spec.kind == 'wait_for' else spec.kind + ' call'} failed: {message}")
 
     def stream(self, node: str, members: list[tuple[str | int, Any]]) -> None:
         """Record top-level members of a running LLM node's JSON output that are final already
@@ -204,7 +206,7 @@ class ProgramRun(ControlFlow):
     def _accept(self, node: str, value: Any) -> list[str]:
         before = set(self.ready())
         self._finish(node, value)
-        loop = self.spec(node).loop
+        loop = getattr(self.spec(node), "loop", None)  # agent-loop steps (LLM and tool nodes) only
         if loop is not None:
             self._advance_loop(loop, node)
         self._settle()
@@ -288,7 +290,7 @@ class ProgramRun(ControlFlow):
         attrs = self._attrs(node)
         if self.status != "running":
             raise ProgramRunError(node, f"the run is {self.status}")
-        if attrs["kind"] not in ("llm", "tool"):
+        if attrs["kind"] not in EXEC_KINDS:
             raise ProgramRunError(node, f"is {attrs['kind']}: the run completes it itself")
         if attrs["state"] != "running" and not self._is_ready(node):
             raise ProgramRunError(node, f"not ready ({self._why_not_ready(node)})")
@@ -298,7 +300,7 @@ class ProgramRun(ControlFlow):
 
     def _is_ready(self, node: str) -> bool:
         attrs = self.graph.nodes[node]
-        if not (attrs["kind"] in ("llm", "tool") and attrs["state"] == "pending" and not attrs["template"]
+        if not (attrs["kind"] in EXEC_KINDS and attrs["state"] == "pending" and not attrs["template"]
                 and not attrs["gates"]):
             return False
         waiting = [p for p in self.graph.predecessors(node) if not self._is_done(p)]

@@ -14,6 +14,9 @@ from agentrt.dag.refs import Ref, Template
 from agentrt.dag.tooldefs import ToolDef
 
 Rename = Callable[[str], str]
+# The kinds of node the runtime carries out (each gets a lane, a span, events); the run itself
+# completes the others (inputs, items, fan-outs, branches, agent loops).
+EXEC_KINDS = ("llm", "tool", "wait_for")
 
 
 @dataclass(frozen=True)
@@ -105,9 +108,7 @@ class ToolSpec:
     """One tool call. `args` is a dict of values (Ref, Template, literal, nested) or one Ref to the
     whole argument dict; `args_from_call` marks a Ref to a ToolCall output (its "arguments").
     `has_fallback`: a failure makes `fallback` the output. `errors_to_output` (agent-loop steps):
-    a failure makes {"error": message} the output, for the model to read. `awaits_input`: the
-    node calls no tool but waits for a value from outside the program, valid against this JSON
-    schema (Program.wait_for; its args hold the prompt shown to whoever answers)."""
+    a failure makes {"error": message} the output, for the model to read."""
 
     id: str
     tool: str
@@ -117,7 +118,6 @@ class ToolSpec:
     args_from_call: bool = False
     errors_to_output: bool = False
     loop: str | None = None
-    awaits_input: Mapping[str, Any] | None = None
     kind: ClassVar[str] = "tool"
 
     def refs(self) -> list[RefUse]:
@@ -129,13 +129,27 @@ class ToolSpec:
                 uses.extend(template_refs(where, item))
         return uses
 
-    @property
-    def is_input(self) -> bool:
-        return self.awaits_input is not None
-
     def renamed(self, rename: Rename) -> ToolSpec:
         return replace(self, id=rename(self.id), args=map_args(self.args, lambda v: v.renamed(rename)),
                        loop=rename(self.loop) if self.loop else None)
+
+
+@dataclass(frozen=True)
+class WaitForSpec:
+    """A value from outside the program (Program.wait_for): nothing runs for it; the run waits
+    until someone gives a value valid against the JSON schema `schema`. `prompt` (a template over
+    earlier outputs) is the question shown to whoever answers."""
+
+    id: str
+    schema: Mapping[str, Any]
+    prompt: Template | None = None
+    kind: ClassVar[str] = "wait_for"
+
+    def refs(self) -> list[RefUse]:
+        return list(template_refs("prompt", self.prompt))
+
+    def renamed(self, rename: Rename) -> WaitForSpec:
+        return replace(self, id=rename(self.id), prompt=self.prompt.renamed(rename) if self.prompt else None)
 
 
 @dataclass(frozen=True)
@@ -361,4 +375,4 @@ class AgentLoopSpec:
                 "required": ["answer", "ended", "steps", "tool_calls"], "additionalProperties": False}
 
 
-NodeSpec = InputSpec | LLMSpec | ToolSpec | ItemSpec | FanOutSpec | BranchSpec | AgentLoopSpec
+NodeSpec = InputSpec | LLMSpec | ToolSpec | WaitForSpec | ItemSpec | FanOutSpec | BranchSpec | AgentLoopSpec

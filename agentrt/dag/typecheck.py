@@ -13,7 +13,7 @@ from typing import Any, Mapping
 from agentrt.dag.outputs import ToolCall
 from agentrt.dag.refs import Ref, Template, path_text
 from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, Constant, FanOutSpec, InputSpec, ItemSpec, LLMSpec,
-                               NodeSpec, ToolSpec)
+                               NodeSpec, ToolSpec, WaitForSpec)
 from agentrt.dag.tooldefs import ToolDef, value_problem
 
 Problems = list[tuple[str, str]]
@@ -40,8 +40,9 @@ class Shapes:
         elif isinstance(spec, LLMSpec):
             found = spec.output.value_schema()
         elif isinstance(spec, ToolSpec):
-            found = spec.awaits_input if spec.is_input else \
-                self.tools[spec.tool].output_schema if spec.tool in self.tools else None
+            found = self.tools[spec.tool].output_schema if spec.tool in self.tools else None
+        elif isinstance(spec, WaitForSpec):
+            found = spec.schema
         elif isinstance(spec, ItemSpec):
             over = self.at(spec.over)[0]
             found = over.get("items") if isinstance(over, Mapping) and isinstance(over.get("items"), Mapping) else None
@@ -188,7 +189,7 @@ def check_types(specs: dict[str, NodeSpec], tools: Mapping[str, ToolDef], output
                 why = shapes.at(use.ref)[1]
                 if why:
                     problems.append((node, f"{use.where}: {use.ref!s} cannot exist: {why}"))
-        if isinstance(spec, ToolSpec) and spec.tool in tools and not spec.is_input:
+        if isinstance(spec, ToolSpec) and spec.tool in tools:
             specs[node] = _check_tool_args(spec, tools[spec.tool], specs, shapes, problems)
         elif isinstance(spec, FanOutSpec) and spec.over.node in specs:
             over = shapes.at(spec.over)[0]

@@ -1,12 +1,14 @@
-"""Running one node: an LLM node on the backend, a tool node on the tool registry.
+"""Running one node: an LLM node on the backend, a tool node on the tool registry, a wait_for
+node by waiting for its value (Runtime.provide_input).
 
-Both return an Outcome and never raise for the node's own failures (a bad prompt reference, an
+Each returns an Outcome and never raises for the node's own failures (a bad prompt reference, an
 engine error, output that is not JSON, a tool that raised or timed out); cancellation propagates.
 """
 from __future__ import annotations
 
 import asyncio
 import random
+import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +17,7 @@ import networkx as nx
 from agentrt.dag import render_prompt, tool_arguments
 from agentrt.dag.outputs import ToolCall
 from agentrt.dag.partial_json import JsonMembers
-from agentrt.dag.specs import LLMSpec, ToolSpec
+from agentrt.dag.specs import LLMSpec, ToolSpec, WaitForSpec
 from agentrt.errors import AgentRTError, ProgramRunError
 from agentrt.runtime.backend import LLMRequest, LLMResponse, LLMStepEvent, NodeIdentity
 from agentrt.runtime.node_state import NodeState, Outcome
@@ -31,11 +33,23 @@ if TYPE_CHECKING:
 
 @dataclass
 class InputWait:
-    """A wait_for node waiting: the schema its value must meet, the prompt, where it goes."""
+    """A wait_for node waiting: the schema its value must meet, the prompt, where its
+    InputAnswer goes."""
 
     schema: dict[str, Any]
     prompt: str | None
     future: asyncio.Future
+
+
+@dataclass(frozen=True)
+class InputAnswer:
+    """The value a wait_for node was given (valid against its schema), who gave it if they said
+    (Runtime.provide_input's `by`), how it came (`via`) and when (unix seconds)."""
+
+    value: Any
+    by: str | None
+    via: str
+    at: float
 HOLD_COUNTERS = {"hit": "kv_hold_hits", "miss": "kv_hold_misses", "unused": "kv_hold_unused"}
 
 
@@ -331,25 +345,34 @@ async def run_llm(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
 
 
 async def run_input(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
-    """A wait_for node: wait (nothing running) until Runtime.provide_input gives its value."""
-    spec: ToolSpec = ps.run.spec(ns.node)
+    """A wait_for node: wait (nothing running) until Runtime.provide_input gives its value. Its
+    span keeps the question, the schema, the value and who gave it, when and how."""
+    spec: WaitForSpec = ps.run.spec(ns.node)
     try:
-        prompt = tool_arguments(spec, ps.run.known).get("prompt")
+        prompt = spec.prompt.render(ps.run.values) if spec.prompt is not None else None
     except ProgramRunError as e:
-        return Outcome.failed(str(e), "invalid_arguments")
+        return Outcome.failed(f"cannot render the prompt: {e}", "invalid_prompt")
+    schema = dict(spec.schema)
+    ns.attributes["agentrt.input.schema"] = schema
+    if prompt is not None:
+        rt.trace_content.put(ns.attributes, "agentrt.input.prompt", prompt)
     future = asyncio.get_running_loop().create_future()
-    ps.waiting[ns.node] = InputWait(dict(spec.awaits_input), prompt, future)
+    ps.waiting[ns.node] = InputWait(schema, prompt, future)
     ns.log.enter("input_wait", rt.trace.now())
+    ns.attributes["agentrt.input.asked_at"] = time.time()
     if rt.store is not None:
-        rt.store.node_started(ps.run_id, ns.node, "input")
+        rt.store.node_started(ps.run_id, ns.node, ns.kind)
     rt.emit(ps.run_id, "node_phase", node=ns.node, phase="input_wait")
-    rt.emit(ps.run_id, "input_wanted", node=ns.node, schema=dict(spec.awaits_input), prompt=prompt)
+    rt.emit(ps.run_id, "input_wanted", node=ns.node, schema=schema, prompt=prompt)
     try:
-        value = await future
+        answer: InputAnswer = await future
     finally:
         ps.waiting.pop(ns.node, None)
-    rt.emit(ps.run_id, "input_given", node=ns.node)
-    return Outcome(True, value)
+    ns.attributes.update({"agentrt.input.answered_at": answer.at, "agentrt.input.via": answer.via,
+                          **({"agentrt.input.answered_by": answer.by} if answer.by is not None else {})})
+    rt.trace_content.put(ns.attributes, "agentrt.value", answer.value)
+    rt.emit(ps.run_id, "input_given", node=ns.node, by=answer.by, via=answer.via, at=answer.at)
+    return Outcome(True, answer.value)
 
 
 def interrupted_tool(rt: Runtime, ps: ProgramState, ns: NodeState, spec: ToolSpec) -> Outcome | None:

@@ -3,12 +3,14 @@
 LLM node: the parts of its prompt with their token counts (what the engine added marked), the
 messages and tools as sent, the exact prompt text the tokenizer encoded, the raw output, the
 parsed value, the finish reason, usage and α. Tool node: its arguments, result or error, and
-attempts. Both: status, phases and what the node waited on.
+attempts. wait_for node: the question, the schema, the value given, who gave it, how and when.
+All: status, phases and what the node waited on.
 """
 from __future__ import annotations
 
 import difflib
 import json
+import time
 from typing import Any
 
 from rich.console import Console
@@ -59,6 +61,20 @@ def parts_table(parts: list[dict[str, Any]]) -> Table:
     return t
 
 
+def render_answer(console: Console, n: dict[str, Any]) -> None:
+    """A wait_for node: who answered, how, when, and how long the run waited for it."""
+    if n.get("answered_at") is None:
+        console.print("not answered" + (f" (asked at {_clock(n['asked_at'])})" if n.get("asked_at") else ""))
+        return
+    waited = f" after {n['answered_at'] - n['asked_at']:.1f} s" if n.get("asked_at") else ""
+    console.print(f"answered by {n.get('answered_by') or 'someone who did not say who'} via {n.get('via')} "
+                  f"at {_clock(n['answered_at'])}{waited}")
+
+
+def _clock(unix_s: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_s))
+
+
 def render_node(console: Console, records: list[dict[str, Any]], node: str, run_id: str | None = None) -> dict[str, Any]:
     """Print one node in full; returns its summary (summary.node_summary) for --json."""
     span, phases = node_span(records, node, run_id)
@@ -81,6 +97,12 @@ def render_node(console: Console, records: list[dict[str, Any]], node: str, run_
                             "agentrt.prompt.tools"), ("prompt text (exactly what the tokenizer encoded)",
                             "agentrt.prompt.text"), ("raw output", "agentrt.output.text"),
                             ("value", "agentrt.value")):
+            if name in a:
+                _section(console, title, a[name], a, name)
+    elif n["kind"] == "wait_for":
+        render_answer(console, n)
+        for title, name in (("question", "agentrt.input.prompt"), ("schema", "agentrt.input.schema"),
+                            ("value given", "agentrt.value")):
             if name in a:
                 _section(console, title, a[name], a, name)
     else:

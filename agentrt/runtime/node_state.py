@@ -1,5 +1,5 @@
-"""The runtime's record of one LLM or tool node: its phases as they happen, its attributes, and
-at the end its spans (one node span, one child span per phase)."""
+"""The runtime's record of one LLM, tool or wait_for node: its phases as they happen, its
+attributes, and at the end its spans (one node span, one child span per phase)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -28,8 +28,8 @@ class Outcome:
 @dataclass
 class NodeState:
     node: str
-    kind: str  # "llm" | "tool"
-    name: str  # the OpenTelemetry span name: "chat {model}" / "execute_tool {tool}"
+    kind: str  # "llm" | "tool" | "wait_for"
+    name: str  # the OpenTelemetry span name: "chat {model}" / "execute_tool {tool}" / "await_input"
     created: float
     span_id: str = field(default_factory=new_id)
     status: str = "pending"  # pending | running | ok | error | cancelled

@@ -1,6 +1,6 @@
-"""The phases of a node's life, in one place. Each LLM or tool node of a run gets one node span
-(`chat {model}` / `execute_tool {tool}`) whose child phase spans tile it: back to back, no gaps,
-no overlap, from the node's creation to its end.
+"""The phases of a node's life, in one place. Each LLM, tool or wait_for node of a run gets one
+node span (`chat {model}` / `execute_tool {tool}` / `await_input`) whose child phase spans tile
+it: back to back, no gaps, no overlap, from the node's creation to its end.
 
     waiting       the node exists but an input is not done yet (attribute agentrt.waited_on: the
                   input that finished last, i.e. what the node was stalled on)
@@ -35,7 +35,8 @@ PHASES: dict[str, str] = {
     "input_wait": "waiting for a value from outside the program",
 }
 LLM_PHASES = ("waiting", "queued", "prefill", "decode", "preempted")
-TOOL_PHASES = ("waiting", "queued", "tool_running", "tool_retried", "tool_backoff", "tool_failed", "input_wait")
+TOOL_PHASES = ("waiting", "queued", "tool_running", "tool_retried", "tool_backoff", "tool_failed")
+WAIT_FOR_PHASES = ("waiting", "input_wait")
 # Stalls: time a node is not doing its own work.
 STALL_PHASES = ("waiting", "queued", "preempted", "tool_backoff", "input_wait")
 

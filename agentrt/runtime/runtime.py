@@ -23,10 +23,11 @@ from typing import Any, Callable, Iterable, Mapping
 import jsonschema
 
 from agentrt.dag import CompiledProgram, Program
+from agentrt.dag.specs import EXEC_KINDS
 from agentrt.errors import InputValueError, ProgramRunError, RunConfigError
 from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
 from agentrt.runtime.events import RunEvent, RunEventListener
-from agentrt.runtime.node_exec import InputWait, charge, run_input, run_llm, run_recorded, run_tool
+from agentrt.runtime.node_exec import InputAnswer, InputWait, charge, run_input, run_llm, run_recorded, run_tool
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.program_state import ProgramHandle, ProgramState, RunResult, loop_attributes, task_outcome
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
@@ -149,10 +150,12 @@ class Runtime:
         ps = self.programs.get(run_id)
         return dict(ps.waiting) if ps is not None else {}
 
-    def provide_input(self, run_id: str, node: str, value: Any) -> None:
-        """Give a waiting wait_for node its value; the run goes on. Raises RunConfigError when the
-        run is not waiting at that node, InputValueError when the value does not meet its schema
-        (the run keeps waiting)."""
+    def provide_input(self, run_id: str, node: str, value: Any, *, by: str | None = None, via: str = "python") -> None:
+        """Give a waiting wait_for node its value; the run goes on. `by`: who answered (a person
+        or system, as the caller names them; kept in the trace), `via`: how the answer came (the
+        server says "http", `agentrt run` "terminal" or "--answer"). Raises RunConfigError when
+        the run is not waiting at that node, InputValueError when the value does not meet its
+        schema (the run keeps waiting)."""
         ps = self.programs.get(run_id)
         wait = ps.waiting.get(node) if ps is not None else None
         if wait is None:
@@ -164,7 +167,7 @@ class Runtime:
             where = "/".join(str(p) for p in errors[0].absolute_path)
             raise InputValueError(f"input for node '{node}'{' at ' + where if where else ''}: {errors[0].message}")
         if not wait.future.done():
-            wait.future.set_result(value)
+            wait.future.set_result(InputAnswer(value, by, via, time.time()))
 
     def interrupt(self, run_id: str) -> None:
         """Stop a run without ending it in the store (a server shutting down): its nodes in flight
@@ -268,7 +271,7 @@ class Runtime:
         if self.watched:
             graph = ps.run.graph
             ps.graph_seen = frozenset(graph), frozenset(graph.edges)
-            ps.graph_states = {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in ("llm", "tool")}
+            ps.graph_states = {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in EXEC_KINDS}
             self.emit(ps.run_id, "run_started", program=ps.program.name, inputs=inputs, graph=ps.run.to_json())
         try:
             self._sync_nodes(ps)
@@ -359,20 +362,20 @@ class Runtime:
             elif ns.kind == "llm":
                 runner = run_llm
             else:
-                runner = run_input if ps.run.spec(node).is_input else run_tool
+                runner = run_input if ns.kind == "wait_for" else run_tool
             task = asyncio.get_running_loop().create_task(runner(self, ps, ns), name=f"agentrt:{ps.run_id}:{node}")
             ps.inflight[task] = node
             task.add_done_callback(ps.ended.put_nowait)
 
     def _sync_nodes(self, ps: ProgramState) -> None:
-        """Track the run's LLM and tool nodes: new ones (fan-out branches, loop steps) start
-        waiting now; those of a branch case not taken leave."""
+        """Track the run's LLM, tool and wait_for nodes: new ones (fan-out branches, loop steps)
+        start waiting now; those of a branch case not taken leave."""
         graph, now = ps.run.graph, self.trace.now()
         for node, attrs in graph.nodes(data=True):
-            if attrs["kind"] in ("llm", "tool") and not attrs["template"] and node not in ps.nodes:
+            if attrs["kind"] in EXEC_KINDS and not attrs["template"] and node not in ps.nodes:
                 spec = attrs["spec"]
                 name = f"chat {self.backend.model_name}" if attrs["kind"] == "llm" else \
-                    "await_input" if spec.is_input else f"execute_tool {spec.tool}"
+                    "await_input" if attrs["kind"] == "wait_for" else f"execute_tool {spec.tool}"
                 ps.nodes[node] = NodeState(node, attrs["kind"], name, now)
         for node in [n for n in ps.nodes if n not in graph]:
             del ps.nodes[node]
@@ -384,11 +387,11 @@ class Runtime:
     def _emit_graph_change(self, ps: ProgramState) -> None:
         """Watchers get what changed, never the whole graph again: nodes and edges added (a fan-out
         or loop step expanded), removed (a branch case not taken), and the new states of the
-        graph's other nodes (branches deciding, fan-outs joining); LLM and tool nodes tell their
-        own states in their events."""
+        graph's other nodes (branches deciding, fan-outs joining); LLM, tool and wait_for nodes
+        tell their own states in their events."""
         graph = ps.run.graph
         seen = frozenset(graph), frozenset(graph.edges)
-        states = {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in ("llm", "tool")}
+        states = {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in EXEC_KINDS}
         changed = {n: s for n, s in states.items() if n in ps.graph_seen[0] and ps.graph_states.get(n) != s}
         if seen != ps.graph_seen or changed:
             delta = ps.run.graph_delta(*ps.graph_seen)

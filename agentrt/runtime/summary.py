@@ -3,22 +3,25 @@ HTML views read it too). Computed from the records alone:
 
     {"trace": {name, wall_start, end, meta},
      "runs": [{run_id, program, status, start, end, duration_s, error, output, service,
-               "stalls": {waiting_on_llm_s, waiting_on_tool_s, waiting_other_s, queued_llm_s,
-                          queued_tool_s, preempted_s, tool_backoff_s,
-                          llm_active_s, tool_only_s, neither_s},
+               "stalls": {waiting_on_llm_s, waiting_on_tool_s, waiting_on_input_s, waiting_other_s,
+                          queued_llm_s, queued_tool_s, preempted_s, tool_backoff_s,
+                          llm_active_s, tool_only_s, waiting_for_input_s, neither_s},
                "warnings": [str: a node cut at max_tokens, or a text answer shaped like a tool call],
                "loops": [{loop, ended, llm_steps, tool_steps}: how each agent loop ended],
                "nodes": [{node, kind, name, status, error, start, end, duration_s,
                           phases: {phase: seconds}, waited_on, value (preview), tool, attempts,
+                          prompt, schema, answered_by, via, asked_at, answered_at (wait_for),
                           usage: {input_tokens, cached_input_tokens, output_tokens},
                           spec: {drafted, accepted, forced, alpha, alpha_free, alpha_forced,
                                  target_passes, tokens_per_pass}, steps, finish_reason, tool_call}]}],
      "engine": {steps, busy_s, idle_s, busy_fraction, mean_batch, max_batch, drafted, accepted,
                 alpha, max_k}}
 
-Stalls: waiting_on_* add each node's waiting time by the kind of the node it waited on last;
-queued_* the time ready nodes spent before starting; llm_active_s / tool_only_s / neither_s split
-the run's wall time into: some LLM call of the run in the engine, only tools running, neither.
+Stalls: waiting_on_* add each node's waiting time by the kind of the node it waited on last
+(waiting_on_input_s: a wait_for node, i.e. a person or system outside the program);
+queued_* the time ready nodes spent before starting; llm_active_s / tool_only_s /
+waiting_for_input_s / neither_s split the run's wall time into: some LLM call of the run in the
+engine, only tools running, only waits for outside input (no LLM call, no tool), neither.
 """
 from __future__ import annotations
 
@@ -27,8 +30,10 @@ import re
 
 from typing import Any, Iterable
 
-STALL_KEYS = ("waiting_on_llm_s", "waiting_on_tool_s", "waiting_other_s", "queued_llm_s", "queued_tool_s",
-              "preempted_s", "tool_backoff_s", "llm_active_s", "tool_only_s", "neither_s")
+STALL_KEYS = ("waiting_on_llm_s", "waiting_on_tool_s", "waiting_on_input_s", "waiting_other_s", "queued_llm_s",
+              "queued_tool_s", "preempted_s", "tool_backoff_s", "llm_active_s", "tool_only_s", "waiting_for_input_s",
+              "neither_s")
+WAITED_ON_KEYS = {"llm": "waiting_on_llm_s", "tool": "waiting_on_tool_s", "wait_for": "waiting_on_input_s"}
 LLM_ACTIVE = ("queued", "prefill", "decode", "preempted")
 TOOL_ACTIVE = ("tool_running", "tool_retried", "tool_backoff", "tool_failed")
 
@@ -96,6 +101,10 @@ def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str
     }
     if out["kind"] == "tool":
         out.update(tool=a.get("gen_ai.tool.name"), attempts=a.get("agentrt.tool.attempts", 0))
+    elif out["kind"] == "wait_for":
+        out.update(prompt=a.get("agentrt.input.prompt"), schema=a.get("agentrt.input.schema"),
+                   answered_by=a.get("agentrt.input.answered_by"), via=a.get("agentrt.input.via"),
+                   asked_at=a.get("agentrt.input.asked_at"), answered_at=a.get("agentrt.input.answered_at"))
     else:
         out["usage"] = {"input_tokens": a.get("gen_ai.usage.input_tokens"),
                         "cached_input_tokens": a.get("gen_ai.usage.cache_read.input_tokens"),
@@ -141,8 +150,7 @@ def run_stalls(nodes: list[dict[str, Any]], phase_spans: list[dict[str, Any]], s
     for n in nodes:
         ph = n["phases"]
         waited = kinds.get(n["waited_on"] or "")
-        st["waiting_on_llm_s" if waited == "llm" else "waiting_on_tool_s" if waited == "tool" else
-           "waiting_other_s"] += ph.get("waiting", 0.0)
+        st[WAITED_ON_KEYS.get(waited or "", "waiting_other_s")] += ph.get("waiting", 0.0)
         st["queued_llm_s" if n["kind"] == "llm" else "queued_tool_s"] += ph.get("queued", 0.0)
         st["preempted_s"] += ph.get("preempted", 0.0)
         st["tool_backoff_s"] += ph.get("tool_backoff", 0.0)
@@ -151,9 +159,11 @@ def run_stalls(nodes: list[dict[str, Any]], phase_spans: list[dict[str, Any]], s
                  and kinds.get(p["attributes"].get("agentrt.node", "")) == "llm")
     tool = _union((p["start"], p["end"]) for p in phase_spans if p["attributes"]["agentrt.phase"] in TOOL_ACTIVE)
     tool_only = _minus(tool, llm)
+    asked = _union((p["start"], p["end"]) for p in phase_spans if p["attributes"]["agentrt.phase"] == "input_wait")
     st["llm_active_s"] = _length(llm)
     st["tool_only_s"] = _length(tool_only)
-    st["neither_s"] = max(0.0, (end - start) - st["llm_active_s"] - st["tool_only_s"])
+    st["waiting_for_input_s"] = _length(_minus(asked, _union([*llm, *tool])))
+    st["neither_s"] = max(0.0, (end - start) - st["llm_active_s"] - st["tool_only_s"] - st["waiting_for_input_s"])
     return {k: _r(v) for k, v in st.items()}
 
 

@@ -81,11 +81,13 @@ def stall_table(run: dict[str, Any]) -> Table:
     t.add_column("s", justify="right")
     t.add_row(Text("the run's clock, split (adds up to its duration)", style="bold"), "")
     for label, key in [("some LLM call in the engine", "llm_active_s"), ("only tools running", "tool_only_s"),
+                       ("waiting for input (wait_for: a person or system)", "waiting_for_input_s"),
                        ("neither (runtime)", "neither_s")]:
         t.add_row("  " + label, f"{st[key]:.3f}")
     t.add_section()
     t.add_row(Text("summed over nodes (they wait side by side: may exceed the duration)", style="bold"), "")
     for label, key in [("waiting on LLM nodes", "waiting_on_llm_s"), ("waiting on tool nodes", "waiting_on_tool_s"),
+                       ("waiting on input (wait_for nodes)", "waiting_on_input_s"),
                        ("LLM calls queued in the engine", "queued_llm_s"), ("tool calls queued", "queued_tool_s"),
                        ("preempted", "preempted_s"), ("tool retry backoff", "tool_backoff_s")]:
         t.add_row("  " + label, f"{st[key]:.3f}")

@@ -326,9 +326,9 @@ class RunManager:
         """The run's wait_for nodes waiting now: node -> InputWait (schema, prompt)."""
         return self.runtime.waiting_for(run.run_id) if not run.ended else {}
 
-    def provide_input(self, run: ServedRun, node: str, value: Any) -> None:
+    def provide_input(self, run: ServedRun, node: str, value: Any, *, by: str | None = None) -> None:
         """Raises RunConfigError (not waiting there) or InputValueError (the schema says no)."""
-        self.runtime.provide_input(run.run_id, node, value)
+        self.runtime.provide_input(run.run_id, node, value, by=by, via="http")
 
     # -- reading --
     def get(self, run_id: str) -> ServedRun:

@@ -78,11 +78,11 @@ def test_inspect_json_agrees_with_the_trace(trace_path, capsys):
         stalls = run["stalls"]
         assert set(stalls) == set(STALL_KEYS)
         waiting = sum(n["phases"].get("waiting", 0.0) for n in run["nodes"])
-        assert stalls["waiting_on_llm_s"] + stalls["waiting_on_tool_s"] + stalls["waiting_other_s"] == \
-            pytest.approx(waiting, abs=1e-5)
+        assert stalls["waiting_on_llm_s"] + stalls["waiting_on_tool_s"] + stalls["waiting_on_input_s"] + \
+            stalls["waiting_other_s"] == pytest.approx(waiting, abs=1e-5)
         assert stalls["waiting_on_tool_s"] == pytest.approx(summary_node["phases"]["waiting"], abs=1e-5)
         assert stalls["tool_backoff_s"] == pytest.approx(mirror["phases"]["tool_backoff"], abs=1e-5)
-        assert stalls["llm_active_s"] + stalls["tool_only_s"] + stalls["neither_s"] == \
+        assert sum(stalls[k] for k in ("llm_active_s", "tool_only_s", "waiting_for_input_s", "neither_s")) == \
             pytest.approx(run["duration_s"], abs=1e-5)
     engine_steps = [r for r in records if r["type"] == "engine_step"]
     assert summary["engine"]["steps"] == len(engine_steps)
@@ -117,7 +117,7 @@ def test_terminal_report_shows_alpha_table_and_timeline(trace_path):
     clock, summed = text.index("the run's clock, split"), text.index("summed over nodes")
     assert clock < text.index("only tools running") < summed < text.index("waiting on LLM nodes")
     run = summarize(records)["runs"][0]
-    split = sum(run["stalls"][k] for k in ("llm_active_s", "tool_only_s", "neither_s"))
+    split = sum(run["stalls"][k] for k in ("llm_active_s", "tool_only_s", "waiting_for_input_s", "neither_s"))
     assert split == pytest.approx(run["duration_s"], abs=0.002)  # the first part adds up to the run
     lane = next(line for line in text.splitlines() if "│ mirror" in line).split("mirror", 1)[1]
     assert "r" in lane and "X" in lane and "T" not in lane  # retried, then failed
@@ -160,3 +160,24 @@ def test_a_tool_waiting_in_its_queue_is_not_llm_time():
     st = run_stalls(nodes, spans, 0.0, 3.0)
     assert st["llm_active_s"] == 0 and st["tool_only_s"] == 2.0 and st["neither_s"] == 1.0
     assert st["queued_tool_s"] == 1.0
+
+
+def test_a_person_answering_is_input_time_not_tool_time():
+    """A wait_for node's wait is its own part of the run's clock, and a node that waited on it
+    counts as waiting on input, not on a tool."""
+    from agentrt.runtime.summary import run_stalls
+
+    def node(name, kind, waited_on, **phases):
+        return {"node": name, "kind": kind, "waited_on": waited_on, "phases": phases}
+
+    def span(name, phase, start, end):
+        return {"start": start, "end": end, "attributes": {"agentrt.phase": phase, "agentrt.node": name}}
+
+    nodes = [node("order", "tool", None, tool_running=1.0),
+             node("approval", "wait_for", "order", waiting=1.0, input_wait=24.0),
+             node("refund", "tool", "approval", waiting=25.0, tool_running=2.0)]
+    spans = [span("order", "tool_running", 0.0, 1.0), span("approval", "input_wait", 1.0, 25.0),
+             span("refund", "tool_running", 25.0, 27.0)]
+    st = run_stalls(nodes, spans, 0.0, 28.0)
+    assert st["waiting_for_input_s"] == 24.0 and st["tool_only_s"] == 3.0 and st["neither_s"] == 1.0
+    assert st["waiting_on_input_s"] == 25.0 and st["waiting_on_tool_s"] == 1.0

@@ -223,7 +223,8 @@ async def test_a_run_waits_for_outside_input_and_a_bad_value_leaves_it_waiting(s
         rt.provide_input("w1", "approval", {"approved": False})
         result = await handle.wait()
     assert result.output == "Refused." and [r.node.node for r in backend.requests] == ["outcome?false.refused"]
-    assert ("input_given", {"node": "approval"}) in events
+    given = next(data for kind, data in events if kind == "input_given")
+    assert given["node"] == "approval" and given["via"] == "python" and given["by"] is None
 
 
 async def test_a_waiting_run_survives_being_stopped_and_takes_its_input_after_resume(tmp_path, scripted):

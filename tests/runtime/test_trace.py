@@ -11,7 +11,7 @@ import pytest
 from agentrt.dag import JsonSchema, Program
 from agentrt.errors import RunConfigError
 from agentrt.runtime import PHASES, Runtime, read_trace
-from agentrt.runtime.phases import LLM_PHASES, TOOL_PHASES, PhaseLog
+from agentrt.runtime.phases import LLM_PHASES, TOOL_PHASES, WAIT_FOR_PHASES, PhaseLog
 from agentrt.runtime.trace import idle_gaps
 from agentrt.tools import tool
 
@@ -56,7 +56,7 @@ def check_tiling(records):
         for k in kids:
             assert k["end"] >= k["start"]
             assert k["name"] == k["attributes"]["agentrt.phase"]
-            assert k["name"] in (LLM_PHASES if kind == "llm" else TOOL_PHASES)
+            assert k["name"] in {"llm": LLM_PHASES, "tool": TOOL_PHASES, "wait_for": WAIT_FOR_PHASES}[kind]
             assert k["trace_id"] == node["trace_id"] and k["run_id"] == node["run_id"]
             for e in k["events"]:
                 assert k["start"] - EPS <= e["time"] <= k["end"] + EPS

@@ -4,7 +4,7 @@
 // Traces from before graphs were recorded get a graph rebuilt from the nodes that ran, with an
 // edge from what each node waited on last, and say so.
 import { STATE_COLORS, STATE_ICONS, clipMiddle, fmtSec, htmlEl, svgEl, svgTitle } from "./phases.js";
-import { EXEC_KINDS } from "./model.js";
+import { EXEC_KINDS, kindLabel } from "./model.js";
 
 const DAG_GEOM = { nodeW: 184, nodeH: 54, colGap: 58, rowGap: 14, pad: 14, charW: 6.9 };
 let dagCounter = 0; // arrow-marker ids must be unique per page
@@ -36,7 +36,7 @@ export function renderDag(container, view, opts = {}) {
 // The graph to draw: the recorded one, or one rebuilt from the node list (old traces).
 function dagGraph(view) {
   if (view.graph && view.graph.nodes && view.graph.nodes.length) return { ...view.graph, recorded: true };
-  const nodes = (view.nodes || []).map((n) => ({ id: n.id, kind: n.kind, label: n.kind === "tool" ? `tool ${n.tool || ""}` : n.kind, tool: n.tool }));
+  const nodes = (view.nodes || []).map((n) => ({ id: n.id, kind: n.kind, label: kindLabel(n.kind, n.tool), tool: n.tool }));
   const ids = new Set(nodes.map((n) => n.id));
   const edges = (view.nodes || []).filter((n) => n.waited_on !== null && n.waited_on !== undefined && ids.has(n.waited_on))
     .map((n) => ({ source: n.waited_on, target: n.id }));
@@ -231,10 +231,20 @@ function dagNode(parent, gn, nv, p, critical, selected) {
   svgEl(g, "text", { class: "dag-kind", x: 8, y: 47 }, clipMiddle(what, chars + 3));
   const lines = [gn.id, gn.label || gn.kind, `state: ${state}${critical ? " (critical path)" : ""}`];
   if (gn.template) lines.push("template: a fan-out body not expanded");
+  if (gn.kind === "wait_for") lines.push(...answerLines(gn, nv));
   if (gn.cases) lines.push(`cases: ${gn.cases.map((c) => c.label ?? c.equals ?? (c.default ? "default" : "?")).join(", ")}`);
   if (ran !== null) lines.push(`ran ${fmtSec(ran)} (after ${fmtSec(nv.end - nv.start - ran)} waiting for its inputs)`);
   if (nv?.error) lines.push(`error: ${nv.error}`);
   svgTitle(g, lines.join("\n"));
+}
+
+// A wait_for node's question and, once given, who answered, how, and the value.
+function answerLines(gn, nv) {
+  const input = nv?.input || {};
+  const out = [`asks: ${input.prompt ?? gn.prompt ?? "(no question)"}`];
+  if (input.answered_at) out.push(`answered by ${input.answered_by || "someone who did not say who"} via ${input.via ?? "?"}`);
+  if (nv?.status === "ok" && nv.value !== null && nv.value !== undefined) out.push(`value: ${nv.value}`);
+  return out;
 }
 
 // How long a node ran: from its first phase after "waiting" to its end (the waiting is the

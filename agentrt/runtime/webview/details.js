@@ -1,7 +1,7 @@
 // The tables and text around the drawings: the run header (status in words, duration, where the
 // run's time went), the α table of the LLM nodes with each node's accepted-run histogram, the
 // tool table, and the output or the error naming the node that failed.
-import { ENGINE_COLORS, RUN_STATUS_ICONS, STATE_ICONS, fmtSec, htmlEl, svgEl, svgTitle } from "./phases.js";
+import { ENGINE_COLORS, PHASE_COLORS, RUN_STATUS_ICONS, STATE_ICONS, fmtSec, htmlEl, svgEl, svgTitle } from "./phases.js";
 
 // -- helpers --------------------------------------------------------------------------------------
 function detailsDuration(view) {
@@ -53,17 +53,19 @@ function unionSeconds(nodes, keep, now) {
 const LLM_ACTIVE_PHASES = ["queued", "prefill", "decode", "preempted"];
 const TOOL_ACTIVE_PHASES = ["tool_running", "tool_retried", "tool_backoff", "tool_failed"];
 
-// The run's clock split three ways (summary.stalls; computed from the phases while live).
+// The run's clock split four ways (summary.stalls; computed from the phases while live).
 function clockSplit(view, duration) {
   const s = view.summary?.stalls;
-  if (s) return { llm: s.llm_active_s, tool: s.tool_only_s, neither: s.neither_s };
+  if (s) return { llm: s.llm_active_s, tool: s.tool_only_s, input: s.waiting_for_input_s ?? 0, neither: s.neither_s };
   const nodes = view.nodes || [];
   // An LLM call is in the engine from its queue to its end; a tool's queue is not the engine's.
   const inEngine = (n, p) => n.kind === "llm" && LLM_ACTIVE_PHASES.includes(p.phase);
   const toolRuns = (n, p) => n.kind === "tool" && TOOL_ACTIVE_PHASES.includes(p.phase);
   const llm = unionSeconds(nodes, inEngine, view.now);
   const both = unionSeconds(nodes, (n, p) => inEngine(n, p) || toolRuns(n, p), view.now);
-  return { llm, tool: Math.max(0, both - llm), neither: Math.max(0, (duration ?? 0) - both) };
+  const asked = (n, p) => n.kind === "wait_for" && p.phase === "input_wait";
+  const any = unionSeconds(nodes, (n, p) => inEngine(n, p) || toolRuns(n, p) || asked(n, p), view.now);
+  return { llm, tool: Math.max(0, both - llm), input: Math.max(0, any - both), neither: Math.max(0, (duration ?? 0) - any) };
 }
 
 // -- the header -----------------------------------------------------------------------------------
@@ -85,7 +87,7 @@ export function renderRunHeader(container, view) {
   const s = view.summary?.stalls;
   if (s) {
     const parts = [["waiting on LLM nodes", s.waiting_on_llm_s], ["waiting on tools", s.waiting_on_tool_s],
-      ["waiting, other", s.waiting_other_s], ["LLM queued", s.queued_llm_s], ["tools queued", s.queued_tool_s],
+      ["waiting on input", s.waiting_on_input_s], ["waiting, other", s.waiting_other_s], ["LLM queued", s.queued_llm_s], ["tools queued", s.queued_tool_s],
       ["preempted", s.preempted_s], ["tool backoff", s.tool_backoff_s]].filter(([, v]) => v);
     if (parts.length) {
       htmlEl(root, "p", { class: "av-stalls", title: "summed over nodes: they wait side by side, so this may exceed the duration" },
@@ -100,13 +102,34 @@ export function renderRunHeader(container, view) {
   for (const loop of view.summary?.loops || []) {
     htmlEl(root, "p", { class: "av-loop" }, `agent loop ${loop.loop}: ${loop.ended} after ${loop.llm_steps ?? "?"} LLM and ${loop.tool_steps ?? "?"} tool steps`);
   }
+  for (const n of (view.nodes || []).filter((x) => x.kind === "wait_for")) renderAnswer(root, n);
   return root;
+}
+
+// One wait_for node: its question, then who answered, how, after how long, and the value; or
+// that it still waits.
+function renderAnswer(root, n) {
+  const input = n.input || {};
+  const p = htmlEl(root, "p", { class: "av-answer", "data-node": n.id });
+  htmlEl(p, "span", { class: "av-kind-badge kind-wait_for" }, "input");
+  htmlEl(p, "code", null, n.id);
+  htmlEl(p, "span", null, input.prompt ? ` asked “${input.prompt}”: ` : " asked for a value: ");
+  if (n.status === "ok") {
+    const waited = (n.phases || []).filter((ph) => ph.phase === "input_wait").reduce((t, ph) => t + ((ph.end ?? n.end) - ph.start), 0);
+    const who = input.answered_by || (input.via ? "someone who did not say who" : null);
+    htmlEl(p, "span", null, `${who ? `answered by ${who}${input.via ? ` via ${input.via}` : ""}` : "answered"}` +
+      `${waited > 0 ? ` after ${fmtSec(waited)}` : ""}: `);
+    htmlEl(p, "code", { class: "av-answer-value" }, n.value ?? "null");
+  } else {
+    htmlEl(p, "span", null, n.end === null ? "waiting for the answer" : n.status);
+  }
 }
 
 // A stacked bar of the run's clock with each part named and timed beside it.
 function renderClockSplit(root, split, duration) {
   const parts = [["some LLM call in the engine", split.llm, ENGINE_COLORS.batch, "llm"],
-    ["only tools running", split.tool, "#2e86ab", "tool"], ["neither (runtime, waiting for input)", split.neither, "#bbbbbb", "neither"]];
+    ["only tools running", split.tool, "#2e86ab", "tool"], ["waiting for input (a person or system)", split.input, PHASE_COLORS.input_wait, "input"],
+    ["neither (runtime)", split.neither, "#bbbbbb", "neither"]];
   const fig = htmlEl(root, "div", { class: "av-split" });
   const bar = htmlEl(fig, "div", { class: "av-split-bar", role: "img",
     "aria-label": parts.map(([k, v]) => `${k} ${fmtSec(v)}`).join(", ") });

@@ -59,8 +59,16 @@ export class LiveView {
         n.attempts = Math.max(n.attempts || 0, d.attempt ?? n.retries.length);
         break;
       }
-      case "input_wanted": run.status = "waiting"; break;
-      case "input_given": if (run.status === "waiting") run.status = "running"; break;
+      case "input_wanted": {
+        run.status = "waiting";
+        if (d.node !== undefined) this._asked(this._node(d.node, "wait_for", t), d);
+        break;
+      }
+      case "input_given": {
+        if (run.status === "waiting") run.status = "running";
+        if (d.node !== undefined) this._answered(this._node(d.node, "wait_for", t), d);
+        break;
+      }
       case "node_finished": this._finished(d, t); break;
       case "run_finished": this._runFinished(d, t); break;
       default: break; // an event type this renderer does not know: nothing to draw
@@ -175,7 +183,7 @@ export class LiveView {
     if (!n) {
       n = { id: key, kind: kind || "llm", tool: null, status: "waiting", error: null, start: t, end: null,
         phases: [{ phase: "waiting", start: t, end: null, steps: [] }], attempts: kind === "tool" ? 0 : null,
-        retries: [], text: "", value: null, waited_on: null, llm: null };
+        retries: [], text: "", value: null, waited_on: null, llm: null, input: null };
       this._nodes.set(key, n);
     }
     return n;
@@ -231,7 +239,17 @@ export class LiveView {
     if (d.kind) n.kind = d.kind; if (d.tool) n.tool = d.tool;
     if (n.kind === "tool" && n.attempts === null) n.attempts = 0;
     n.status = "running"; n.waited_on = this._waitedOn(n.id);
-    this._enter(n, "queued", t);
+    if (n.kind !== "wait_for") this._enter(n, "queued", t); // a wait_for node is never queued: it asks at once
+  }
+
+  // A wait_for node's question (input_wanted) and who answered it, how and when (input_given).
+  _asked(n, d) {
+    n.kind = "wait_for";
+    n.input = { ...(n.input || {}), prompt: d.prompt ?? null, schema: d.schema ?? null };
+  }
+
+  _answered(n, d) {
+    n.input = { ...(n.input || {}), answered_by: d.by ?? null, via: d.via ?? null, answered_at: d.at ?? null };
   }
 
   // What the trace calls waited_on: among the LLM/tool nodes the node reads, directly or

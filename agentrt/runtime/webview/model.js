@@ -7,13 +7,22 @@
 //            graph: {nodes, edges} | null, nodes: [NodeView], engine: {steps, idle, nodata (live)},
 //            critical: [node ids], summary: summary.runs entry | null, now, trace: {name, meta} | null}
 // NodeView = {id, kind, tool, status, error, start, end, phases: [{phase, start, end, steps}],
-//             attempts, retries, text, value, waited_on, llm}
+//             attempts, retries, text, value, waited_on, llm, input}
+// input (wait_for nodes): {prompt, schema, answered_by, via, asked_at, answered_at}
 // All times are seconds on the trace clock. Old traces lack fields (no `graph`, no `ks`):
 // every reader here tolerates a missing field instead of failing the whole page.
 
 // Node kinds that run (a lane in the timeline, a row in the tables); the other graph kinds
-// (input, item, fan_out, branch, agent_loop ...) are bookkeeping of the graph.
-export const EXEC_KINDS = ["llm", "tool"];
+// (input, item, fan_out, branch, agent_loop ...) are bookkeeping of the graph. A wait_for node
+// runs nothing: its lane is the time the run waited for a value from outside (dag.EXEC_KINDS).
+export const EXEC_KINDS = ["llm", "tool", "wait_for"];
+
+// How a node's kind is named where it is shown (lanes, boxes, tooltips).
+export function kindLabel(kind, tool) {
+  if (kind === "tool") return `tool ${tool || ""}`.trim();
+  if (kind === "wait_for") return "waits for input";
+  return kind || "?";
+}
 const PREVIEW_CHARS = 300; // as summary.PREVIEW_CHARS
 
 // A node's value as the summary previews it: text as is, else JSON, cut to PREVIEW_CHARS.
@@ -119,6 +128,11 @@ function nodeFromSpan(span, phaseSpans, sumNode) {
     text: null, value: sumNode?.value ?? previewValue(a["agentrt.value"] ?? a["gen_ai.tool.call.result"]),
     waited_on: sumNode?.waited_on ?? a["agentrt.waited_on"] ?? null,
     llm: kind === "llm" ? llmFromTrace(a, sumNode, phases) : null,
+    input: kind === "wait_for" ? {
+      prompt: a["agentrt.input.prompt"] ?? sumNode?.prompt ?? null, schema: a["agentrt.input.schema"] ?? sumNode?.schema ?? null,
+      answered_by: a["agentrt.input.answered_by"] ?? sumNode?.answered_by ?? null, via: a["agentrt.input.via"] ?? sumNode?.via ?? null,
+      asked_at: a["agentrt.input.asked_at"] ?? sumNode?.asked_at ?? null, answered_at: a["agentrt.input.answered_at"] ?? sumNode?.answered_at ?? null,
+    } : null,
   };
 }
 

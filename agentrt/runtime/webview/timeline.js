@@ -4,6 +4,7 @@
 // at that moment. Zoom (buttons, ctrl+wheel, drag on the axis) is kept across update(view), so
 // a live run can be redrawn many times a second while the user looks at one part of it.
 import { ENGINE_COLORS, PHASE_COLORS, PHASE_MEANINGS, STATE_ICONS, clipMiddle, fmtNum, fmtSec, htmlEl, svgEl, svgTitle } from "./phases.js";
+import { kindLabel } from "./model.js";
 
 // padL: room left of time 0 so its tick label is not hidden under the label column.
 const TL_GEOM = { laneH: 18, laneGap: 4, axisH: 30, engineH: 30, sectionGap: 16, padL: 12, padR: 14, minPlotW: 560, charW: 6.7 };
@@ -231,7 +232,7 @@ function tlNodeLane(svg, n, y, sc, view, clipId, critical, selected) {
   svgEl(label, "text", { class: `lane-state st-${n.status}`, x: 6, y: y + G.laneH - 5 }, icon);
   const maxChars = Math.max(6, Math.floor((sc.labelW - 30) / G.charW));
   svgEl(label, "text", { class: "lane-name", x: sc.labelW - 8, y: y + G.laneH - 5 }, clipMiddle(n.id, maxChars));
-  const kind = n.kind === "tool" ? `tool ${n.tool || ""}`.trim() : n.kind;
+  const kind = kindLabel(n.kind, n.tool);
   svgTitle(label, `${n.id} (${kind}): ${n.status}${critical ? ", on the critical path" : ""}` +
     (n.start !== null && n.end !== null ? `, ${fmtSec(n.end - n.start)}` : "") + (n.error ? `\nerror: ${n.error}` : ""));
   if (critical) svgEl(label, "rect", { class: "critical-mark", x: 0, y: y, width: 3, height: G.laneH });

@@ -294,9 +294,11 @@ function runAlpha(run) {
   return drafted ? accepted / drafted : null;
 }
 
-const SPLIT = [["llm_active_s", "LLM", "decode"], ["tool_only_s", "tool", "tool_running"], ["neither_s", "neither", "waiting"]];
+const SPLIT = [["llm_active_s", "LLM", "decode"], ["tool_only_s", "tool", "tool_running"],
+  ["waiting_for_input_s", "input", "input_wait"], ["neither_s", "neither", "waiting"]];
 
-// The run's wall time split: an LLM call active / only tools running / neither. A bar with the
+// The run's wall time split: an LLM call active / only tools running / only waiting for outside
+// input (a wait_for node: a person's or a system's time, not the machine's) / neither. A bar with the
 // LLM share in words beside it; the numbers are in the title and the label.
 function splitBar(stalls) {
   if (!stalls) return el("span", { class: "muted" }, "—");
