@@ -1,5 +1,7 @@
 """`agentrt inspect TRACE [--html PATH] [--json]`: re-render a saved run trace, or a served run's
-(TRACE = the run's URL, http://HOST:PORT/v1/runs/ID; the API key from $AGENTRT_API_KEY).
+(TRACE = the run's URL, http://HOST:PORT/v1/runs/ID, in any state: what ran, what runs now, and
+what waits for input with its question, schema and the command that answers it; the API key
+from --api-key, --api-key-file or $AGENTRT_API_KEY).
 
 Default: the report `agentrt run` printed (output, α table, stall totals, timeline).
 --json: the machine-readable summary (see agentrt/runtime/summary.py) on stdout.
@@ -13,9 +15,14 @@ import io
 import json
 import sys
 
+from typing import Any
+
 from rich.console import Console
+from rich.text import Text
 
-
+from agentrt.client import Conflict, RunInfo, Unauthorized, split_run_url
+from agentrt.client.cli import answer_command, client_from_args, waiting_lines, with_key_hint
+from agentrt.client.keys import add_api_key_arguments
 from agentrt.errors import RunConfigError
 from agentrt.files import write_text_atomic
 from agentrt.runtime.html_timeline import render_html
@@ -29,52 +36,91 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("trace", help="a trace saved by `agentrt run` (JSON lines), or a served run's URL")
     p.add_argument("--html", default=None, metavar="PATH", help="write a self-contained HTML timeline")
     p.add_argument("--json", action="store_true", help="print a machine-readable summary")
+    add_api_key_arguments(p)
     p.add_argument("--node", default=None, metavar="ID",
                    help="show one node in full: what the model was sent (each part's tokens), its raw output and "
                         "value, or a tool's arguments and result")
 
 
-def fetch_trace(url: str) -> list[dict]:
-    """A served run's trace (GET <run URL>/trace)."""
-    import os
-    import urllib.error
-    import urllib.request
-
-
-    key = os.environ.get("AGENTRT_API_KEY")
-    request = urllib.request.Request(url.rstrip("/") + "/trace", headers={"Authorization": f"Bearer {key}"} if key else {})
+def fetch_run(url: str, args: argparse.Namespace) -> tuple[list[dict] | None, RunInfo, str]:
+    """A served run (its URL, http://HOST:PORT/v1/runs/ID): its trace records as they stand (None
+    while it is queued, or when it ended before it started), the run as the API shows it, and
+    its URL as the API names it."""
+    base, run_id = split_run_url(url)
     try:
-        with urllib.request.urlopen(request, timeout=30) as r:
-            text = r.read().decode("utf-8")
-    except urllib.error.HTTPError as e:
-        raise RunConfigError(f"{url}: {e.code} {e.read().decode('utf-8', 'replace')[:300]}") from None
-    except urllib.error.URLError as e:
-        raise RunConfigError(f"{url}: cannot reach it ({e.reason})") from None
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+        with client_from_args(args, base) as client:
+            info = client.get_run(run_id)
+            try:
+                records = client.trace(run_id)
+            except Conflict:
+                records = None
+    except Unauthorized as e:
+        raise with_key_hint(e) from None
+    return records, info, f"{base}/v1/runs/{run_id}"
+
+
+def live_view(info: RunInfo, run_url: str) -> dict[str, Any]:
+    """What a run not yet ended is doing: its nodes running now and those waiting for input."""
+    nodes = (info.summary or {}).get("nodes", [])
+    return {"run_id": info.run_id, "program": info.program, "status": info.status,
+            "running": [n for n in nodes if n.get("status") == "running"],
+            "waiting_for": [{"node": w.node, "prompt": w.prompt, "schema": w.schema_,
+                             "answer": answer_command(run_url, w.node, w.schema_)} for w in info.waiting_for]}
+
+
+def render_live(console: Console, live: dict[str, Any], run_url: str) -> None:
+    console.print(Text(f"run {live['run_id']} ({live['program']}): {live['status']}", style="bold"))
+    for n in live["running"]:
+        elapsed = n.get("phase_elapsed_s")
+        console.print(Text(f"▶ {n['node']} ({n.get('kind')}) running" + (f": {n['phase']}" if n.get("phase") else "")
+                           + (f" for {elapsed:.1f} s" if elapsed is not None else "")))
+    for w in live["waiting_for"]:
+        first, *rest = waiting_lines(run_url, w["node"], w["prompt"], w["schema"])
+        console.print(Text(first, style="bold yellow"))
+        for line in rest:
+            console.print(Text(line), soft_wrap=True)
 
 
 def run(args: argparse.Namespace) -> int:
     is_url = args.trace.startswith(("http://", "https://"))
-    records = fetch_trace(args.trace) if is_url else read_trace(args.trace)
-    try:
-        summary = summarize(records)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise RunConfigError(f"{args.trace}: its records lack what an agentrt trace holds "
-                             f"({type(e).__name__}: {e})") from None
+    info, run_url = None, args.trace
+    if is_url:
+        records, info, run_url = fetch_run(args.trace, args)
+        if info.ended and records is None:
+            raise RunConfigError(f"{args.trace}: run {info.run_id} ended ({info.status}) before it started: no trace"
+                                 + (f" ({info.error.message})" if info.error else ""))
+    else:
+        records = read_trace(args.trace)
+    live = None if info is None or info.ended else live_view(info, run_url)
+    if records is None:  # queued: nothing has run
+        summary = {"runs": [], "engine": None}
+    else:
+        try:
+            summary = summarize(records)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise RunConfigError(f"{args.trace}: its records lack what an agentrt trace holds "
+                                 f"({type(e).__name__}: {e})") from None
+    if live is not None:
+        summary["live"] = live  # what runs and waits now; summary["runs"] holds what ran
     if getattr(args, "node", None) is not None:
+        if records is None:
+            raise RunConfigError(f"{args.trace}: the run is {info.status}: no node of it has run yet")
         shown = render_node(Console(file=io.StringIO()) if args.json else report_console(), records, args.node)
         if args.json:
             json.dump(shown, sys.stdout, indent=2, ensure_ascii=False, default=repr)
             sys.stdout.write("\n")
         return 0
-    if args.html:
+    if args.html and records is not None:
         write_text_atomic(args.html, render_html(summary, records))
     if args.json:
         json.dump(summary, sys.stdout, indent=2, ensure_ascii=False, default=repr)
         sys.stdout.write("\n")
-    else:
-        console = report_console()
-        render_report(console, summary, records)
-        if args.html:
-            console.print(f"timeline: {args.html}")
+        return 0
+    console = report_console()
+    if records is not None:
+        render_report(console, summary, records, show_output=live is None)
+    if live is not None:
+        render_live(console, live, run_url)
+    if args.html and records is not None:
+        console.print(f"timeline: {args.html}")
     return 0

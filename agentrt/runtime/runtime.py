@@ -244,6 +244,24 @@ class Runtime:
         self.trace.forget([run_id], steps_before=oldest)
         return records
 
+    def run_snapshot(self, run_id: str) -> list[dict[str, Any]]:
+        """A run's trace as it stands (what `agentrt inspect` reads): a finished run's whole trace;
+        for one still going, the spans of the nodes that finished and a program record whose
+        status is "running" or "waiting" and whose end is now. The nodes still running or
+        waiting are not in it: the caller shows them from the live state."""
+        ps = self.programs.get(run_id)
+        if ps is None:
+            raise RunConfigError(f"run '{run_id}' is not a run of this runtime")
+        if ps.result is not None:
+            return self.trace.run_records(run_id)
+        spans = [span.to_record() for ns in list(ps.nodes.values()) if ns.finished
+                 for span in ns.spans(ps.run_id, ps.trace_id)]
+        program = {"type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
+                   "start": round(ps.start, 6), "end": round(self.trace.now(), 6),
+                   "status": "waiting" if ps.waiting else "running", "error": None, "output": None,
+                   "service": ps.stats.to_record(), "nodes": len(ps.nodes), "graph": ps.run.to_json()}
+        return self.trace.records_of(spans + [program])
+
     async def aclose(self) -> None:
         """Cancel runs still going, stop listening to the engine, close the trace."""
         tasks = [ps.task for ps in self.programs.values() if ps.task is not None and not ps.task.done()]

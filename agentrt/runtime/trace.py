@@ -136,6 +136,13 @@ class Trace:
         program = next((r for r in own if r["type"] == "program"), None)
         if program is None:
             raise RunConfigError(f"run '{run_id}' has not finished in this trace")
+        return self.records_of(own)
+
+    def records_of(self, own: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """A trace of its own for one run's records (its spans and program record, which need not
+        be in this trace: a run still going has them made on the spot), with the header and the
+        engine lane over the program record's time."""
+        program = next(r for r in own if r["type"] == "program")
         start, end = program["start"], program["end"]
         steps = [s for s in self._steps if self.at(s.start + s.duration_s) >= start and self.at(s.start) <= end]
         header = dict(self._records[0], name=program["program"], meta=dict(self.meta))

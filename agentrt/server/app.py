@@ -27,13 +27,14 @@ from agentrt.runtime import html_timeline
 from agentrt.runtime.html_timeline import render_html
 from agentrt.runtime.loader import Example
 from agentrt.runtime.runtime import Runtime
+from agentrt.runtime.summary import summarize
 from agentrt.runtime.trace import read_trace
 from agentrt.server.config import ServerConfig
 from agentrt.server.errors import ApiError, validation_message
 from agentrt.server.metrics import ServerMetrics
 from agentrt.server.middleware import access_middleware, auth_middleware, cors_headers, cors_middleware, errors_middleware
 from agentrt.server.openai_chat import prepare_chat
-from agentrt.server.runs import ServedRun
+from agentrt.server.runs import RunManager, ServedRun
 from agentrt.server.schemas import (ChatCompletionRequest, ModelCard, ModelList, ProgramInfo, ProgramList, RunCreate,
                                     RunCreated, RunInput, RunList)
 from agentrt.server.state import (RUN_ID, STATE, ServerState, json_response as _json, run_info, server_state as _state,
@@ -246,16 +247,23 @@ async def run_events(request: web.Request) -> web.StreamResponse:
         return sse
 
 
-def _trace_records(run: ServedRun) -> list[dict[str, Any]]:
-    if not run.ended or run.trace_path is None:
-        raise ApiError(409, f"run '{run.run_id}' has no trace yet (status {run.status}): it is written when the run ends",
-                       code="run_not_ended")
+def _trace_records(runs: RunManager, run: ServedRun) -> list[dict[str, Any]]:
+    """An ended run's trace file; for a run still going, its trace as it stands (the nodes that
+    finished, and the program record with its status now)."""
+    if not run.ended and run.run_id in runs.runtime.programs:
+        return runs.runtime.run_snapshot(run.run_id)
+    if not run.ended:
+        raise ApiError(409, f"run '{run.run_id}' has no trace yet (status {run.status}): nothing of it has run",
+                       code="run_not_started")
+    if run.trace_path is None:
+        raise ApiError(409, f"run '{run.run_id}' ended ({run.status}) without a trace: it never started",
+                       code="run_without_trace")
     return read_trace(run.trace_path)
 
 
 async def run_trace(request: web.Request) -> web.Response:
     runs, _ = _state(request).ready()
-    records = _trace_records(runs.get(request.match_info["run_id"]))
+    records = _trace_records(runs, runs.get(request.match_info["run_id"]))
     text = "".join(json.dumps(r, ensure_ascii=False, default=repr) + "\n" for r in records)
     return web.Response(text=text, content_type="application/jsonl")
 
@@ -263,8 +271,9 @@ async def run_trace(request: web.Request) -> web.Response:
 async def run_timeline(request: web.Request) -> web.Response:
     runs, _ = _state(request).ready()
     run = runs.get(request.match_info["run_id"])
-    records = _trace_records(run)
-    return web.Response(text=render_html(run.summary, records), content_type="text/html")
+    records = _trace_records(runs, run)
+    summary = run.summary if run.ended and run.summary is not None else summarize(records)
+    return web.Response(text=render_html(summary, records), content_type="text/html")
 
 
 # ---- the app -------------------------------------------------------------------------------------

@@ -5,8 +5,10 @@ SIGTERM or SIGINT: then it stops accepting work, lets what is in flight finish f
 --shutdown-grace seconds, and stops the rest. Runs are recorded in a SQLite run store (--db,
 default runs/serve/agentrt.db; --no-db keeps them in memory): runs that had not ended when the
 server stopped, or died, are resumed when it starts again. The HTTP port opens at once; /ready
-and the API answer 503 until the model is loaded. API keys come from --api-key-file (one per line) or the
-AGENTRT_API_KEYS variable (comma-separated); without a key the server binds only to loopback.
+and the API answer 503 until the model is loaded. API keys come from --api-key-file (one per
+line) or the AGENTRT_SERVE_API_KEYS variable (comma-separated; AGENTRT_API_KEYS, the old name,
+still works with a warning); without a key the server binds only to loopback. Clients send their
+key from AGENTRT_API_KEY (one key, no S): the server does not read that one.
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ import logging
 import os
 import signal
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 from agentrt.engine.cli_args import add_model_arguments
 from agentrt.errors import RunConfigError
@@ -39,7 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="a module (dotted name or .py file) whose TOOLS (or @tool functions) programs may call")
     p.add_argument("--broker", default=None, metavar="URL",
                    help="an MQTT broker (mqtt://HOST:PORT) for tools bound to the mqtt executor")
-    p.add_argument("--api-key-file", default=None, metavar="PATH", help="API keys, one per line")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help=f"API keys clients must send, one per line (also: ${SERVE_KEYS_VAR}, comma-separated; "
+                        f"the clients' own ${CLIENT_KEY_VAR} is not read here)")
     p.add_argument("--runs-dir", default="runs/serve", help="where each finished run's trace is written")
     p.add_argument("--keep-runs", type=int, default=1000, help="finished runs kept in memory")
     p.add_argument("--db", default=None, metavar="PATH",
@@ -67,7 +71,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="send each run's spans to this OTLP/HTTP endpoint (e.g. http://localhost:4318/v1/traces)")
 
 
-def load_api_keys(path: str | None) -> tuple[str, ...]:
+SERVE_KEYS_VAR = "AGENTRT_SERVE_API_KEYS"
+OLD_SERVE_KEYS_VAR = "AGENTRT_API_KEYS"  # deprecated: one letter from the client's AGENTRT_API_KEY
+CLIENT_KEY_VAR = "AGENTRT_API_KEY"
+
+
+def load_api_keys(path: str | None, environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The keys from --api-key-file (one per line) and AGENTRT_SERVE_API_KEYS (comma-separated);
+    the old AGENTRT_API_KEYS still counts, with a deprecation warning. A client's AGENTRT_API_KEY
+    set where the server finds no key of its own is logged: it is not read here."""
+    env = os.environ if environ is None else environ
     keys: list[str] = []
     if path:
         try:
@@ -77,8 +90,20 @@ def load_api_keys(path: str | None) -> tuple[str, ...]:
         keys += [line.strip() for line in text.splitlines() if line.strip() and not line.lstrip().startswith("#")]
         if not keys:
             raise RunConfigError(f"--api-key-file {path}: no keys in it (one per line)")
-    keys += [k.strip() for k in os.environ.get("AGENTRT_API_KEYS", "").split(",") if k.strip()]
+    keys += _env_keys(env, SERVE_KEYS_VAR)
+    old = _env_keys(env, OLD_SERVE_KEYS_VAR)
+    if old:
+        log.warning("%s is deprecated (it is one letter from the client's %s): name the server's keys %s",
+                    OLD_SERVE_KEYS_VAR, CLIENT_KEY_VAR, SERVE_KEYS_VAR)
+        keys += old
+    if not keys and env.get(CLIENT_KEY_VAR, "").strip():
+        log.warning("%s is set, but that is a client's key: the server reads its keys from --api-key-file or %s "
+                    "(comma-separated), and has none, so it asks for no key", CLIENT_KEY_VAR, SERVE_KEYS_VAR)
     return tuple(keys)
+
+
+def _env_keys(env: Mapping[str, str], name: str) -> list[str]:
+    return [k.strip() for k in env.get(name, "").split(",") if k.strip()]
 
 
 def server_config(args: argparse.Namespace) -> ServerConfig:
@@ -90,7 +115,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     keys = load_api_keys(args.api_key_file)
     if not keys and not is_loopback(args.host):
         raise RunConfigError(f"--host {args.host} is not a loopback address and no API key is set: anyone who can "
-                             f"reach it could run programs. Give --api-key-file PATH (or AGENTRT_API_KEYS), or bind "
+                             f"reach it could run programs. Give --api-key-file PATH (or {SERVE_KEYS_VAR}), or bind "
                              f"to 127.0.0.1")
     from agentrt.runtime.cli_runs import duration_s
 

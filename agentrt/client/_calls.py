@@ -1,0 +1,172 @@
+"""What the sync and async clients share: each API call as a description (method, path, body,
+how to read the answer), the retry rule, error answers turned into typed errors, and the
+reading of a run's event stream. The two clients only carry the calls out."""
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+from urllib.parse import quote, urlsplit
+
+import httpx2
+
+from agentrt.client.errors import ApiError, BadUrl, ConnectionFailed, RunFailed, RunNotEnded, api_error
+from agentrt.client.schemas import ProgramList, RunCreate, RunInfo, RunInput, RunList
+
+DEFAULT_TIMEOUT = httpx2.Timeout(30.0, connect=10.0)
+WAIT_CHUNK_S = 30  # one GET .../wait holds at most this long; wait() asks again until its own deadline
+STREAM_TIMEOUT = httpx2.Timeout(10.0, read=60.0)  # the server pings an open stream every 15 s
+RETRY_STATUSES = (429, 503)  # over a limit, or the model still loading: worth asking again after Retry-After
+
+
+@dataclass(frozen=True)
+class RunEvent:
+    """One event of a run's log: id (1, 2, ... in order; resume after it with Last-Event-ID), type
+    (run_queued, node_started, token, node_finished, input_wanted, run_finished, ...) and data."""
+
+    id: int
+    type: str
+    data: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    """A started run: created is False when its Idempotency-Key named a run started before."""
+
+    run_id: str
+    status: str
+    created: bool
+    idempotency_key: str
+
+
+@dataclass(frozen=True)
+class Call:
+    method: str
+    path: str
+    read: Callable[[httpx2.Response], Any]
+    params: Mapping[str, Any] | None = None
+    json: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    timeout: httpx2.Timeout | None = None
+    retry_safe: bool = False  # sending it twice does no harm (a GET, a POST with an Idempotency-Key)
+
+
+def _path(*parts: str) -> str:
+    return "/v1/" + "/".join(quote(p, safe="") for p in parts)
+
+
+def _info(r: httpx2.Response) -> RunInfo:
+    return RunInfo.model_validate(r.json())
+
+
+def list_programs() -> Call:
+    return Call("GET", "/v1/programs", lambda r: ProgramList.model_validate(r.json()).data, retry_safe=True)
+
+
+def start_run(program: str, inputs: Mapping[str, Any] | None, priority: float | None,
+              metadata: Mapping[str, str] | None, idempotency_key: str | None) -> Call:
+    # a key of our own when none is given, so a retried POST cannot start a second run
+    key = idempotency_key if idempotency_key is not None else f"agentrt-client-{uuid.uuid4().hex}"
+    body = RunCreate(inputs=dict(inputs or {}), priority=priority, metadata=None if metadata is None else dict(metadata))
+    return Call("POST", _path("programs", program, "runs"),
+                lambda r: StartedRun(r.json()["run_id"], r.json()["status"], r.status_code == 201, key),
+                json=body.model_dump(exclude_none=True), headers={"Idempotency-Key": key}, retry_safe=True)
+
+
+def get_run(run_id: str) -> Call:
+    return Call("GET", _path("runs", run_id), _info, retry_safe=True)
+
+
+def list_runs(program: str | None, status: str | None, limit: int, cursor: str | None) -> Call:
+    params = {k: v for k, v in {"program": program, "status": status, "limit": limit, "cursor": cursor}.items()
+              if v is not None}
+    return Call("GET", "/v1/runs", lambda r: RunList.model_validate(r.json()), params=params, retry_safe=True)
+
+
+def wait_once(run_id: str, seconds: float) -> Call:
+    hold = max(0, min(WAIT_CHUNK_S, math.ceil(seconds)))
+    return Call("GET", _path("runs", run_id, "wait"), _info, params={"timeout": hold},
+                timeout=httpx2.Timeout(hold + 30.0, connect=10.0), retry_safe=True)
+
+
+def provide_input(run_id: str, node: str, value: Any) -> Call:
+    # not retry-safe: a value the run took once must not be offered again
+    return Call("POST", _path("runs", run_id, "input", node), _info, json=RunInput(value=value).model_dump())
+
+
+def cancel(run_id: str) -> Call:
+    return Call("POST", _path("runs", run_id, "cancel"), _info)
+
+
+def trace(run_id: str) -> Call:
+    return Call("GET", _path("runs", run_id, "trace"), read_jsonl, retry_safe=True)
+
+
+def read_jsonl(r: httpx2.Response) -> list[dict[str, Any]]:
+    import json
+
+    return [json.loads(line) for line in r.text.splitlines() if line.strip()]
+
+
+def output_of(info: RunInfo) -> Any:
+    if info.status == "done":
+        return info.output
+    if info.ended:
+        raise RunFailed(info)
+    raise RunNotEnded(f"run '{info.run_id}' has not ended (status {info.status}): it has no output yet")
+
+
+def error_of(r: httpx2.Response, text: str) -> ApiError:
+    return api_error(r.status_code, text, method=r.request.method, url=str(r.request.url),
+                     retry_after=r.headers.get("Retry-After"))
+
+
+def retry_delay(call: Call, attempt: int, *, status: int | None = None, retry_after: float | None = None,
+                nothing_sent: bool = False) -> float | None:
+    """Seconds to wait before trying the call again, or None to give up. status None: the
+    connection failed; nothing_sent: it failed to connect, so any call may be tried again."""
+    if status is not None and status not in RETRY_STATUSES:
+        return None
+    if status is None and not (call.retry_safe or nothing_sent):
+        return None
+    return min(retry_after if retry_after is not None else 0.25 * 2 ** attempt, 10.0)
+
+
+def connection_failed(base: str, call: Call, e: Exception) -> ConnectionFailed:
+    return ConnectionFailed(f"{call.method} {base}{call.path}: cannot reach the server ({e or type(e).__name__})")
+
+
+def stream_lost(base: str, run_id: str, reconnect_s: float, e: Exception) -> ConnectionFailed:
+    return ConnectionFailed(f"the events of run '{run_id}' on {base}: the server was gone for over "
+                            f"{reconnect_s:g} s ({e or type(e).__name__})")
+
+
+def stream_request(run_id: str, last_event_id: int) -> tuple[str, dict[str, str]]:
+    return _path("runs", run_id, "events"), {"Last-Event-ID": str(last_event_id)}
+
+
+def to_event(sse: httpx2.ServerSentEvent) -> RunEvent | None:
+    """A run event from a server-sent event (None for one that is not a run event)."""
+    if not sse.id or not sse.data:
+        return None
+    import json
+
+    return RunEvent(int(sse.id), sse.event, json.loads(sse.data))
+
+
+def base_url(url: str) -> str:
+    """The server's base URL, checked: http(s)://HOST[:PORT][/PREFIX]."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise BadUrl(f"not a server URL: {url!r} (write http://HOST:PORT)")
+    return url.rstrip("/")
+
+
+def split_run_url(url: str) -> tuple[str, str]:
+    """(server base URL, run id) from a run's URL, http://HOST:PORT/v1/runs/RUN_ID."""
+    head, sep, tail = url.rstrip("/").rpartition("/v1/runs/")
+    run_id = tail.split("/")[0] if sep else ""
+    if not sep or not run_id:
+        raise BadUrl(f"not a run URL: {url!r} (write http://HOST:PORT/v1/runs/RUN_ID)")
+    return base_url(head), run_id
