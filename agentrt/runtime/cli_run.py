@@ -11,13 +11,13 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from rich.console import Console
 from rich.text import Text
 
 from agentrt.engine.cli_args import add_model_arguments
-from agentrt.errors import AgentRTError, RunConfigError
+from agentrt.errors import RunConfigError
 from agentrt.runtime.loader import Example, load_example, resolve_inputs
 
 
@@ -44,37 +44,6 @@ def parse_answers(pairs: Sequence[str]) -> dict[str, Any]:
     return answers
 
 
-def answer_inputs(runtime: Any, answers: Mapping[str, Any], console: Console) -> Callable[[], None]:
-    """Give wait_for nodes their values as they ask: from --answer, else typed at the terminal;
-    with neither (not a terminal) the run is stopped, saying how to give the value."""
-    import sys
-
-    def on_event(ev: Any) -> None:
-        if ev.type != "input_wanted":
-            return
-        node = ev.data["node"]
-        if node in answers:
-            runtime.provide_input(ev.run_id, node, answers[node])
-        elif sys.stdin.isatty():
-            asyncio.get_running_loop().create_task(ask(ev.run_id, node, ev.data))
-        else:
-            console.print(f"[red]node {node} waits for input (schema {json.dumps(ev.data['schema'])}); give it "
-                          f"with --answer {node}=JSON, or serve the program (agentrt serve)[/red]")
-            runtime.interrupt(ev.run_id)
-
-    async def ask(run_id: str, node: str, data: Mapping[str, Any]) -> None:
-        console.print(f"[bold]{node}[/bold]: {data.get('prompt') or 'a value'} (JSON for {json.dumps(data['schema'])})")
-        while True:
-            raw = await asyncio.to_thread(input, f"{node}> ")
-            try:
-                runtime.provide_input(run_id, node, json.loads(raw))
-                return
-            except (json.JSONDecodeError, AgentRTError) as e:
-                console.print(f"[red]{e}[/red]")
-
-    return runtime.subscribe_events(on_event)
-
-
 def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     """What a run is executed with: model, drafter, policy, trace and display."""
     p.add_argument("--trace", default=None, metavar="PATH",
@@ -91,7 +60,10 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--redact", action="store_true",
                    help="keep prompts, outputs, tool arguments and results out of the trace (only their sizes)")
     p.add_argument("--answer", action="append", default=[], metavar="NODE=JSON",
-                   help="the value a wait_for node asks for (repeatable); else it is asked at the terminal")
+                   help="the value a wait_for node asks for (repeatable). Without it: on a terminal the value is "
+                        "asked field by field (yes/no, text within its length, a numbered choice, a number within "
+                        "its bounds; defaults taken on Enter; JSON for a nested field), each answer checked against "
+                        "the schema; from piped stdin it is read as one JSON value per line")
 
 
 def print_finished_node(event: Any, console: Console) -> None:
@@ -123,6 +95,7 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
     (RunResult, trace path). store: a RunStore the run is recorded in (resume: what it recorded
     of run_id, to go on from there). redact: the trace keeps the sizes of prompts, outputs and
     tool arguments and results, not their content."""
+    from agentrt.runtime.input_prompt import answer_inputs
     from agentrt.runtime.live import LiveProgress
     from agentrt.runtime.runtime import Runtime
     from agentrt.runtime.summary import summarize
@@ -135,7 +108,8 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
                                            "max_tokens_cap": max_tokens, **(meta or {})})
     runtime = Runtime(backend, tools=example.tools, trace=trace, max_tokens=max_tokens, policy=policy, store=store,
                       trace_content=TraceContent(redact=redact))
-    answer_inputs(runtime, answers or {}, console)
+    progress = LiveProgress(runtime, console) if live else None
+    answer_inputs(runtime, answers or {}, console, paused=progress.paused if progress is not None else None)
     if verbose:
         runtime.subscribe_events(lambda ev: print_finished_node(ev, console))
     stored = {}
@@ -147,8 +121,8 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
                   "metadata": {"path": str(Path(example.path).resolve())}}
         console.print(f"run {run_id} recorded in {store.path}" + (" (resumed)" if resume is not None else ""))
     try:
-        if live:
-            async with LiveProgress(runtime, console):
+        if progress is not None:
+            async with progress:
                 result = await runtime.run(example.program, inputs, **stored)
         else:
             result = await runtime.run(example.program, inputs, **stored)

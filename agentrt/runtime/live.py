@@ -3,7 +3,8 @@ phase), and what is stalled on what; refreshed while the runtime works."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, AsyncIterator
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -49,6 +50,7 @@ class LiveProgress:
         self.runtime, self.console, self.refresh_s = runtime, console, refresh_s
         self._task: asyncio.Task | None = None
         self._live: Live | None = None
+        self._closed = False
 
     def render(self) -> Group:
         now = self.runtime.trace.now()
@@ -65,6 +67,24 @@ class LiveProgress:
             self._task = asyncio.get_running_loop().create_task(self._refresh_and_draw())
         return self
 
+    @asynccontextmanager
+    async def paused(self) -> AsyncIterator[None]:
+        """The display off while the block runs (a person answering a question at the
+        terminal), back on after it."""
+        if self._live is None:
+            yield
+            return
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+        self._live.stop()
+        try:
+            yield
+        finally:
+            if not self._closed:  # the run may have ended while the question was open
+                self._live.start()
+                self._task = asyncio.get_running_loop().create_task(self._refresh_and_draw())
+
     async def _refresh_and_draw(self) -> None:
         assert self._live is not None
         while True:
@@ -72,6 +92,7 @@ class LiveProgress:
             await asyncio.sleep(self.refresh_s)
 
     async def __aexit__(self, *exc: object) -> None:
+        self._closed = True
         if self._task is not None:
             self._task.cancel()
             try:
