@@ -63,13 +63,14 @@ def live_view(info: RunInfo, run_url: str) -> dict[str, Any]:
     """What a run not yet ended is doing: its nodes running now and those waiting for input."""
     nodes = (info.summary or {}).get("nodes", [])
     return {"run_id": info.run_id, "program": info.program, "status": info.status,
-            "running": [n for n in nodes if n.get("status") == "running"],
+            "running": [n for n in nodes if n.get("status") == "running"
+                        and n["node"] not in {w.node for w in info.waiting_for}],
             "waiting_for": [{"node": w.node, "prompt": w.prompt, "schema": w.schema_,
                              "answer": answer_command(run_url, w.node, w.schema_)} for w in info.waiting_for]}
 
 
 def render_live(console: Console, live: dict[str, Any], run_url: str) -> None:
-    console.print(Text(f"run {live['run_id']} ({live['program']}): {live['status']}", style="bold"))
+    console.print(Text("now:", style="bold"))
     for n in live["running"]:
         elapsed = n.get("phase_elapsed_s")
         console.print(Text(f"▶ {n['node']} ({n.get('kind')}) running" + (f": {n['phase']}" if n.get("phase") else "")
@@ -117,6 +118,9 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     console = report_console()
+    if live is not None:
+        ran = "nothing has run yet" if records is None else "what has finished so far:"
+        console.print(Text(f"run {live['run_id']} ({live['program']}): {live['status']}; {ran}", style="bold"))
     if records is not None:
         render_report(console, summary, records, show_output=live is None)
     if live is not None:

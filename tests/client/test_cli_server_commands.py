@@ -39,7 +39,8 @@ def test_inspect_shows_a_waiting_run_with_its_question_and_how_to_answer_it(serv
     assert "401 missing API key" in err and "--api-key, --api-key-file or $AGENTRT_API_KEY" in err
     assert main(["inspect", url, "--api-key", KEY]) == 0
     out = capsys.readouterr().out
-    assert f"run {run_id} (approve): waiting" in out
+    assert f"run {run_id} (approve): waiting; what has finished so far:" in out
+    assert "▶ approval" not in out  # a node waiting for input is shown once, as waiting
     assert "? approval waits for input: Run DROP TABLE t?" in out
     assert f"POST {url}/input/approval with" in out and '"required": ["approved"]' in out
     assert f"curl -X POST {url}/input/approval" in out and """-d '{"value": {"approved": true}}'""" in out
