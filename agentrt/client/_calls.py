@@ -1,6 +1,5 @@
-"""What the sync and async clients share: each API call as a description (method, path, body,
-how to read the answer), the retry rule, error answers turned into typed errors, and the
-reading of a run's event stream. The two clients only carry the calls out."""
+"""Each API call as a description (method, path, body, how to read the answer) that the sync and
+async clients carry out, the records they return, and the server and run URLs they take."""
 from __future__ import annotations
 
 import math
@@ -11,13 +10,11 @@ from urllib.parse import quote, urlsplit
 
 import httpx2
 
-from agentrt.client.errors import ApiError, BadUrl, ConnectionFailed, RunFailed, RunNotEnded, api_error
+from agentrt.client.errors import BadUrl, RunFailed, RunNotEnded
 from agentrt.client.schemas import ProgramList, RunCreate, RunInfo, RunInput, RunList
 
 DEFAULT_TIMEOUT = httpx2.Timeout(30.0, connect=10.0)
 WAIT_CHUNK_S = 30  # one GET .../wait holds at most this long; wait() asks again until its own deadline
-STREAM_TIMEOUT = httpx2.Timeout(10.0, read=60.0)  # the server pings an open stream every 15 s
-RETRY_STATUSES = (429, 503)  # over a limit, or the model still loading: worth asking again after Retry-After
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,8 @@ def start_run(program: str, inputs: Mapping[str, Any] | None, priority: float | 
               metadata: Mapping[str, str] | None, idempotency_key: str | None) -> Call:
     # a key of our own when none is given, so a retried POST cannot start a second run
     key = idempotency_key if idempotency_key is not None else f"agentrt-client-{uuid.uuid4().hex}"
-    body = RunCreate(inputs=dict(inputs or {}), priority=priority, metadata=None if metadata is None else dict(metadata))
+    body = RunCreate(inputs=dict(inputs or {}), priority=priority,
+                     metadata=None if metadata is None else dict(metadata))
     return Call("POST", _path("programs", program, "runs"),
                 lambda r: StartedRun(r.json()["run_id"], r.json()["status"], r.status_code == 201, key),
                 json=body.model_dump(exclude_none=True), headers={"Idempotency-Key": key}, retry_safe=True)
@@ -103,6 +101,10 @@ def trace(run_id: str) -> Call:
     return Call("GET", _path("runs", run_id, "trace"), read_jsonl, retry_safe=True)
 
 
+def events_path(run_id: str) -> str:
+    return _path("runs", run_id, "events")
+
+
 def read_jsonl(r: httpx2.Response) -> list[dict[str, Any]]:
     import json
 
@@ -115,44 +117,6 @@ def output_of(info: RunInfo) -> Any:
     if info.ended:
         raise RunFailed(info)
     raise RunNotEnded(f"run '{info.run_id}' has not ended (status {info.status}): it has no output yet")
-
-
-def error_of(r: httpx2.Response, text: str) -> ApiError:
-    return api_error(r.status_code, text, method=r.request.method, url=str(r.request.url),
-                     retry_after=r.headers.get("Retry-After"))
-
-
-def retry_delay(call: Call, attempt: int, *, status: int | None = None, retry_after: float | None = None,
-                nothing_sent: bool = False) -> float | None:
-    """Seconds to wait before trying the call again, or None to give up. status None: the
-    connection failed; nothing_sent: it failed to connect, so any call may be tried again."""
-    if status is not None and status not in RETRY_STATUSES:
-        return None
-    if status is None and not (call.retry_safe or nothing_sent):
-        return None
-    return min(retry_after if retry_after is not None else 0.25 * 2 ** attempt, 10.0)
-
-
-def connection_failed(base: str, call: Call, e: Exception) -> ConnectionFailed:
-    return ConnectionFailed(f"{call.method} {base}{call.path}: cannot reach the server ({e or type(e).__name__})")
-
-
-def stream_lost(base: str, run_id: str, reconnect_s: float, e: Exception) -> ConnectionFailed:
-    return ConnectionFailed(f"the events of run '{run_id}' on {base}: the server was gone for over "
-                            f"{reconnect_s:g} s ({e or type(e).__name__})")
-
-
-def stream_request(run_id: str, last_event_id: int) -> tuple[str, dict[str, str]]:
-    return _path("runs", run_id, "events"), {"Last-Event-ID": str(last_event_id)}
-
-
-def to_event(sse: httpx2.ServerSentEvent) -> RunEvent | None:
-    """A run event from a server-sent event (None for one that is not a run event)."""
-    if not sse.id or not sse.data:
-        return None
-    import json
-
-    return RunEvent(int(sse.id), sse.event, json.loads(sse.data))
 
 
 def base_url(url: str) -> str:

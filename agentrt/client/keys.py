@@ -20,7 +20,8 @@ SERVER_KEY_VARS = ("AGENTRT_SERVE_API_KEYS", "AGENTRT_API_KEYS")  # the server's
 def add_api_key_arguments(p: argparse.ArgumentParser) -> None:
     """--api-key / --api-key-file for a command that talks to a server."""
     p.add_argument("--api-key", default=None, metavar="KEY",
-                   help=f"the server's API key (default: ${CLIENT_KEY_VAR}; visible in `ps`, prefer the file or the variable)")
+                   help=f"the server's API key (default: ${CLIENT_KEY_VAR}; on the command line it shows in `ps`: "
+                        "prefer the file or the variable)")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help="read the API key from this file (its first line that is not blank or a # comment)")
 

@@ -11,34 +11,28 @@
 """
 from __future__ import annotations
 
+import itertools
 import time
-import warnings
 from typing import Any, Iterator, Mapping
 
 import httpx2
 
 from agentrt.client import _calls as calls
+from agentrt.client._base import (DEFAULT_TIMEOUT, RECONNECT_PAUSE_S, STREAM_LOST, STREAM_TIMEOUT, ClientBase,
+                                  EventFollower)
 from agentrt.client._calls import Call, RunEvent, StartedRun
-from agentrt.client.errors import ConnectionFailed, ServiceUnavailable, WaitTimedOut
-from agentrt.client.keys import env_api_key
+from agentrt.client.errors import WaitTimedOut
 from agentrt.client.schemas import ProgramInfo, RunInfo, RunList
 
 
-class Client:
-    """base_url: http://HOST:PORT. api_key: sent as a bearer token (None: $AGENTRT_API_KEY).
-    max_retries: how often a call that failed to connect, or got 429/503, is tried again (a
-    POST only when sending it twice does no harm: a start with its Idempotency-Key)."""
+class Client(ClientBase):
+    __doc__ = ClientBase.__doc__
 
     def __init__(self, base_url: str = "http://127.0.0.1:8000", *, api_key: str | None = None,
-                 timeout: httpx2.Timeout | float = calls.DEFAULT_TIMEOUT, max_retries: int = 2,
+                 timeout: httpx2.Timeout | float = DEFAULT_TIMEOUT, max_retries: int = 2,
                  reconnect_s: float = 30.0) -> None:
-        if api_key is None:
-            api_key, note = env_api_key()
-            if note:
-                warnings.warn(note, stacklevel=2)
-        self.base_url, self.max_retries, self.reconnect_s = calls.base_url(base_url), max_retries, reconnect_s
-        self._http = httpx2.Client(base_url=self.base_url, timeout=timeout,
-                                   headers={"Authorization": f"Bearer {api_key}"} if api_key else {})
+        super().__init__(base_url, api_key, max_retries, reconnect_s)
+        self._http = httpx2.Client(base_url=self.base_url, timeout=timeout, headers=self._headers)
 
     def close(self) -> None:
         self._http.close()
@@ -50,24 +44,17 @@ class Client:
         self.close()
 
     def _do(self, call: Call) -> Any:
-        attempt = 0
-        while True:
+        for attempt in itertools.count():
             try:
                 r = self._http.request(call.method, call.path, params=call.params, json=call.json,
                                        headers=call.headers, timeout=call.timeout or httpx2.USE_CLIENT_DEFAULT)
             except httpx2.TransportError as e:
-                delay = calls.retry_delay(call, attempt, nothing_sent=isinstance(e, httpx2.ConnectError))
-                if delay is None or attempt >= self.max_retries:
-                    raise calls.connection_failed(self.base_url, call, e) from None
+                pause = self._retry_after(call, attempt, exc=e)
             else:
                 if r.status_code < 400:
                     return call.read(r)
-                error = calls.error_of(r, r.text)
-                delay = calls.retry_delay(call, attempt, status=r.status_code, retry_after=error.retry_after)
-                if delay is None or attempt >= self.max_retries:
-                    raise error
-            time.sleep(delay)
-            attempt += 1
+                pause = self._retry_after(call, attempt, response=r, text=r.text)
+            time.sleep(pause)
 
     # -- programs and runs --
     def programs(self) -> list[ProgramInfo]:
@@ -125,25 +112,20 @@ class Client:
         """The run's events after last_event_id, live, until run_finished. A broken stream, or a
         server restart, is picked up again with Last-Event-ID: no event is lost or repeated; a
         server gone for longer than reconnect_s raises ConnectionFailed."""
-        last, lost_since = last_event_id, None
+        follow = EventFollower(self, run_id, last_event_id)
         while True:
-            path, headers = calls.stream_request(run_id, last)
             try:
-                with self._http.sse(path, headers=headers, timeout=calls.STREAM_TIMEOUT) as source:
+                with self._http.sse(follow.path, headers=follow.headers, timeout=STREAM_TIMEOUT) as source:
                     if source.response.status_code >= 400:
-                        raise calls.error_of(source.response, source.response.read().decode("utf-8", "replace"))
+                        raise self._error_of(source.response, source.response.read().decode("utf-8", "replace"))
                     for sse in source:
-                        ev = calls.to_event(sse)
-                        if ev is None:
-                            continue
-                        lost_since, last = None, ev.id
-                        yield ev
-                        if ev.type == "run_finished":
-                            return
+                        ev = follow.take(sse)
+                        if ev is not None:
+                            yield ev
+                            if ev.type == "run_finished":
+                                return
                 if self.get_run(run_id).ended:  # it had ended before last_event_id: nothing more comes
                     return
-            except (httpx2.TransportError, ServiceUnavailable, ConnectionFailed) as e:
-                lost_since = lost_since or time.monotonic()
-                if time.monotonic() - lost_since > self.reconnect_s:
-                    raise calls.stream_lost(self.base_url, run_id, self.reconnect_s, e) from None
-            time.sleep(0.2)
+            except STREAM_LOST as e:
+                follow.lost(e)
+            time.sleep(RECONNECT_PAUSE_S)

@@ -48,11 +48,13 @@ def submit(args: argparse.Namespace, console: Console) -> int:
     with client_from_args(args, args.server) as client:
         programs = {p.name: p for p in client.programs()}
         if args.program not in programs:
-            raise RunConfigError(f"the server has no program '{args.program}' (it has: {', '.join(programs) or 'none'})")
+            raise RunConfigError(f"the server has no program '{args.program}' "
+                                 f"(it has: {', '.join(programs) or 'none'})")
         inputs = typed_inputs(programs[args.program].input_schema, args.input, args.program)
         run = client.start_run(args.program, inputs, priority=args.priority, idempotency_key=args.idempotency_key)
         run_url = f"{client.base_url}/v1/runs/{run.run_id}"
-        console.print(f"run {run.run_id} on {client.base_url}" + ("" if run.created else " (started before with this key)"))
+        again = "" if run.created else " (started before with this key)"
+        console.print(f"run {run.run_id} on {client.base_url}{again}")
         for ev in client.events(run.run_id):
             show(console, ev.type, ev.data, args.tokens, run_url)
         records = client.trace(run.run_id)

@@ -132,3 +132,15 @@ def test_the_server_reads_its_own_variable_and_says_when_it_sees_the_clients(cap
     assert env_api_key({"AGENTRT_API_KEY": " k "}) == ("k", None)
     key, note = env_api_key({"AGENTRT_API_KEYS": "k"})
     assert key is None and "a client reads its key from AGENTRT_API_KEY" in note
+
+
+def test_submit_again_with_the_same_idempotency_key_follows_the_same_run(served_with_key):
+    env = {**os.environ, "COLUMNS": "200", "AGENTRT_API_KEY": KEY}
+    command = [sys.executable, "-m", "agentrt.cli", "submit", "calc", "--server", served_with_key.url,
+               "--idempotency-key", "nightly-1", "--input", "question=1 + 1?"]
+    first, second = [subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=60)
+                     for _ in range(2)]
+    assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
+    run_id = first.stdout.split()[1]
+    assert second.stdout.startswith(f"run {run_id} on {served_with_key.url} (started before with this key)")
+    assert "✔ answer" in second.stdout  # the whole run again, replayed from its event log
