@@ -46,6 +46,8 @@ def run(args: argparse.Namespace) -> int:
     config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec, k=args.k),
                           batch_invariant=getattr(args, "batch_invariant", False))
     engine = AsyncEngine.from_config(config)
+    # on stderr: stdout is the generated text alone (pipes, and bench decode's time to first byte)
+    print(f"model: {args.model} ({engine.engine.loaded.precision}; {args.device})", file=sys.stderr, flush=True)
     if args.raw:
         prompt = args.prompt
     else:

@@ -63,6 +63,25 @@ class LoadedModel:
         """What the weights are: "quantized" (the GGUF's blocks) or the float dtype's name."""
         return QUANTIZED if self.model.quantized else str(self.model.dtype).removeprefix("torch.")
 
+    @property
+    def precision(self) -> str:
+        """What runs, in the words every place that shows it uses (serve's banner, `agentrt run`
+        and `generate`, traces, the console, /v1/models): for a GGUF run as it is stored, its
+        block formats (the loaded tensors' own types), what multiplies them and the activations'
+        dtype, e.g. "GGUF Q4_1/Q8_0, int8 kernels, float32 activations"; for a float model, its
+        dtype ("bfloat16"), and the GGUF it was dequantized from, if any."""
+        dtype = str(self.model.dtype).removeprefix("torch.")
+        if self.model.quantized:
+            # without the kernels, QuantLinear dequantizes the blocks at every call (quant_layers.py)
+            how = "int8 kernels" if quant_build.quant_kernels() is not None else "dequantized at each call"
+            return f"GGUF {gguf_formats(self.model)}, {how}, {dtype} activations"
+        return f"{dtype} (dequantized from GGUF)" if self.source.gguf is not None else dtype
+
+
+def gguf_formats(model: LlamaModel) -> str:
+    """The GGUF block formats of a quantized model's weights, e.g. "Q4_1/Q8_0"."""
+    return "/".join(sorted({f for formats in model.quantized.values() for f in formats}))
+
 
 def runs_quantized(dtype: str | torch.dtype, device: str, gguf: Path | None, what: str) -> bool:
     """Whether `what` (a model name or path) loads as the GGUF's quantized blocks: asked for by

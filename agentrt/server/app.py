@@ -94,7 +94,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     state = _state(request)
     state.ready()
     with _sse_slot(state):
-        return await state.feed.stream(request, {"model": state.model})
+        return await state.feed.stream(request, {"model": state.model, "precision": state.precision})
 
 
 async def _revalidate_console_files(request: web.Request, response: web.StreamResponse) -> None:
@@ -110,7 +110,7 @@ async def console_index(request: web.Request) -> web.FileResponse:
 
 async def models(request: web.Request) -> web.Response:
     state = _state(request)
-    return _json(ModelList(data=[ModelCard(id=state.model, created=int(state.started))]))
+    return _json(ModelList(data=[ModelCard(id=state.model, created=int(state.started), precision=state.precision)]))
 
 
 # ---- chat ----------------------------------------------------------------------------------------

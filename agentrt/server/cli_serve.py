@@ -183,8 +183,8 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
         engine, backend, runtime = await _start_runtime(args, tools, model, store)
         state.attach(runtime)
         resumed = state.resumed
-        dtype = str(engine.engine.model.dtype).removeprefix("torch.")
-        print(f"agentrt serve: ready at {url}\n  model: {model} ({dtype}, {args.device}, spec {args.spec}, "
+        state.precision = engine.engine.loaded.precision
+        print(f"agentrt serve: ready at {url}\n  model: {model} ({state.precision}; {args.device}, spec {args.spec}, "
               f"policy {args.policy})\n  programs: {', '.join(sorted(programs)) or 'none'}\n"
               f"  runs stored in: {config.db or 'memory only'} (traces in {config.runs_dir}/)"
               + (f", {len(resumed)} resumed" if resumed else "")
@@ -235,8 +235,7 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
         from agentrt.tools.mqtt_protocol import MqttConfig
 
         registry.add_executor("mqtt", await MqttDispatcher(MqttConfig.from_url(args.broker)).start())
-    dtype = str(engine.engine.model.dtype).removeprefix("torch.")
-    trace = Trace(name="serve", meta={"model": model, "dtype": dtype, "device": args.device,
+    trace = Trace(name="serve", meta={"model": model, "precision": engine.engine.loaded.precision, "device": args.device,
                                       "drafter": args.spec, "policy": args.policy})
     return engine, backend, Runtime(backend, tools=registry, trace=trace, policy=args.policy,
                                     max_tokens=args.program_max_tokens, store=store)

@@ -229,6 +229,7 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "agentrt"
+    precision: str | None = None  # what runs (LoadedModel.precision); null while the model loads
 
 
 class ModelList(BaseModel):

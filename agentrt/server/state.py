@@ -40,6 +40,7 @@ class ServerState:
     sse_open: int = 0
     stopping: bool = False
     resumed: list[str] = field(default_factory=list)  # run ids resumed from the store at start
+    precision: str | None = None  # what runs (LoadedModel.precision), once the model is loaded
 
     def attach(self, runtime: Runtime) -> None:
         """The engine is loaded: serve requests on this runtime."""

@@ -15,6 +15,7 @@ def test_generate_streams_text_and_prints_alpha(tiny_model_dir):
              "--dtype", "float32", "--raw", "--spec", "suffix", "--k", "4")
     assert p.returncode == 0, p.stderr
     assert p.stdout.strip()  # the streamed text
+    assert f"model: {path} (float32; cpu)" in p.stderr  # a float model's precision, plainly; never on stdout
     assert "speculation" in p.stderr and "tokens/pass" in p.stderr and "suffix" in p.stderr
 
 

@@ -192,10 +192,16 @@ def test_agentrt_run_warms_the_engine_up_before_the_program(tmp_path):
     import subprocess
     import sys
 
+    from agentrt.kernels.quant_build import unsupported_reason
+
     trace = tmp_path / "r.jsonl"
     out = subprocess.run([sys.executable, "-m", "agentrt.cli", "run", str(EXAMPLES / "trip_planner.py"), "--no-live",
                           "--max-tokens", "24", "--trace", str(trace)], capture_output=True, text=True, timeout=300)
     assert out.returncode in (0, 1), out.stderr
     meta = json.loads(trace.read_text().splitlines()[0])["meta"]
     assert meta["engine_load_s"] > 0 and meta["engine_warmup_s"] > 0
-    assert meta["dtype"] in ("bfloat16", "float32")
+    # the embedded GGUF runs its blocks on the int8 kernels (where they build; else dequantized
+    # into float): the trace and the terminal say so alike
+    want = "GGUF Q4_1/Q8_0, int8 kernels, float32 activations" if unsupported_reason() is None else "(dequantized from GGUF)"
+    assert meta["precision"].endswith(want) and "dtype" not in meta
+    assert f"model: smollm2-135m-instruct ({meta['precision']}; cpu)" in out.stdout

@@ -20,6 +20,7 @@ from agentrt.tools.mosquitto import free_port
 ROOT = Path(__file__).parents[2]
 PROGRAM = Path(__file__).parent / "calc_program.py"
 MODEL = "smollm2-135m-instruct"
+QUANTIZED = "GGUF Q4_1/Q8_0, int8 kernels, float32 activations"  # LoadedModel.precision of the embedded GGUF
 KEY = "test-key-123"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",
@@ -43,6 +44,7 @@ def server(tmp_path_factory):
     assert proc.wait(timeout=30) == 0, (runs / "server.log").read_text()
     out = (runs / "server.log").read_text()
     assert "ready at" in out and "stopped" in out
+    assert f"model: {MODEL} ({QUANTIZED}; cpu," in out
     assert KEY not in out  # keys are never logged
 
 
@@ -136,6 +138,7 @@ def test_errors_in_openai_shape(client, server):
     with pytest.raises(openai.AuthenticationError):
         bad_key.models.list()
     assert [m.id for m in client.models.list()] == [MODEL]
+    assert [m.model_extra["precision"] for m in client.models.list()] == [QUANTIZED]  # what runs, as the banner says
 
 
 def test_async_client_concurrent_and_n(server):

@@ -80,7 +80,8 @@ export function renderRunHeader(container, view) {
   const duration = detailsDuration(view);
   if (duration !== null) htmlEl(h, "span", { class: "av-duration" }, `${fmtSec(duration)}${run.end === null ? " so far" : ""}`);
   const meta = view.trace?.meta || {};
-  const facts = ["model", "drafter", "policy", "device", "dtype"].filter((k) => meta[k] !== undefined && meta[k] !== null)
+  // "dtype": what traces written before "precision" recorded
+  const facts = ["model", "precision", "drafter", "policy", "device", "dtype"].filter((k) => meta[k] !== undefined && meta[k] !== null)
     .map((k) => `${k} ${meta[k]}`);
   if (facts.length) htmlEl(root, "p", { class: "av-meta" }, facts.join(" · "));
   if (duration) renderClockSplit(root, clockSplit(view, duration), duration);

@@ -81,7 +81,7 @@ export function mountEnginePanel(container, { compact = false } = {}) {
 
   const unsubscribe = onServerEvents((type, data) => {
     if (type === "hello") {
-      model.textContent = data.model ? `· ${data.model}` : "";
+      model.textContent = data.model ? `· ${data.model}${data.precision ? ` (${data.precision})` : ""}` : "";
       show(data.engine);
     } else if (type === "engine") {
       show(data);
