@@ -36,7 +36,7 @@ from agentrt.server.middleware import access_middleware, auth_middleware, cors_h
 from agentrt.server.openai_chat import prepare_chat
 from agentrt.server.runs import RunManager, ServedRun
 from agentrt.server.schemas import (ChatCompletionRequest, ModelCard, ModelList, ProgramInfo, ProgramList, RunCreate,
-                                    RunCreated, RunInput, RunList)
+                                    RunCreated, RunList, SignedInput)
 from agentrt.server.state import (RUN_ID, STATE, ServerState, json_response as _json, run_info, server_state as _state,
                                   sse_slot as _sse_slot)
 
@@ -213,11 +213,11 @@ async def provide_input(request: web.Request) -> web.Response:
     runs, _ = _state(request).ready()
     run = runs.get(request.match_info["run_id"])
     node = request.match_info["node"]
-    body = await read_body(request, RunInput)
+    body = await read_body(request, SignedInput)
     if run.ended:
         raise ApiError(409, f"run '{run.run_id}' has already ended ({run.status})", code="run_ended")
     try:
-        runs.provide_input(run, node, body.value)
+        runs.provide_input(run, node, body.value, by=body.by)
     except InputValueError as e:
         raise ApiError(422, str(e), param="value", code="invalid_input") from None
     except RunConfigError as e:

@@ -241,3 +241,10 @@ class ModelList(BaseModel):
 # one definition for the server and agentrt.client (agentrt/client/schemas.py)
 from agentrt.client.schemas import (InputWanted, ProgramInfo, ProgramList, RunCreate, RunCreated,  # noqa: E402,F401
                                     RunError, RunInfo, RunInput, RunList)
+
+
+class SignedInput(RunInput):
+    """POST /v1/runs/ID/input/NODE: the value, and who gives it (a person's or a system's name,
+    optional; kept in the run's trace with when and how the value came)."""
+
+    by: str | None = Field(None, min_length=1, max_length=200)

@@ -33,7 +33,8 @@ pytestmark = pytest.mark.timeout(900)
 def server(tmp_path_factory):
     port, runs = free_port(), tmp_path_factory.mktemp("console")
     (runs / "keys").write_text(KEY + "\n")
-    programs = [ROOT / "examples" / "trip_planner.py", HERE / "lookup_program.py", HERE / "approval_program.py"]
+    programs = [ROOT / "examples" / "trip_planner.py", HERE / "lookup_program.py", HERE / "approval_program.py",
+                ROOT / "examples" / "refund_desk.py"]
     proc, url = start_server([*map(str, programs), "--program-max-tokens", "96", "--runs-dir", str(runs / "runs"),
                               "--api-key-file", str(runs / "keys"), "--shutdown-grace", "5"], runs, port, ROOT)
     yield url, runs
@@ -215,3 +216,53 @@ def test_a_saved_trace_renders_the_same_lanes_in_the_console_and_inspect_html(pa
     shot(page, "11-inspect-html")
     assert sorted(console_lanes) == sorted(html_lanes) == expected
     assert console_lanes == html_lanes  # the same order too: one renderer
+
+
+def test_a_program_docstring_keeps_its_lines_and_folds_all_but_its_first_paragraph(page, server):
+    log_in(page, server)
+    form = page.locator("#start-form")
+    form.locator("select[name=program]").select_option("refund_desk")
+    box = form.locator(".program-description")
+    first = box.locator(".docstring > p").first
+    assert first.inner_text().startswith("Refund desk: a customer asks for a refund;")
+    assert "\n" not in first.inner_text()  # prose reflowed: the docstring's wrapping is not kept
+    more = box.locator("details.docstring-more")
+    assert more.count() == 1 and more.get_attribute("open") is None
+    drawings = box.locator("pre.docstring-pre")
+    assert drawings.count() == 2 and not drawings.first.is_visible()  # folded
+    shot(page, "12-docstring-folded")
+    more.locator("summary").click()
+    graph = drawings.nth(1).inner_text()
+    assert drawings.nth(1).is_visible()
+    lines = graph.splitlines()
+    assert lines[0].startswith("order (lookup_order) ── policy") and lines[1].startswith("    ── approval (wait_for)")
+    assert lines[2].strip() == "└ no: decline" and lines[2].index("└") > lines[1].index("approved?")
+    assert box.locator("code", has_text="wait_for").count() == 1  # `wait_for` in the prose is code
+    assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth + 1")
+    shot(page, "13-docstring-open")
+    form.locator("select[name=program]").select_option("approve")
+    assert box.locator("details").count() == 0 and "waits for a person's approval" in box.inner_text()
+
+
+def test_a_wait_for_node_is_shown_as_input_and_the_answer_keeps_who_gave_it(page, server):
+    log_in(page, server)
+    run_id = start_from_form(page, "approve", {"sql": "DELETE FROM orders WHERE id = 7"})
+    wait_status(page, "waiting", 60_000)
+    node = page.locator("#dag .dag-node[data-node=approval]")
+    drawn = node.text_content()  # an SVG group: its text, title included
+    assert node.get_attribute("data-kind") == "wait_for" and "waits for input" in drawn and "tool" not in drawn
+    assert "asks: Run DELETE FROM orders WHERE id = 7?" in drawn
+    page.locator("#timeline [data-lane=node][data-node=approval][data-kind=wait_for]").wait_for()
+    form = page.locator(".input-form[data-node=approval]")
+    assert "Run DELETE FROM orders WHERE id = 7?" in form.inner_text()
+    form.locator("[name=approved]").set_checked(True)
+    form.locator("[name=answered-by]").fill("Maria")
+    shot(page, "14-input-form")
+    form.locator("button[type=submit]").click()
+    wait_status(page, "done")
+    answer = page.locator(".av-answer[data-node=approval]")
+    assert "answered by Maria via http" in answer.inner_text() and answer.inner_text().endswith('{"approved": true}')
+    assert page.locator(".av-split-legend li[data-part=input]").count() == 1
+    approval = next(n for n in api(server, f"/v1/runs/{run_id}")["summary"]["runs"][0]["nodes"] if n["node"] == "approval")
+    assert approval["kind"] == "wait_for" and approval["answered_by"] == "Maria" and approval["via"] == "http"
+    shot(page, "15-run-answered")

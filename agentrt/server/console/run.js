@@ -360,6 +360,8 @@ function traceLinks(container, runId, text, signal) {
 
 // ---- an input form for a wait_for node ---------------------------------------------------------------
 // An object schema with properties gets a field per property; anything else one field "value".
+const ANSWERED_BY_KEY = "agentrt.answeredBy";
+
 function inputForm(path, wanted, signal, onSent) {
   const schema = wanted.schema || {};
   const perProperty = schemaType(schema) === "object" && Object.keys(schema.properties || {}).length > 0;
@@ -367,10 +369,15 @@ function inputForm(path, wanted, signal, onSent) {
     perProperty ? schemaFields(schema) : schemaField("value", schema, true));
   const error = el("p", { class: "form-error", role: "alert", hidden: true });
   const submit = el("button", { type: "submit", class: "primary" }, "Send");
+  // Who answers: optional, kept in the run's trace beside the value (remembered in this browser).
+  const byId = `answered-by-${wanted.node}`;
+  const by = el("input", { type: "text", id: byId, name: "answered-by", maxlength: 200, autocomplete: "name",
+    value: localStorage.getItem(ANSWERED_BY_KEY) || "" });
   const form = el("form", { class: "card input-form", dataset: { node: wanted.node }, novalidate: true },
     el("h2", {}, "Input wanted by ", el("code", {}, wanted.node)),
     wanted.prompt ? el("p", { class: "prompt" }, wanted.prompt) : null,
-    fields, error, el("div", { class: "buttons" }, submit));
+    fields, el("div", { class: "field" }, el("label", { for: byId }, "Your name (optional, kept in the run's trace)"), by),
+    error, el("div", { class: "buttons" }, submit));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     let value;
@@ -383,7 +390,10 @@ function inputForm(path, wanted, signal, onSent) {
     }
     submit.disabled = true;
     try {
-      const info = await api(`${path}/input/${encodeURIComponent(wanted.node)}`, { method: "POST", body: { value }, signal });
+      const name = by.value.trim();
+      const body = name ? { value, by: name } : { value };
+      const info = await api(`${path}/input/${encodeURIComponent(wanted.node)}`, { method: "POST", body, signal });
+      if (name) localStorage.setItem(ANSWERED_BY_KEY, name); else localStorage.removeItem(ANSWERED_BY_KEY);
       showFormError(form, error, null);
       onSent(info);
     } catch (e) {

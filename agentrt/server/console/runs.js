@@ -3,6 +3,7 @@
 // Also the JSON-schema form fields, which the run page reuses for wait_for inputs.
 
 import { ApiError, ENDED, api, el, fmtDuration, fmtNum, fmtTime, onServerEvents } from "./api.js";
+import { docstringView } from "./docstring.js";
 import { mountEnginePanel } from "./engine.js";
 import { PHASE_COLORS, RUN_STATUS_ICONS } from "/view/phases.js";
 
@@ -341,7 +342,7 @@ function startForm(programs, preferred, signal) {
   const byName = new Map(programs.map((p) => [p.name, p]));
   const select = el("select", { name: "program", id: "start-program", required: true },
     programs.map((p) => el("option", { value: p.name, selected: p.name === preferred }, p.name)));
-  const description = el("p", { class: "hint program-description" });
+  const description = el("div", { class: "hint program-description" });
   const fields = el("fieldset", { class: "fields" });
   const error = el("p", { class: "form-error", role: "alert", hidden: true });
   const submit = el("button", { type: "submit", class: "primary" }, "Start run");
@@ -351,7 +352,7 @@ function startForm(programs, preferred, signal) {
 
   const showProgram = () => {
     const program = byName.get(select.value);
-    description.textContent = program?.description || "";
+    description.replaceChildren(...[docstringView(program?.description)].filter(Boolean));
     const schema = program?.input_schema || {};
     const controls = schemaFields(schema);
     fields.replaceChildren(el("legend", {}, "Inputs"),
