@@ -88,9 +88,10 @@ def wait_once(run_id: str, seconds: float) -> Call:
                 timeout=httpx2.Timeout(hold + 30.0, connect=10.0), retry_safe=True)
 
 
-def provide_input(run_id: str, node: str, value: Any) -> Call:
+def provide_input(run_id: str, node: str, value: Any, by: str | None) -> Call:
     # not retry-safe: a value the run took once must not be offered again
-    return Call("POST", _path("runs", run_id, "input", node), _info, json=RunInput(value=value).model_dump())
+    body = {**RunInput(value=value).model_dump(), **({"by": by} if by is not None else {})}
+    return Call("POST", _path("runs", run_id, "input", node), _info, json=body)
 
 
 def cancel(run_id: str) -> Call:

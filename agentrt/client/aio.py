@@ -82,8 +82,8 @@ class AsyncClient(ClientBase):
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimedOut(info, timeout)
 
-    async def provide_input(self, run_id: str, node: str, value: Any) -> RunInfo:
-        return await self._do(calls.provide_input(run_id, node, value))
+    async def provide_input(self, run_id: str, node: str, value: Any, *, by: str | None = None) -> RunInfo:
+        return await self._do(calls.provide_input(run_id, node, value, by))
 
     async def cancel(self, run_id: str) -> RunInfo:
         return await self._do(calls.cancel(run_id))

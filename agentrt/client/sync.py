@@ -86,9 +86,10 @@ class Client(ClientBase):
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimedOut(info, timeout)
 
-    def provide_input(self, run_id: str, node: str, value: Any) -> RunInfo:
-        """Answer the wait_for node `node` (the value must fit the schema it asked with)."""
-        return self._do(calls.provide_input(run_id, node, value))
+    def provide_input(self, run_id: str, node: str, value: Any, *, by: str | None = None) -> RunInfo:
+        """Answer the wait_for node `node` (the value must fit the schema it asked with); by:
+        who answers (a person's or a system's name, kept in the run's trace)."""
+        return self._do(calls.provide_input(run_id, node, value, by))
 
     def cancel(self, run_id: str) -> RunInfo:
         return self._do(calls.cancel(run_id))

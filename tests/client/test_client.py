@@ -4,6 +4,7 @@ Last-Event-ID, wait, wait_for input, cancel, output, summary, trace, and the ser
 bodies as typed errors."""
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -77,9 +78,10 @@ def test_a_waiting_run_is_seen_answered_and_ends(served):
         with pytest.raises(Conflict) as wrong_node:
             c.provide_input(run.run_id, "answer", {"approved": True})
         assert "not waiting for input at node 'answer'" in wrong_node.value.message
-        c.provide_input(run.run_id, "approval", {"approved": True})
+        c.provide_input(run.run_id, "approval", {"approved": True}, by="ops-oncall")
         assert c.wait(run.run_id, timeout=10).status == "done"
         assert c.output(run.run_id) == "The sum is five."
+        assert "ops-oncall" in json.dumps(c.trace(run.run_id))  # who answered is kept in the trace
 
 
 def test_cancel_and_what_a_cancelled_run_answers(served):
