@@ -4,9 +4,9 @@ happened; `Runtime.subscribe_events(fn)` returns the unsubscribe function.
 
     run_started    program, inputs, graph (the run's graph as JSON: dag.export.to_json)
     graph          nodes, edges (added, as in the graph JSON), removed (node ids, their edges with them),
-                   states (node -> new state, of nodes other than LLM and tool ones): the graph changed
+                   states (node -> new state, of nodes other than LLM, tool and wait_for ones): the graph changed
                    (a fan-out or loop step expanded, a branch case not taken left, a branch decided)
-    node_started   node, kind, tool (tool nodes), early (a tool started on streamed members),
+    node_started   node, kind (llm | tool | wait_for), tool (tool nodes), early (a tool started on streamed members),
                    replayed (a resumed run's node whose outcome comes from the run store)
     node_phase     node, phase: queued | prefill | decode | preempted (LLM) | tool_running (tool) |
                    input_wait (wait_for) | replayed (a resumed run's node taken from the store)
@@ -15,7 +15,8 @@ happened; `Runtime.subscribe_events(fn)` returns the unsubscribe function.
                    the node took part in
     node_retried   node, attempt, error_kind, error: a tool attempt failed and is tried again
     input_wanted   node, schema, prompt: a wait_for node waits for a value (Runtime.provide_input)
-    input_given    node: the value came; the run goes on
+    input_given    node, by (who answered, if they said), via (http | terminal | stdin | --answer |
+                   python), at (unix seconds): the value came; the run goes on
     node_finished  node, kind, status (ok | error | cancelled), value (ok) or error, replayed
     run_finished   status (done | failed | cancelled), output, error, failed_node
 """
