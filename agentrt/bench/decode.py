@@ -5,7 +5,9 @@ Paths (rows): ours on the GGUF's quantized blocks (int8 kernels; when the model 
 kernels build here), ours on the dequantized weights in float (--dtype bfloat16/float32, else
 the hardware's float dtype: bf16 with AMX, fp32 without), transformers' generate on those same
 float weights, and llama.cpp (llama-cpp-python, `make peers`; skipped with a note when llama_cpp
-does not import) on the same GGUF file with the same thread count.
+does not import) on the same GGUF file with the same thread count, in a process of its own: a
+crash there (a signal) leaves its row saying how it died, in a `failed` column, and the other
+rows complete.
 
 Every path decodes the same prompt token ids (the chat template over PROMPTS), greedy, the same
 number of new tokens, at batch 1 and 8 (llama.cpp: 8 sequences in one context, n_seq_max = 8,
@@ -26,7 +28,7 @@ when the load moves.
 Summary: b1_vs_hf, b8_vs_hf (our float path / transformers), b1_vs_llamacpp_q4, b8_vs_llamacpp_q4
 (our quantized path / llama.cpp; goals >= 1.2), floor_ratio_q4 (goal <= 1.5), floor_ratio,
 startup_s (`agentrt generate` with --dtype, spawn to first byte), ppl_quant, ppl_dequant,
-ppl_llamacpp (agentrt/bench/perplexity.py). A key whose path did not run is null.
+ppl_llamacpp (agentrt/bench/perplexity.py). A key whose path did not run, or failed, is null.
 
 --determinism adds (agentrt/bench/determinism.py): the fraction of greedy tool calls identical
 with every drafter and k against each request alone without drafts, and the verify step's cost
@@ -69,6 +71,20 @@ class DecodePath:
     run: Callable[[list[list[int]], int], float]
     ppl: Callable[[], float]
     tok_s: dict[int, list[float]] = field(default_factory=dict)
+    failed: str | None = None  # how the peer's process died or failed, and in what (then no more runs)
+
+    def attempt(self, what: str, measure: Callable[[], float]) -> float | None:
+        """measure(), or None once the path's peer has failed (PeerFailed: its process died or
+        its call raised), now or before; our own paths' errors are not caught."""
+        from agentrt.bench.peer_process import PeerFailed
+
+        if self.failed is not None:
+            return None
+        try:
+            return measure()
+        except PeerFailed as e:
+            self.failed = f"{e.how} " + ("loading the model" if e.stage == "start" else f"in {what}")
+            return None
 
 
 def _ours(engine, prompts: list[list[int]], n_tokens: int, steps: list[float] | None = None) -> float:
@@ -206,6 +222,7 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     from agentrt.bench import llamacpp, perplexity
     from agentrt.engine import EngineConfig, LLMEngine
+    from agentrt.engine.model_loader import gguf_formats
     from agentrt.engine.registry import find_model_gguf
 
     console = Console(stderr=True)
@@ -240,7 +257,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     paths: dict[str, DecodePath] = {}
     q_label = "GGUF"
     if quant is not None:
-        q_label += " " + "/".join(sorted({f for fs in quant.model.quantized.values() for f in fs}))
+        q_label += " " + gguf_formats(quant.model)
         paths["quant"] = DecodePath("agentrt", q_label, ours(quant, "quant"),
                                     lambda: perplexity.ours(quant.loaded, text_ids))
     paths["deq"] = DecodePath("agentrt", f"{fdt} (dequantized)" if gguf else fdt, ours(deq, "deq"),
@@ -254,25 +271,31 @@ def run(args: argparse.Namespace) -> BenchResult:
     for batch in BATCHES:
         prompts = prompt_ids[:batch]
         for p in paths.values():  # warm-up: first-call allocations, kernel selection
-            p.run(prompts, 4)
+            p.attempt(f"the batch-{batch} warm-up", lambda: p.run(prompts, 4))
         for r in range(repeats):
             console.print(f"  batch {batch}: repeat {r + 1}/{repeats}")
             if batch == 1:
                 bws.append(_read_bandwidth())
                 steps["quant"].append([]), steps["deq"].append([])
             for p in paths.values():
-                p.tok_s.setdefault(batch, []).append(p.run(prompts, n_tokens))
+                got = p.attempt(f"batch {batch}, repeat {r + 1}", lambda: p.run(prompts, n_tokens))
+                if got is not None:
+                    p.tok_s.setdefault(batch, []).append(got)
     console.print(f"  perplexity on {len(text_ids)} tokens")
-    ppl = {k: p.ppl() for k, p in paths.items()}
-    rows = [{"engine": p.engine, "weights": p.weights, **{f"b{b}_tok_s": max(p.tok_s[b]) for b in BATCHES},
-             "ppl": ppl[k]} for k, p in paths.items()]
+    ppl = {k: p.attempt("the perplexity", p.ppl) for k, p in paths.items()}
+    if peer is not None:
+        peer.close()
+    best = {k: {b: max(v) for b, v in p.tok_s.items()} for k, p in paths.items()}
+    rows = [{"engine": p.engine, "weights": p.weights, **{f"b{b}_tok_s": best[k].get(b) for b in BATCHES},
+             "ppl": ppl[k], **({"failed": p.failed} if p.failed else {})} for k, p in paths.items()]
+    notes += [f"{p.engine} {p.failed}: its row holds what it measured before" for p in paths.values() if p.failed]
 
     console.print("  measuring startup")
     startup = min(_startup_s(args.model, args.dtype) for _ in range(1 if args.quick else 2))
-    best = {k: {b: max(p.tok_s[b]) for b in BATCHES} for k, p in paths.items()}
 
     def ratio(a: str, b: str, batch: int) -> float | None:
-        return best[a][batch] / best[b][batch] if a in best and b in best else None
+        x, y = best.get(a, {}).get(batch), best.get(b, {}).get(batch)
+        return x / y if x is not None and y is not None else None
 
     floor: dict[str, float | None] = {}
     config_paths = {}
@@ -302,7 +325,8 @@ def run(args: argparse.Namespace) -> BenchResult:
                              "floor_ratio_best_bw": best_step * bw / nbytes[key], "best_bw_step_ms": best_step * 1e3,
                              "read_bw_gb_s": bw / 1e9}
     notes.append(f"perplexity on {len(text_ids)} tokens of Pride and Prejudice, chapter 1 (bench/perplexity.py): "
-                 + ", ".join(f"{p.engine.split(' (')[0]} {p.weights} {ppl[k]:.3f}" for k, p in paths.items()))
+                 + ", ".join(f"{p.engine.split(' (')[0]} {p.weights} {ppl[k]:.3f}" for k, p in paths.items()
+                             if ppl[k] is not None))
     notes.append("tok/s: decode only, B x (tokens - 1) / (last token - first token)")
     summary = {
         "b1_vs_hf": ratio("deq", "hf", 1),

@@ -4,6 +4,11 @@ our quantized path runs, with the same thread count.
 Optional: `load()` returns None when llama_cpp does not import (not installed, or its shared
 library does not load), and the benches then skip its rows with a note.
 
+Out of process: `load()` gives a LlamaCppPeer, which runs LlamaCpp in a child process of its own
+(bench/peer_process.py). A crash in llama.cpp's native code (llama.cpp built natively for a CPU
+with AMX dies by SIGILL in batched matmuls) ends that child only: its calls raise PeerFailed
+naming the signal, and the benches put that in the peer's row and finish the rest.
+
 - `greedy`: batch 1 or B sequences through the low-level `llama_batch` / `llama_decode` API, one
   context with n_seq_max = B and seq_id s per sequence; one prefill of every prompt, then one
   decode call per step feeding each sequence's last token; greedy = argmax of the logits (what
@@ -24,6 +29,8 @@ from typing import Any
 
 import torch
 
+from agentrt.bench.peer_process import PeerFailed, PeerProcess
+
 LOOKUP_NUM_PRED_TOKENS = 10  # llama-cpp-python's default, and transformers' prompt-lookup example value
 SKIP_NOTE = "llama.cpp rows skipped: llama_cpp does not import here (`make peers` builds llama-cpp-python)"
 
@@ -36,11 +43,54 @@ def import_llama_cpp():
     return llama_cpp
 
 
-def load(gguf_path: Path | str | None, threads: int | None = None, flash_attn: bool = True) -> LlamaCpp | None:
-    """The peer on gguf_path, or None when llama_cpp is not importable or there is no GGUF."""
-    if gguf_path is None or import_llama_cpp() is None:
+def load(gguf_path: Path | str | None, threads: int | None = None, flash_attn: bool = True) -> LlamaCppPeer | None:
+    """The peer on gguf_path in a child process, or None when llama_cpp is not importable or there
+    is no GGUF. A peer whose child died or failed while loading is returned too: each of its
+    calls raises PeerFailed saying how (the benches' row for it says so)."""
+    lc = import_llama_cpp()
+    if gguf_path is None or lc is None:
         return None
-    return LlamaCpp(gguf_path, threads or torch.get_num_threads(), flash_attn)
+    return LlamaCppPeer(lc.__version__, gguf_path, threads or torch.get_num_threads(), flash_attn)
+
+
+class LlamaCppPeer:
+    """LlamaCpp's measurements, each run in the peer's child process (see the module docstring)."""
+
+    def __init__(self, version: str, gguf_path: Path | str, threads: int, flash_attn: bool = True):
+        self.version = version
+        try:
+            self.process: PeerProcess | None = PeerProcess(f"{__name__}:LlamaCpp", str(gguf_path), threads, flash_attn,
+                                                           name="llama.cpp")
+            self.load_failure: PeerFailed | None = None
+        except PeerFailed as e:
+            self.process, self.load_failure = None, e
+
+    @property
+    def gone(self) -> PeerFailed | None:
+        """Why the peer's process no longer answers (it died, or failed to load), or None."""
+        return self.load_failure if self.process is None else self.process.gone
+
+    def _call(self, method: str, *args: Any) -> Any:
+        if self.process is None:
+            raise self.load_failure
+        return self.process.call(method, *args)
+
+    def greedy(self, prompts: list[list[int]], n_tokens: int) -> tuple[list[list[int]], float]:
+        return self._call("greedy", prompts, n_tokens)
+
+    def decode_tok_s(self, prompts: list[list[int]], n_tokens: int) -> float:
+        return self._call("decode_tok_s", prompts, n_tokens)
+
+    def perplexity(self, ids: list[int]) -> float:
+        return self._call("perplexity", ids)
+
+    def generate_run(self, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, ...],
+                     lookup: bool) -> tuple[list[int], float, float, float]:
+        return self._call("generate_run", prompt_ids, max_tokens, eos_ids, lookup)
+
+    def close(self) -> None:
+        if self.process is not None:
+            self.process.close()
 
 
 def _round_up(n: int, to: int = 256) -> int:
@@ -48,6 +98,8 @@ def _round_up(n: int, to: int = 256) -> int:
 
 
 class LlamaCpp:
+    """The peer itself, in the process that makes it (LlamaCppPeer's child)."""
+
     def __init__(self, gguf_path: Path | str, threads: int, flash_attn: bool = True):
         self.lc = import_llama_cpp()
         self.path, self.threads, self.flash_attn = str(gguf_path), threads, flash_attn

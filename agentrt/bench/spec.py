@@ -2,7 +2,8 @@
 no speculation, with transformers' plain and prompt-lookup generate, and with llama.cpp's plain
 and prompt-lookup generate (llama-cpp-python's `Llama.generate`, with `LlamaPromptLookupDecoding`
 as its draft model, on the model's GGUF file; skipped with a note when llama_cpp does not
-import: `make peers`), on four prompt kinds.
+import: `make peers`; in a process of its own, so that a crash there leaves its rows saying how it
+died, in a `failed` column, and the other rows complete), on four prompt kinds.
 
 Every run is greedy, same prompt token ids, same max new tokens, eos honoured. A run of ours uses
 a fresh engine, so the suffix drafter's cross-request history never holds an earlier run's output.
@@ -166,14 +167,31 @@ def load_hf(loaded):
 
 
 def measure(loaded, hf_model, prompts: dict[str, list[int]], vs: list[Variant], max_tokens: int, repeats: int,
-            cost_model=None, log=lambda msg: None, peer=None) -> dict[tuple[str, str], dict[str, Any]]:
+            cost_model=None, log=lambda msg: None, peer=None,
+            failed: dict[str, str] | None = None) -> dict[tuple[str, str], dict[str, Any]]:
     """Best (highest decode tok/s) run per (prompt kind, variant label), interleaved over repeats.
-    peer: the llama.cpp peer (bench/llamacpp.py) for llama.cpp variants."""
-    eos = tuple(loaded.tokenizer.eos_token_ids)
+    peer: the llama.cpp peer (bench/llamacpp.py) for llama.cpp variants. A variant whose peer
+    failed (its process died, or the call raised) runs no more: failed[label] says how and
+    where, and its best runs are those before."""
+    from agentrt.bench.peer_process import PeerFailed
 
-    def once(v: Variant, ids: list[int], n: int) -> dict[str, Any]:
+    eos = tuple(loaded.tokenizer.eos_token_ids)
+    failed = {} if failed is None else failed
+    death: list[str] = []  # how and where the peer's process ended, once it has
+
+    def once(v: Variant, ids: list[int], n: int) -> dict[str, Any] | None:
         if v.llamacpp is not None:
-            return _timed(*peer.generate_run(ids, n, eos, lookup=v.llamacpp == "lookup"))
+            if v.label not in failed and peer.gone is not None:  # it ended loading, or in another row's run
+                failed[v.label] = death[0] if death else f"{peer.gone.how} loading the model"
+            if v.label in failed:
+                return None
+            try:
+                return _timed(*peer.generate_run(ids, n, eos, lookup=v.llamacpp == "lookup"))
+            except PeerFailed as e:
+                failed[v.label] = f"{e.how} in a {v.label} run ({len(ids)} prompt tokens)"
+                if peer.gone is not None:
+                    death.append(failed[v.label])
+                return None
         if v.hf is not None:
             return run_hf(hf_model, ids, n, eos, HF_PROMPT_LOOKUP_TOKENS if v.hf == "lookup" else None)
         return run_ours(loaded, v.drafter, v.k, ids, n, cost_model)
@@ -188,19 +206,27 @@ def measure(loaded, hf_model, prompts: dict[str, list[int]], vs: list[Variant], 
             for v in vs:
                 got = once(v, ids, max_tokens)
                 key = (kind, v.label)
-                if key not in best or got["tok_s"] > best[key]["tok_s"]:
+                if got is not None and (key not in best or got["tok_s"] > best[key]["tok_s"]):
                     best[key] = got
     return best
 
 
-def table_rows(best: dict, prompts: dict, vs: list[Variant]) -> list[dict[str, Any]]:
+def table_rows(best: dict, prompts: dict, vs: list[Variant], failed: dict[str, str] | None = None) -> list[dict[str, Any]]:
+    """One row per (prompt kind, variant); failed: {label: how its peer failed} (measure), for the
+    variants whose best run may be missing (their figures are then null)."""
+    failed = failed or {}
     hf_pl = next(v.label for v in vs if v.hf == "lookup")
     lcpp_pl = next((v.label for v in vs if v.llamacpp == "lookup"), None)
     rows = []
     for kind in prompts:
         base, plain, pl = best[kind, "none"]["tok_s"], best[kind, "hf generate"]["tok_s"], best[kind, hf_pl]["tok_s"]
+        lcpp = best.get((kind, lcpp_pl))
         for v in vs:
-            b = best[kind, v.label]
+            b = best.get((kind, v.label))
+            if b is None:  # a peer that failed before its first run on this prompt
+                rows.append({"prompt": kind, "config": v.label, **dict.fromkeys(FIGURES),
+                             **({"vs_lcpp_pl": None} if lcpp_pl else {}), "failed": failed.get(v.label)})
+                continue
             s = b["spec"]
             passes = s.get("target_passes") or 0
             rows.append({
@@ -217,8 +243,13 @@ def table_rows(best: dict, prompts: dict, vs: list[Variant]) -> list[dict[str, A
                 "vs_hf_pl": b["tok_s"] / pl,
             })
             if lcpp_pl is not None:
-                rows[-1]["vs_lcpp_pl"] = b["tok_s"] / best[kind, lcpp_pl]["tok_s"]
+                rows[-1]["vs_lcpp_pl"] = b["tok_s"] / lcpp["tok_s"] if lcpp is not None else None
+            if v.label in failed:
+                rows[-1]["failed"] = failed[v.label]
     return rows
+
+
+FIGURES = ("tokens", "alpha", "tok_per_pass", "drafts_per_pass", "tok_s", "e2e_tok_s", "vs_nospec", "vs_hf", "vs_hf_pl")
 
 
 def summarize(rows: list[dict[str, Any]], kind: str = "agent") -> dict[str, Any]:
@@ -278,15 +309,20 @@ def run(args: argparse.Namespace) -> BenchResult:
     console.print(f"[bold]bench spec[/]: {args.model} {getattr(loaded, 'weights', args.dtype)}, batch 1, greedy, {max_tokens} new tokens max, "
                   f"{len(vs)} rows x {len(prompts)} prompts, best of {repeats}; cost model: {cost_model.source}")
     load_before = os.getloadavg()[0]
-    best = measure(loaded, hf_model, prompts, vs, max_tokens, repeats, cost_model, log=console.print, peer=peer)
+    failed: dict[str, str] = {}
+    best = measure(loaded, hf_model, prompts, vs, max_tokens, repeats, cost_model, log=console.print, peer=peer,
+                   failed=failed)
+    if peer is not None:
+        peer.close()
     load_after = os.getloadavg()[0]
-    rows = table_rows(best, prompts, vs)
+    rows = table_rows(best, prompts, vs, failed)
     summary = summarize(rows)
     notes = [f"{kind}: best {r['config']} {r['vs_nospec']:.2f}x no-spec, {r['vs_hf_pl']:.2f}x hf prompt lookup"
-             + (f", {r['vs_lcpp_pl']:.2f}x llama.cpp prompt lookup" if "vs_lcpp_pl" in r else "")
+             + (f", {r['vs_lcpp_pl']:.2f}x llama.cpp prompt lookup" if r.get("vs_lcpp_pl") is not None else "")
              for kind in prompts
              for r in [max((x for x in rows if x["prompt"] == kind and x["config"] != "none" and _is_ours(x["config"])),
                            key=lambda x: x["tok_s"])]]
+    notes += [f"{label}: the llama.cpp peer {how}; its rows hold what it measured before" for label, how in failed.items()]
     if peer is None:
         notes.append(llamacpp.SKIP_NOTE if gguf is not None else f"llama.cpp rows skipped: {args.model} is not a GGUF model")
     notes.append("tok_s: decode tokens/s after the first token; vs_*: ratios of tok_s in this run. Goals (agent): "

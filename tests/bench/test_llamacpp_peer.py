@@ -1,19 +1,24 @@
-"""bench decode and bench spec with llama.cpp as a peer (agentrt/bench/llamacpp.py).
+"""bench decode and bench spec with llama.cpp as a peer (agentrt/bench/llamacpp.py), in a
+process of its own (agentrt/bench/peer_process.py).
 
 Without llama_cpp (its import made to fail) both benches still run, on a tiny GGUF model, and
-give every documented summary key, the llama.cpp ones null. With llama_cpp installed (`make
-peers`), the peer's low-level greedy loop gives the tokens of llama.cpp's own `Llama.generate`
-on the embedded SmolLM2 GGUF. Nothing here is timed.
+give every documented summary key, the llama.cpp ones null. A peer process that dies by a real
+signal (AGENTRT_TEST_PEER_SIGNAL: the child sends it to itself) is reported as such, and with
+llama_cpp installed (`make peers`) both benches finish with the peer's rows saying how it died.
+The peer's low-level greedy loop gives the tokens of llama.cpp's own `Llama.generate` on the
+embedded SmolLM2 GGUF. Nothing here is timed.
 """
 from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 
 import pytest
 
 from agentrt.bench import llamacpp
+from agentrt.bench.peer_process import TEST_SIGNAL_ENV, PeerFailed, PeerProcess
 
 DECODE_KEYS = {"b1_vs_hf", "b8_vs_hf", "b1_vs_llamacpp_q4", "b8_vs_llamacpp_q4", "floor_ratio_q4", "floor_ratio",
                "startup_s", "ppl_quant", "ppl_dequant", "ppl_llamacpp"}
@@ -103,12 +108,100 @@ def test_llamacpp_peer_greedy_equals_its_own_generate(peer, smollm2_source):
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
                                              add_generation_prompt=True))
     (ours,), _ = peer.greedy([ids], 6)
-    theirs = []
-    for t in peer.llm.generate(ids, temp=0.0, repeat_penalty=1.0):
-        theirs.append(int(t))
-        if len(theirs) == 6:
-            break
-    assert ours == theirs
+    theirs, *_ = peer.generate_run(ids, 6, (), lookup=False)  # Llama.generate at temperature 0
+    assert ours == theirs and len(ours) == 6
     tokens, t0, first, finished = peer.generate_run(ids, 6, (), lookup=True)
     assert len(tokens) == 6 and t0 <= first <= finished
     assert 1 < peer.perplexity(ids) < 1e4
+
+
+# ---- a peer that crashes ------------------------------------------------------------------------
+
+
+def test_a_peer_process_that_dies_by_a_signal_says_so(monkeypatch):
+    """The machinery alone, on a plain object in a real child: a call that raises leaves it
+    serving; a real SIGILL at a call ends it, and that call and every later one say how."""
+    monkeypatch.setenv(TEST_SIGNAL_ENV, "SIGILL@pop")
+    with PeerProcess("builtins:list", [3, 1, 2], name="list peer") as peer:
+        assert peer.call("index", 1) == 1
+        with pytest.raises(PeerFailed, match="raised ValueError: 9 is not in list in index"):
+            peer.call("index", 9)
+        assert peer.gone is None and peer.call("count", 3) == 1  # still serving
+        with pytest.raises(PeerFailed) as died:
+            peer.call("pop")
+        assert (died.value.how, died.value.stage) == ("died by SIGILL", "pop")
+        assert str(died.value) == "list peer died by SIGILL in pop"
+        with pytest.raises(PeerFailed, match="died by SIGILL in pop"):
+            peer.call("count", 3)  # at once: the process is gone
+        assert peer.gone is died.value
+
+
+def test_a_llamacpp_peer_that_dies_loading_is_a_peer_saying_so(tiny_gguf, monkeypatch):
+    """Whether or not llama_cpp is installed: the child dies (SIGSEGV) before it imports it."""
+    monkeypatch.setenv(TEST_SIGNAL_ENV, "SIGSEGV")
+    peer = llamacpp.LlamaCppPeer("test", tiny_gguf, threads=1)
+    assert peer.gone is not None and (peer.gone.how, peer.gone.stage) == ("died by SIGSEGV", "start")
+    with pytest.raises(PeerFailed, match="llama.cpp died by SIGSEGV in start"):
+        peer.decode_tok_s([[1, 2, 3]], 4)
+    peer.close()
+
+
+def test_spec_rows_of_a_peer_that_died():
+    """table_rows and summarize with the llama.cpp rows failed: their figures null, how it died said."""
+    from agentrt.bench import spec
+
+    vs = spec.variants((2,), layerskip=1, llamacpp=True)
+    run = {"tok_s": 10.0, "tokens": 8, "e2e_tok_s": 1.0, "spec": {}}
+    best = {("agent", v.label): run for v in vs if not v.llamacpp}
+    best["agent", "llama.cpp generate"] = run  # measured before the peer died in the lookup row
+    how = "died by SIGILL in a llama.cpp prompt-lookup 10 run (700 prompt tokens)"
+    rows = spec.table_rows(best, {"agent": [1]}, vs, {spec.LLAMACPP_LOOKUP: how, "llama.cpp generate": how})
+    by = {r["config"]: r for r in rows}
+    assert by[spec.LLAMACPP_LOOKUP]["failed"] == how and by[spec.LLAMACPP_LOOKUP]["tok_s"] is None
+    assert by["llama.cpp generate"]["tok_s"] == 10.0 and by["llama.cpp generate"]["failed"] == how
+    assert all(r["vs_lcpp_pl"] is None for r in rows) and set(rows[0]) | {"failed"} == set(by[spec.LLAMACPP_LOOKUP])
+    assert spec.summarize(rows)["vs_llamacpp_lookup"] is None
+
+
+@pytest.fixture
+def llama_cpp_installed():
+    if llamacpp.import_llama_cpp() is None:
+        pytest.skip("llama_cpp is not installed (`make peers`)")
+
+
+def test_decode_bench_completes_when_the_peer_dies(tiny_gguf, llama_cpp_installed, monkeypatch):
+    """The peer loads the tiny GGUF, then dies by SIGILL at its first measurement (the batch-1
+    warm-up, as llama.cpp's AMX matmuls did): its row says so, every other row is complete."""
+    from agentrt.bench import decode
+
+    monkeypatch.setattr(decode, "_startup_s", lambda model, dtype: 1.0)
+    monkeypatch.setattr(decode, "_read_bandwidth", lambda: 1e10)
+    monkeypatch.setenv(TEST_SIGNAL_ENV, "SIGILL@decode_tok_s")
+    result = decode.run(argparse.Namespace(quick=True, model=str(tiny_gguf), dtype="auto", json=None))
+    *ours, peer_row = result.rows
+    assert peer_row["engine"].startswith("llama.cpp") and peer_row["failed"] == "died by SIGILL in the batch-1 warm-up"
+    assert peer_row["b1_tok_s"] is None and peer_row["b8_tok_s"] is None and peer_row["ppl"] is None
+    assert all(r["b1_tok_s"] > 0 and r["b8_tok_s"] > 0 and math.isfinite(r["ppl"]) and "failed" not in r for r in ours)
+    assert set(result.summary) == DECODE_KEYS and all(result.summary[k] is None for k in LLAMACPP_KEYS)
+    assert result.summary["b1_vs_hf"] > 0
+    assert any("died by SIGILL in the batch-1 warm-up" in n for n in result.notes)
+
+
+def test_spec_bench_completes_when_the_peer_dies(tiny_gguf, llama_cpp_installed, monkeypatch):
+    from agentrt.bench import spec
+
+    chats = {"prose": [{"role": "user", "content": "the cat sat on the mat"}],
+             "agent": [{"role": "user", "content": "a b c a b c a b c a b c"}]}
+    monkeypatch.setattr(spec, "SPEC_PROMPTS", chats)
+    monkeypatch.setenv(TEST_SIGNAL_ENV, "SIGILL@generate_run")
+    args = argparse.Namespace(quick=True, model=str(tiny_gguf), dtype="auto", json=None, repeats=1,
+                              max_new_tokens=8, layerskip=1)
+    result = spec.run(args)
+    peer_rows = [r for r in result.rows if r["config"].startswith("llama.cpp")]
+    assert [r["config"] for r in peer_rows] == ["llama.cpp generate", spec.LLAMACPP_LOOKUP] * len(chats)
+    # the first run of the first llama.cpp row (the warm-up, on the shortest prompt) died; the other row says the same
+    [how] = {r["failed"] for r in peer_rows}
+    assert re.fullmatch(r"died by SIGILL in a llama\.cpp generate run \(\d+ prompt tokens\)", how)
+    assert all(r["tok_s"] is None for r in peer_rows)
+    assert all(r["tok_s"] > 0 for r in result.rows if not r["config"].startswith("llama.cpp"))
+    assert result.summary["vs_llamacpp_lookup"] is None and result.summary["best_speedup_vs_nospec"] > 0
