@@ -18,6 +18,7 @@ from rich.text import Text
 
 from agentrt.engine.cli_args import add_model_arguments
 from agentrt.errors import RunConfigError
+from agentrt.jsonutil import JsonDepthError, parse_json
 from agentrt.runtime.loader import Example, load_example, resolve_inputs
 
 
@@ -38,9 +39,11 @@ def parse_answers(pairs: Sequence[str]) -> dict[str, Any]:
         if not sep:
             raise RunConfigError(f"--answer {pair!r}: write NODE=JSON, e.g. approval='{{\"approved\": true}}'")
         try:
-            answers[node.strip()] = json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise RunConfigError(f"--answer {node.strip()}: the value is not JSON ({e.msg})") from None
+            answers[node.strip()] = parse_json(raw)
+        except JsonDepthError as e:
+            raise RunConfigError(f"--answer {node.strip()}: the value is {e}") from None
+        except ValueError as e:
+            raise RunConfigError(f"--answer {node.strip()}: the value is not JSON ({e})") from None
     return answers
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from agentrt.errors import RequestError
+from agentrt.jsonutil import parse_json
 from agentrt.runtime.backend import (EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, PromptRecord, StepCallback,
                                      Usage)
 
@@ -86,7 +87,7 @@ def chat_messages(messages: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any
     for m in messages:
         m = dict(m)
         if m.get("content") is None and m.get("tool_calls"):
-            calls = [{"name": c["function"]["name"], "arguments": json.loads(c["function"]["arguments"])}
+            calls = [{"name": c["function"]["name"], "arguments": parse_json(c["function"]["arguments"])}
                      for c in m["tool_calls"]]
             m["content"] = json.dumps(calls[0] if len(calls) == 1 else calls, ensure_ascii=False)
         elif m.get("content") is None:

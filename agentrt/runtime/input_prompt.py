@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.text import Text
 
 from agentrt.errors import InputValueError, RunConfigError
+from agentrt.jsonutil import JsonDepthError, parse_json
 
 LineReader = Callable[[str], str]  # prompt -> the line typed (no newline); EOFError when input ends
 YES, NO = ("y", "yes", "true", "1"), ("n", "no", "false", "0")
@@ -124,8 +125,10 @@ class Field:
         if kind == "enum":
             return self._choice(raw)
         try:
-            return json.loads(raw)
-        except (ValueError, RecursionError) as e:
+            return parse_json(raw)
+        except JsonDepthError as e:
+            raise BadAnswer(f"the value is {e}") from None
+        except ValueError as e:
             raise BadAnswer(f"not JSON ({e})") from None
 
     def _choice(self, raw: str) -> Any:
@@ -233,10 +236,7 @@ def read_json_line(stream: TextIO) -> Any:
         if not line:
             raise EOFError
         if line.strip():
-            try:
-                return json.loads(line)
-            except RecursionError:
-                raise ValueError("the value is nested too deeply") from None
+            return parse_json(line)  # ValueError (JsonDepthError past the JSON depth limit)
 
 
 def _number(raw: str) -> int | float:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import sys
 import traceback
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any, Mapping, Sequence
 
 from agentrt.dag import CompiledProgram, Program
 from agentrt.errors import AgentRTError, RunConfigError
+from agentrt.jsonutil import parse_json
 
 
 @dataclass(frozen=True)
@@ -86,12 +86,12 @@ def coerce_input(name: str, type_name: str, raw: str) -> Any:
             if low in _TRUE | _FALSE:
                 return low in _TRUE
             raise ValueError("expected true or false")
-        value = json.loads(raw)
+        value = parse_json(raw)
         want = list if type_name == "array" else dict
         if not isinstance(value, want):
             raise ValueError(f"expected a JSON {type_name}")
         return value
-    except (ValueError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError and JsonDepthError too
         raise RunConfigError(f"--input {name}={raw!r}: not a valid {type_name} ({e})") from None
 
 

@@ -25,6 +25,7 @@ import jsonschema
 from agentrt.dag import CompiledProgram, Program
 from agentrt.dag.specs import EXEC_KINDS
 from agentrt.errors import InputValueError, ProgramRunError, RunConfigError
+from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth
 from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
 from agentrt.runtime.events import RunEvent, RunEventListener
 from agentrt.runtime.node_exec import InputAnswer, InputWait, charge, run_input, run_llm, run_recorded, run_tool
@@ -162,6 +163,8 @@ class Runtime:
             waiting = ", ".join(sorted(ps.waiting)) if ps is not None and ps.waiting else "none"
             raise RunConfigError(f"run '{run_id}' is not waiting for input at node '{node}' "
                                  f"(nodes waiting for input: {waiting})")
+        if json_depth(value) > MAX_JSON_DEPTH:  # the validator recurses per level
+            raise InputValueError(f"input for node '{node}' is {JsonDepthError(MAX_JSON_DEPTH)}")
         errors = sorted(jsonschema.Draft202012Validator(wait.schema).iter_errors(value), key=lambda e: list(e.path))
         if errors:
             where = "/".join(str(p) for p in errors[0].absolute_path)

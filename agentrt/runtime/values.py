@@ -11,6 +11,7 @@ import json
 import re
 from typing import Any
 
+from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, text_depth_exceeds
 from agentrt.runtime.backend import LLMResponse
 
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
@@ -24,6 +25,8 @@ def parse_json_text(text: str) -> Any:
     """The JSON value in a model's text: the whole text, a ```json fenced block, or the first
     object/array that parses. Raises OutputParseError quoting the start of the text."""
     stripped = text.strip()
+    if text_depth_exceeds(text):  # json's decoder recurses per level
+        raise OutputParseError(f"the model's output is {JsonDepthError(MAX_JSON_DEPTH)}")
     candidates = [stripped, *(m.strip() for m in _FENCE.findall(text))]
     for c in candidates:
         try:

@@ -23,6 +23,7 @@ from aiohttp_sse import sse_response
 from pydantic import BaseModel, ValidationError
 
 from agentrt.errors import InputValueError, RunConfigError
+from agentrt.jsonutil import JsonDepthError, parse_json
 from agentrt.runtime import html_timeline
 from agentrt.runtime.html_timeline import render_html
 from agentrt.runtime.loader import Example
@@ -50,8 +51,10 @@ async def read_body(request: web.Request, model: type[BaseModel]) -> Any:
     if not raw:
         raise ApiError(400, "the request has no body: send a JSON object")
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        data = parse_json(raw)
+    except JsonDepthError as e:
+        raise ApiError(400, f"the body is {e}") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise ApiError(400, f"the body is not valid JSON: {e}") from None
     if not isinstance(data, dict):
         raise ApiError(400, f"the body must be a JSON object, got {type(data).__name__}")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable
 
 from agentrt.errors import AgentRTError
+from agentrt.jsonutil import JsonDepthError, parse_json
 from agentrt.runtime.backend import LLMRequest, LLMResponse, NodeIdentity
 from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.trace import new_id
@@ -70,8 +71,11 @@ def _messages(req: ChatCompletionRequest, limits: Limits) -> tuple[dict[str, Any
                                  for c in m.tool_calls]
             for c in m.tool_calls:
                 try:
-                    json.loads(c.function.arguments)
-                except json.JSONDecodeError:
+                    parse_json(c.function.arguments)
+                except JsonDepthError as e:
+                    raise ApiError(400, f"messages.{i}.tool_calls: arguments of '{c.function.name}' are {e}",
+                                   param=f"messages.{i}.tool_calls") from None
+                except ValueError:
                     raise ApiError(400, f"messages.{i}.tool_calls: arguments of '{c.function.name}' are not JSON",
                                    param=f"messages.{i}.tool_calls") from None
         elif m.content is None:

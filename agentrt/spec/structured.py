@@ -30,7 +30,7 @@ from typing import Any
 import jsonschema
 
 from agentrt.errors import RequestError
-from agentrt.jsonutil import json_depth
+from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth, parse_json
 from agentrt.spec.schema_finite import resolve, unfinishable_part
 
 SEPARATORS = (", ", ": ")
@@ -93,14 +93,11 @@ def _tool_function(t: Any) -> dict:
     return {"type": "function", "function": {"name": fn["name"], "description": fn.get("description", ""), "parameters": params}}
 
 
-MAX_SCHEMA_DEPTH = 64  # JSON nesting of a schema; past ~300, Python's recursive validators overflow
-
-
 def _check_schema(schema: Any, what: str) -> None:
     if not isinstance(schema, dict):
         raise RequestError(f"{what}: a JSON schema must be an object, got {type(schema).__name__}")
-    if json_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
-        raise RequestError(f"{what}: the schema nests deeper than {MAX_SCHEMA_DEPTH} levels")
+    if json_depth(schema) > MAX_JSON_DEPTH:  # the validators recurse per level
+        raise RequestError(f"{what}: the schema is {JsonDepthError(MAX_JSON_DEPTH)}")
     try:
         _validator(json.dumps(schema, sort_keys=True))
     except jsonschema.SchemaError as e:
@@ -269,7 +266,7 @@ def parse_output(fmt: OutputFormat, text: str) -> Any:
     stripped = text.strip()
     if fmt.is_text_answer(stripped):
         return None
-    value = json.loads(stripped)
+    value = parse_json(stripped)
     if fmt.schema is not None:
         e = jsonschema.exceptions.best_match(_validator(json.dumps(fmt.schema, sort_keys=True)).iter_errors(value))
         if e is not None:  # the error jsonschema.validate would raise

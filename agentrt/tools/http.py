@@ -11,6 +11,7 @@ from typing import Any
 
 import aiohttp
 
+from agentrt.jsonutil import parse_json
 from agentrt.tools.errors import HttpToolError, PayloadTooLargeError, ToolDefinitionError
 from agentrt.tools.tool import DEFAULT_TIMEOUT_S, HttpEndpoint, Tool
 
@@ -72,8 +73,8 @@ def _decode(t: Tool, resp: aiohttp.ClientResponse, body: bytes) -> Any:
     text = body.decode(resp.charset or "utf-8", errors="replace")
     if resp.content_type == "application/json" or resp.content_type.endswith("+json"):
         try:
-            return json.loads(text) if text.strip() else None
-        except json.JSONDecodeError as e:
+            return parse_json(text) if text.strip() else None
+        except ValueError as e:
             raise HttpToolError(t.name, f"tool '{t.name}': {resp.url} sent invalid JSON: {e}", status=resp.status) from e
     return text
 

@@ -23,17 +23,20 @@ from typing import Any
 
 import aiomqtt
 
+from agentrt.jsonutil import JsonDepthError
 from agentrt.tools.errors import (
     BrokerConnectionError,
     NoWorkerError,
     PayloadTooLargeError,
     ToolCallError,
+    ToolOutputError,
     WorkerLostError,
     error_from_dict,
 )
 from agentrt.tools.mqtt_protocol import (
     MqttConfig,
     decode,
+    decode_object,
     encode,
     message_property,
     refused_for_good,
@@ -224,9 +227,16 @@ class MqttDispatcher:
     def _on_reply(self, message: aiomqtt.Message) -> None:
         correlation = message_property(message, "CorrelationData")
         call = self._calls.get(correlation.decode(errors="replace")) if correlation else None
-        body = decode(message.payload)
-        if call is None or body is None or call.future.done():
+        if call is None or call.future.done():
             return  # a late reply for a call already decided (or a stranger's message)
+        try:
+            body = decode_object(message.payload)
+        except JsonDepthError as e:  # the worker's answer cannot be read: the call has no other
+            self._fail(call, ToolOutputError(call.tool.name, f"tool '{call.tool.name}': the reply to call "
+                                                             f"{call.call_id} is {e}"))
+            return
+        except ValueError:
+            return  # not a reply of ours: the call waits for its worker's
         worker = str(body.get("worker", "?"))
         if body.get("kind") == "ack":
             call.worker = worker

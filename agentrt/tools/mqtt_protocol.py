@@ -25,6 +25,7 @@ import aiomqtt
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
+from agentrt.jsonutil import parse_json
 from agentrt.tools.errors import MqttConfigError
 
 _SEGMENT = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
@@ -146,15 +147,23 @@ def encode(payload: dict[str, Any]) -> bytes:
     return json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
 
 
-def decode(data: bytes | bytearray | str | None) -> dict[str, Any] | None:
-    """A JSON object, or None for an empty or malformed payload (or one nested past the parser)."""
+def decode_object(data: bytes | bytearray | str | None) -> dict[str, Any]:
+    """The JSON object of a payload; ValueError saying why there is none (JsonDepthError when it
+    nests past the JSON depth limit)."""
     if not data:
-        return None
+        raise ValueError("the payload is empty")
+    value = parse_json(data)
+    if not isinstance(value, dict):
+        raise ValueError(f"the payload is a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def decode(data: bytes | bytearray | str | None) -> dict[str, Any] | None:
+    """A JSON object, or None for an empty, malformed or too deeply nested payload."""
     try:
-        value = json.loads(data)
-    except (ValueError, UnicodeDecodeError, RecursionError):
+        return decode_object(data)
+    except ValueError:
         return None
-    return value if isinstance(value, dict) else None
 
 
 def request_properties(reply_topic: str, call_id: str, timeout_s: float | None) -> Properties:

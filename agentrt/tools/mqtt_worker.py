@@ -9,9 +9,9 @@ Calls run through a local ToolRegistry: arguments validated, timeout applied, ou
 
 The worker trusts no caller: a call runs under the tool's declared timeout, or a shorter one the
 caller asks for (a missing, non-finite or non-positive request changes nothing); a body naming
-another tool than its topic, a body that is not a JSON object, or arguments nested deeper than
-max_args_depth get an error reply (when the request carries a response topic), as does any
-failure while serving a call.
+another tool than its topic, a body that is not a JSON object or nests deeper than the JSON depth
+limit (agentrt/jsonutil.py), or arguments nested deeper than max_args_depth get an error reply
+(when the request carries a response topic), as does any failure while serving a call.
 """
 from __future__ import annotations
 
@@ -26,13 +26,14 @@ from typing import Any, Iterable
 
 import aiomqtt
 
-from agentrt.jsonutil import json_depth
+from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth
 from agentrt.tools.errors import BrokerConnectionError, ToolArgumentsError, ToolCallError, ToolDefinitionError
 from agentrt.tools.inprocess import InProcessExecutor
 from agentrt.tools.mqtt_protocol import (
     MqttConfig,
     check_segment,
     decode,
+    decode_object,
     encode,
     message_property,
     refused_for_good,
@@ -61,7 +62,7 @@ class MqttWorker:
         reconnect_max_s: float = 2.0,
         drain_timeout_s: float = 30.0,
         ack_delay_s: float = 0.005,
-        max_args_depth: int = 64,
+        max_args_depth: int = MAX_JSON_DEPTH,
     ) -> None:
         if concurrency < 1:
             raise ToolDefinitionError(f"worker concurrency must be >= 1, got {concurrency}")
@@ -182,8 +183,14 @@ class MqttWorker:
             log.warning("worker %s: dropped a request on %s without a response topic", self.worker_id, message.topic)
             return
         topic_tool = str(message.topic).rsplit("/", 1)[-1]
-        body = decode(message.payload)
-        problem = self._refuse(topic_tool, body)
+        try:
+            body: dict[str, Any] | None = decode_object(message.payload)
+        except JsonDepthError as e:
+            body, problem = None, f"the request body is {e}"
+        except ValueError as e:
+            body, problem = None, f"the request body is not a JSON object ({e})"
+        else:
+            problem = self._refuse(topic_tool, body)
         if problem is not None:
             log.warning("worker %s: refused a request on %s: %s", self.worker_id, message.topic, problem)
             self._spawn(self._reply(client, reply_to, correlation, self._error_reply(
@@ -196,10 +203,8 @@ class MqttWorker:
         self._running[call_id] = task
         task.add_done_callback(lambda _t: self._running.pop(call_id, None))
 
-    def _refuse(self, topic_tool: str, body: dict[str, Any] | None) -> str | None:
+    def _refuse(self, topic_tool: str, body: dict[str, Any]) -> str | None:
         """Why a request cannot be served, or None."""
-        if body is None:
-            return "the request body is not a JSON object (or nests too deep to parse)"
         if str(body.get("tool", topic_tool)) != topic_tool:
             return f"the body names tool '{body.get('tool')}' but was sent on the topic of '{topic_tool}'"
         if json_depth(body.get("args"), self.max_args_depth) > self.max_args_depth:

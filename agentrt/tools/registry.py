@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
+from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth
 from agentrt.tools.errors import (
     NoExecutorError,
     ToolCallError,
@@ -242,7 +243,9 @@ class ToolRegistry:
         return remote
 
     def check_output(self, t: Tool, value: Any) -> None:
-        """Output schema and size limit; ToolOutputError / PayloadTooLargeError (not retried)."""
+        """Depth, output schema and size limit; ToolOutputError / PayloadTooLargeError (not retried)."""
+        if json_depth(value) > MAX_JSON_DEPTH:  # the validator and the size check below recurse
+            raise ToolOutputError(t.name, f"tool '{t.name}' returned a value {JsonDepthError(MAX_JSON_DEPTH)}")
         if t.output_validator is not None:
             errors = list(t.output_validator.iter_errors(value))
             if errors:

@@ -16,6 +16,7 @@ import jsonschema
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, create_model
 from pydantic.fields import FieldInfo
 
+from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth, parse_json
 from agentrt.tools.errors import PayloadTooLargeError, ToolArgumentsError, ToolDefinitionError
 
 # Keys whose value maps names -> schemas (recurse into values, keep the keys).
@@ -189,9 +190,13 @@ def parse_arguments(tool: str, args: Any) -> dict[str, Any]:
         return {}
     if isinstance(args, (str, bytes)):
         try:
-            args = json.loads(args) if args.strip() else {}
-        except json.JSONDecodeError as e:
+            args = parse_json(args) if args.strip() else {}
+        except JsonDepthError as e:
+            raise ToolArgumentsError(tool, f"tool '{tool}': arguments {e}") from None
+        except ValueError as e:
             raise ToolArgumentsError(tool, f"tool '{tool}': arguments are not valid JSON: {e}") from e
+    elif json_depth(args) > MAX_JSON_DEPTH:  # already parsed (a program's call): the size check recurses
+        raise ToolArgumentsError(tool, f"tool '{tool}': arguments {JsonDepthError(MAX_JSON_DEPTH)}")
     if not isinstance(args, dict):
         raise ToolArgumentsError(tool, f"tool '{tool}': arguments must be a JSON object, got {type(args).__name__}")
     return args

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
+from agentrt.jsonutil import MAX_JSON_DEPTH
 from agentrt.runtime.loader import load_example
 from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.scripted import ScriptedBackend
@@ -212,12 +213,55 @@ async def test_body_limit_and_bad_input_on_every_route(tmp_path):
         await client.close()
 
 
+async def test_bodies_nested_past_the_depth_limit_get_a_400_naming_it(tmp_path):
+    client, _ = await make_client(tmp_path)
+    try:
+        deep = "[" * 5000 + "]" * 5000  # past Python's recursive JSON parser
+        too_deep = f"nested deeper than {MAX_JSON_DEPTH} levels"
+        chat = {"model": "scripted", "messages": [{"role": "user", "content": "hi"}]}
+        call = {"role": "assistant", "content": None,
+                "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "add", "arguments": deep}}]}
+        bad = [
+            ("/v1/chat/completions", '{"model": "scripted", "messages": ' + deep + "}"),
+            ("/v1/programs/calc/runs", '{"inputs": {"question": ' + deep + "}}"),
+            ("/v1/programs/calc/runs", "{" * 3000),  # never closed: refused before parsing all the same
+            ("/v1/chat/completions", json.dumps({**chat, "messages": [call, *chat["messages"]]})),  # inside a string
+        ]
+        for path, data in bad:
+            r = await client.post(path, data=data, headers={"Content-Type": "application/json"})
+            body = await r.json()
+            assert r.status == 400 and too_deep in body["error"]["message"], (path, data[:60], body)
+        r = await client.post("/v1/programs/calc/runs", json={"inputs": {"question": "2 + 3?"}})
+        assert r.status == 201  # the server serves on
+    finally:
+        await client.close()
+
+
+class nested:
+    """A value `depth` levels deep, written as JSON text by json_text (json.dumps recurses too)."""
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
+
+    def __repr__(self) -> str:
+        return f"nested({self.depth})"
+
+
+def json_text(value) -> str:
+    if isinstance(value, nested):
+        return "[" * value.depth + "]" * value.depth
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{json.dumps(k)}: {json_text(v)}" for k, v in value.items()) + "}"
+    return json.dumps(value)
+
+
 @pytest.mark.parametrize("seed", range(3))
 async def test_fuzzed_bodies_never_give_a_5xx(tmp_path, seed):
     import random
 
     rng = random.Random(seed)
-    values = [None, 0, -1, 1.5, "", "x" * 50, [], {}, [1, "a"], {"a": {"b": []}}, True]
+    values = [None, 0, -1, 1.5, "", "x" * 50, [], {}, [1, "a"], {"a": {"b": []}}, True,
+              nested(MAX_JSON_DEPTH - 3), nested(MAX_JSON_DEPTH), nested(5000)]
     client, _ = await make_client(tmp_path)
     try:
         routes = ["/v1/chat/completions", "/v1/programs/calc/runs"]
@@ -225,10 +269,12 @@ async def test_fuzzed_bodies_never_give_a_5xx(tmp_path, seed):
                 "max_tokens", "temperature", "response_format", "stop", "seed"]
         for _ in range(40):
             body = {k: rng.choice(values) for k in rng.sample(keys, rng.randint(0, 5))}
-            r = await client.post(rng.choice(routes), json=body)
+            r = await client.post(rng.choice(routes), data=json_text(body), headers={"Content-Type": "application/json"})
             assert r.status < 500, (body, await r.text())
             if r.status >= 400:
                 assert "message" in (await r.json())["error"]
+            if any(isinstance(v, nested) and 1 + v.depth > MAX_JSON_DEPTH for v in body.values()):
+                assert r.status == 400 and "the JSON depth limit" in (await r.json())["error"]["message"], body
     finally:
         await client.close()
 

@@ -11,8 +11,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from agentrt.jsonutil import MAX_JSON_DEPTH
 from agentrt.tools.mqtt_client import MqttDispatcher
-from agentrt.tools.mqtt_protocol import decode, message_property, request_properties
+from agentrt.tools import ToolRegistry
+from agentrt.tools.mqtt_protocol import decode, encode, message_property, reply_properties, request_properties
+from agentrt.tools.tool import tool as make_tool
 
 
 class RawCaller:
@@ -82,14 +85,49 @@ async def test_topic_and_body_must_agree(raw, tmp_path):
 
 @pytest.mark.parametrize("depth", [200, 5000])
 async def test_deeply_nested_arguments_get_an_error_reply(raw, depth):
-    """200 levels: parsed, refused by the depth limit; 5000: past Python's JSON parser."""
+    """200 levels in the arguments, 5000 in the body (past Python's recursive JSON parser): both
+    refused by the JSON depth limit, which the reply names."""
     args = "[" * depth + "]" * depth
     payload = ('{"call_id": "c", "tool": "echo", "args": {"x": 1, "text": ' + args + "}}").encode()
     body, _ = await raw.ask("echo", payload)
     assert not body["ok"] and body["error"]["kind"] == "invalid_arguments"
-    assert "deeper" in body["error"]["message"] or "JSON object" in body["error"]["message"]
+    assert f"deeper than {MAX_JSON_DEPTH} levels" in body["error"]["message"]
     ok, _ = await raw.ask("echo", call("echo", {"x": 2}))  # the worker serves on
     assert ok["ok"] and ok["value"] == {"x": 2, "text": ""}
+
+
+async def test_a_reply_nested_past_the_limit_fails_the_call_and_the_dispatcher_serves_on(broker):
+    """A worker (hand-made here) answers once with a reply 5000 levels deep, then with a good one:
+    the first call fails naming the depth limit, the second gets its value."""
+    config = broker.config()
+    depth_tool = make_tool(lambda: None, name="deep", description="answers with a deep value")
+
+    async def hostile_worker(client) -> None:
+        await client.subscribe(config.call_topic("deep"), qos=1)
+        status = {"worker": "hostile", "status": "online", "tools": [depth_tool.declaration()]}
+        await client.publish(config.status_topic("hostile"), encode(status), qos=1, retain=True)
+        replies = [b'{"kind": "result", "ok": true, "value": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+                   encode({"kind": "result", "worker": "hostile", "ok": True, "value": [1]})]
+        async for m in client.messages:
+            await client.publish(message_property(m, "ResponseTopic"), replies.pop(0), qos=1,
+                                 properties=reply_properties(message_property(m, "CorrelationData")))
+            if not replies:
+                return
+
+    async with config.client("hostile") as client:
+        worker = asyncio.create_task(hostile_worker(client))
+        async with MqttDispatcher(config, worker_wait_s=10.0) as d:
+            await d.wait_for_workers(1, tool="deep")
+            registry = ToolRegistry()
+            registry.add_executor("mqtt", d)
+            registry.register(d.remote_tools()[0])
+            failed = await registry.call("deep", {}, timeout_s=10)
+            assert failed.error is not None and failed.error.kind == "invalid_output", failed
+            assert f"deeper than {MAX_JSON_DEPTH} levels" in failed.error.message
+            served = await registry.call("deep", {}, timeout_s=10)
+            assert served.ok and served.value == [1], served.error
+        await worker
+        await client.publish(config.status_topic("hostile"), b"", qos=1, retain=True)
 
 
 async def test_a_body_that_is_not_a_json_object_gets_an_error_reply(raw):
