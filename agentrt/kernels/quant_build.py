@@ -31,16 +31,29 @@ from agentrt.kernels.cpu_build import (_compiler, _cpu_flags, compile_library, c
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("cpu_pool.c", "cpu_quant_avx2.c", "cpu_quant_k.c", "cpu_quant_decoder.c", "cpu_argmax_f32.c",
+SOURCES = ("cpu_pool.c", "cpu_quant_avx2.c", "cpu_quant_avx512.c", "cpu_quant_k.c", "cpu_quant_decoder.c", "cpu_argmax_f32.c",
            "cpu_stream_read.c")
 HEADERS = ("cpu_pool.h", "cpu_quant.h")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11")
 FAST_PATH_CPU_FLAGS = ("avx2", "fma", "f16c")
+# The instruction sets a linear on rows-by-8 weights can run on, in agentrt_quant_isa's order
+# (csrc/cpu_quant.h), with the CPU flags each needs beyond the one before. Every one gives the
+# same bits; the best the build and CPU allow runs, capped by $AGENTRT_QUANT_ISA (or cap_isa).
+ISAS = ("scalar", "avx2", "avx512-vnni", "amx-int8")
+ISA_CPU_FLAGS = {
+    "scalar": (),
+    "avx2": FAST_PATH_CPU_FLAGS,
+    "avx512-vnni": FAST_PATH_CPU_FLAGS + ("avx512f", "avx512bw", "avx512vl", "avx512_vnni"),
+    "amx-int8": FAST_PATH_CPU_FLAGS + ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"),
+}
+ISA_ENV = "AGENTRT_QUANT_ISA"
 SCALAR_DEFINE = "-DAGENTRT_QUANT_SCALAR"  # forces the scalar path (tests of the fallback)
 
 _I64, _I32, _P = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
 SIGNATURES = {
     "agentrt_quant_avx2": (_I32, []),
+    "agentrt_quant_isa": (_I32, []),
+    "agentrt_quant_set_isa": (_I32, [_I32]),
     "agentrt_quant_activations": (_I32, [_P, _I64, _I64, _I64, _P, _P]),
     "agentrt_quant_linear": (_I32, [_P, _I64, _I64, _P, _I32, _I64, _I64, _P, _I64, _I32]),
     "agentrt_quant_embedding": (_I32, [_P, _I64, _P, _I32, _I64, _I64, _P, _I64]),
@@ -73,6 +86,34 @@ def has_fast_path() -> bool:
     return all(f in _cpu_flags() for f in FAST_PATH_CPU_FLAGS)
 
 
+def missing_isa_flags(isa: str) -> list[str]:
+    """The CPU flags this machine lacks for `isa` (one of ISAS), [] when it has them all."""
+    if isa not in ISA_CPU_FLAGS:
+        raise ValueError(f"unknown instruction set {isa!r}: expected one of {', '.join(ISAS)}")
+    return [f for f in ISA_CPU_FLAGS[isa] if f not in _cpu_flags()]
+
+
+def isa(lib: ctypes.CDLL) -> str:
+    """The instruction set lib runs rows-by-8 linears on now (calls of 1-3 rows run on
+    avx512-vnni where this says amx-int8: a tile multiply's fixed cost buys little there)."""
+    return ISAS[lib.agentrt_quant_isa()]
+
+
+def cap_isa(lib: ctypes.CDLL, name: str) -> str:
+    """Run lib's linears on `name` at most (benches and tests compare the paths; the outputs are
+    the same bits). Returns the instruction set now in effect; ValueError when this CPU or build
+    cannot run `name`, naming the missing CPU flags."""
+    if name not in ISAS:
+        raise ValueError(f"unknown instruction set {name!r}: expected one of {', '.join(ISAS)}")
+    if lib.agentrt_quant_set_isa(ISAS.index(name)) < 0:
+        missing = missing_isa_flags(name)
+        why = f"this CPU lacks {', '.join(missing)}" if missing else (
+            "this build has no such path (the scalar path is built apart: quant_kernels(scalar=True))"
+            if name == "scalar" else "the kernel could not enable it (AMX: the kernel refused the tile state)")
+        raise ValueError(f"the quantized kernels cannot run {name}: {why}")
+    return isa(lib)
+
+
 def _flags(scalar: bool) -> tuple[str, ...]:
     return CFLAGS + ((SCALAR_DEFINE,) if scalar else ())
 
@@ -101,7 +142,14 @@ def _load(scalar: bool) -> ctypes.CDLL | None:
     except OSError as e:  # CC names no compiler: the references run (and this None is cached)
         log.warning("agentrt quantized kernels unavailable, using the PyTorch path: compiler %r: %s", cc, e)
         return None
-    return open_library(path, lambda: build(cc, path, scalar), SIGNATURES, "quantized kernels")
+    lib = open_library(path, lambda: build(cc, path, scalar), SIGNATURES, "quantized kernels")
+    cap = os.environ.get(ISA_ENV)
+    if lib is not None and cap and not scalar:
+        try:
+            log.info("agentrt quantized kernels capped at %s by %s", cap_isa(lib, cap), ISA_ENV)
+        except ValueError as e:
+            log.warning("%s=%s ignored: %s", ISA_ENV, cap, e)
+    return lib
 
 
 def quant_kernels(scalar: bool = False) -> ctypes.CDLL | None:

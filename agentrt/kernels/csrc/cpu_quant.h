@@ -17,6 +17,22 @@
 #define QUANT_AVX2 0
 #endif
 
+/* The 512-bit paths of cpu_quant_avx512.c, where the compiler targets them (-march=native) */
+#if QUANT_AVX2 && defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define QUANT_AVX512 1
+#else
+#define QUANT_AVX512 0
+#endif
+#if QUANT_AVX512 && defined(__AMX_TILE__) && defined(__AMX_INT8__)
+#define QUANT_AMX 1
+#else
+#define QUANT_AMX 0
+#endif
+
+/* The instruction sets a linear can run on, in order: agentrt_quant_isa names the best this
+ * build and CPU allow; each runs ROWS8 weights to the same bits. */
+enum { QUANT_ISA_SCALAR = 0, QUANT_ISA_AVX2 = 1, QUANT_ISA_VNNI = 2, QUANT_ISA_AMX = 3 };
+
 enum { /* gguf.GGMLQuantizationType values */
   FMT_Q4_0 = 2, FMT_Q4_1 = 3, FMT_Q5_0 = 6, FMT_Q5_1 = 7, FMT_Q8_0 = 8, FMT_Q4_K = 12, FMT_Q5_K = 13, FMT_Q6_K = 14
 };
@@ -30,7 +46,9 @@ typedef struct {
   const uint8_t *w;
   int fmt, rows8; /* fmt without the ROWS8 bit; rows8: it was set */
   int64_t N, K, nb, row_bytes; /* nb: activation blocks per row, K/32; ROWS8: bytes per group of 8 rows */
-  const int8_t *xq; /* [M][K] */
+  const int8_t *xq; /* [M][K] (rows past M up to a multiple of 16: zeros) */
+  const uint8_t *xu; /* Q8_0 on VNNI: xq + 128 as unsigned bytes, else NULL */
+  int isa;           /* QUANT_ISA_*: the path this call runs ROWS8 weights on */
   const float *xd; /* [M][nb] */
   const float *xs;  /* [M][nb8]: nb rounded up to 8, zero-padded */
   int64_t nb8;
@@ -82,6 +100,16 @@ QUANT_INTERNAL int quant_k_block_bytes(int fmt, int *block_size);
 QUANT_INTERNAL void quant_k_chunk(const qjob *j, int64_t n0, int64_t n1);
 /* One weight row of K values dequantized into out [K], with the reference's fp32 ops. */
 QUANT_INTERNAL void quant_k_embed_row(const uint8_t *row, int fmt, int64_t K, float *out);
+
+/* cpu_quant_avx512.c: out rows n0 .. n1-1 (n0 a multiple of 16) of a ROWS8 job on j->isa
+ * (VNNI or AMX); with AMX, each thread brackets its chunks by quant_amx_begin / _end. */
+#if QUANT_AVX512
+QUANT_INTERNAL void quant_rows16_chunk(const qjob *j, int64_t n0, int64_t n1);
+#endif
+#if QUANT_AMX
+QUANT_INTERNAL void quant_amx_begin(int rows); /* activation tiles of `rows` rows (<= 16) */
+QUANT_INTERNAL void quant_amx_end(void);
+#endif
 
 /* cpu_quant_avx2.c's linear and embedding entry points, also run by cpu_quant_decoder.c. */
 int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint8_t *w, int fmt, int64_t N,

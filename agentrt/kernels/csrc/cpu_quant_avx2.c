@@ -38,6 +38,7 @@
  * not fuse some multiply-adds in one tile shape and not in another).
  */
 #include <float.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 
 #include "cpu_quant.h" /* QUANT_AVX2, the format codes, qjob, f16_to_f32 */
@@ -409,12 +410,24 @@ static void chunk_scalar(const qjob *j, int64_t n0, int64_t n1) {
 static void qjob_run(void *ctx, int tid, int nthreads) {
   (void)nthreads;
   qjob *j = ctx;
+#if QUANT_AMX
+  int amx = 0; /* tiles configured on this thread */
+#endif
   for (int64_t c; (c = pool_claim(&j->chunks, tid)) >= 0;) {
     const int64_t n0 = c * CHUNK_N, n1 = n0 + CHUNK_N < j->N ? n0 + CHUNK_N : j->N;
     if (block_bytes(j->fmt) == 0) {
       quant_k_chunk(j, n0, n1);
       continue;
     }
+#if QUANT_AVX512
+    if (j->rows8 && j->isa >= QUANT_ISA_VNNI) {
+#if QUANT_AMX
+      if (j->isa == QUANT_ISA_AMX && !amx) quant_amx_begin(j->M < 16 ? (int)(j->M + 3) / 4 * 4 : 16), amx = 1;
+#endif
+      quant_rows16_chunk(j, n0, n1);
+      continue;
+    }
+#endif
 #if QUANT_AVX2
     if (j->rows8) {
       switch (j->fmt) {
@@ -433,6 +446,61 @@ static void qjob_run(void *ctx, int tid, int nthreads) {
     chunk_scalar(j, n0, n1);
 #endif
   }
+#if QUANT_AMX
+  if (amx) quant_amx_end();
+#endif
+}
+
+/* ---- which instruction set runs a ROWS8 linear ---- */
+
+#define AMX_MIN_ROWS 4 /* fewer activation rows run on VNNI: a tile multiply's fixed cost buys little */
+
+#if QUANT_AMX
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+#endif
+
+/* The best instruction set this build and this process may use. */
+static int best_isa(void) {
+  static _Atomic int best = -1;
+  int b = atomic_load(&best);
+  if (b >= 0) return b;
+#if QUANT_AMX
+  /* Linux hands out AMX tile state only to a process that asks for it */
+  b = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? QUANT_ISA_AMX : QUANT_ISA_VNNI;
+#elif QUANT_AVX512
+  b = QUANT_ISA_VNNI;
+#elif QUANT_AVX2
+  b = QUANT_ISA_AVX2;
+#else
+  b = QUANT_ISA_SCALAR;
+#endif
+  atomic_store(&best, b);
+  return b;
+}
+
+static _Atomic int isa_cap = QUANT_ISA_AMX; /* agentrt_quant_set_isa's limit */
+
+/* The instruction set ROWS8 linears run on now (QUANT_ISA_*: 0 scalar, 1 AVX2, 2 AVX512-VNNI,
+ * 3 AMX-INT8; with AMX, calls of fewer than AMX_MIN_ROWS rows run on VNNI). */
+int agentrt_quant_isa(void) {
+  const int b = best_isa(), cap = atomic_load(&isa_cap);
+  return b < cap ? b : cap;
+}
+
+/* Caps the instruction set at isa (tests and benches compare the paths). Returns the one in
+ * effect, or -1 when isa is not one this build and CPU can run (then nothing changes). */
+int agentrt_quant_set_isa(int isa) {
+  if (isa < QUANT_ISA_SCALAR || isa > best_isa() || (isa == QUANT_ISA_SCALAR && QUANT_AVX2)) return -1;
+  atomic_store(&isa_cap, isa);
+  return agentrt_quant_isa();
+}
+
+static int call_isa(int64_t M) {
+  const int isa = agentrt_quant_isa();
+  return isa == QUANT_ISA_AMX && M < AMX_MIN_ROWS ? QUANT_ISA_VNNI : isa;
 }
 
 /* The calling thread's buffer for the quantized activations. */
@@ -484,14 +552,26 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
   if (M <= 0 || N <= 0) return 0;
   const int64_t nb = K / QK;
   const int64_t nb8 = (nb + 7) / 8 * 8;
-  /* q rows first (each K bytes: 32-byte aligned), then s (rows of nb8: 32-byte aligned), then d */
-  int8_t *xq = scratch_get(&scratch, (size_t)(M * K) + sizeof(float) * (size_t)(M * (nb8 + nb)));
+  const int isa = rows8 ? call_isa(M) : QUANT_ISA_AVX2, q8u = isa >= QUANT_ISA_VNNI && fmt == FMT_Q8_0;
+  /* rows padded to 16 (AMX reads activations 16 rows at a time; the padding is zeros) */
+  const int64_t M16 = (M + 15) / 16 * 16;
+  /* q rows first (each K bytes: 32-byte aligned), then s (rows of nb8: 32-byte aligned), then
+   * Q8_0-on-VNNI's unsigned copy of q, then d */
+  int8_t *xq = scratch_get(&scratch, (size_t)(M16 * K) * (1 + q8u) + sizeof(float) * (size_t)(M16 * (nb8 + nb)));
   if (!xq) return -3;
-  float *xs = (float *)(xq + M * K), *xd = xs + M * nb8;
-  memset(xs, 0, sizeof(float) * (size_t)(M * nb8));
+  float *xs = (float *)(xq + M16 * K);
+  uint8_t *xu = q8u ? (uint8_t *)(xs + M16 * nb8) : NULL;
+  float *xd = (float *)((int8_t *)(xs + M16 * nb8) + (q8u ? M16 * K : 0));
+  memset(xs, 0, sizeof(float) * (size_t)(M16 * nb8));
   for (int64_t m = 0; m < M; m++) quantize_row(x + m * x_stride, K, xq + m * K, xd + m * nb, xs + m * nb8);
+  if (M16 > M) {
+    memset(xq + M * K, 0, (size_t)((M16 - M) * K));
+    memset(xd + M * nb, 0, sizeof(float) * (size_t)((M16 - M) * nb));
+  }
+  if (xu)
+    for (int64_t i = 0; i < M * K; i++) xu[i] = (uint8_t)xq[i] ^ 0x80u;
   qjob j = {.w = w, .fmt = fmt, .rows8 = rows8, .N = N, .K = K, .nb = nb, .nb8 = nb8,
-            .row_bytes = K / bs * bb * (rows8 ? 8 : 1), .xq = xq, .xd = xd, .xs = xs,
+            .row_bytes = K / bs * bb * (rows8 ? 8 : 1), .xq = xq, .xu = xu, .isa = isa, .xd = xd, .xs = xs,
             .M = M, .out = out, .out_stride = out_stride};
   const int64_t chunks = (N + CHUNK_N - 1) / CHUNK_N;
   const int nt = threads < 1 ? 1 : (threads > chunks ? (int)chunks : threads);
