@@ -51,6 +51,14 @@ class NodeState:
     def finished(self) -> bool:
         return self.status in ("ok", "error", "cancelled")
 
+    def current_phase(self, now: float) -> tuple[str | None, float | None]:
+        """The phase the node is in and how long it has been in it, or (None, None) once the node
+        has finished: its phase log still ends in its last phase (which lasted until `end`, as its
+        span shows), but nothing of the node runs any more."""
+        if self.finished:
+            return None, None
+        return self.log.phase, max(0.0, now - self.log.since)
+
     def on_llm_step(self, ev: LLMStepEvent, t: float) -> None:
         """Advance an LLM node's phase from one engine step (t: the step start on the trace clock).
         Steps feeding more than one token (or the first step) are prefill; prefill ends when

@@ -356,13 +356,19 @@ class RunManager:
                          output=prog.get("output"), error=prog.get("error"), summary=summary, trace_path=path)
 
     def live_nodes(self, run: ServedRun) -> list[dict[str, Any]]:
-        """While a run runs: each LLM/tool node's status and current phase."""
+        """While a run runs: each LLM/tool/wait_for node's status and current phase (null once
+        the node has finished, with its duration instead)."""
         ps = self.runtime.programs.get(run.run_id)
         if ps is None:
             return []
         now = self.runtime.trace.now()
-        return [{"node": ns.node, "kind": ns.kind, "status": ns.status, "phase": ns.log.phase,
-                 "phase_elapsed_s": round(now - ns.log.since, 6)} for ns in ps.nodes.values()]
+        nodes = []
+        for ns in ps.nodes.values():
+            phase, elapsed = ns.current_phase(now)
+            nodes.append({"node": ns.node, "kind": ns.kind, "status": ns.status, "phase": phase,
+                          "phase_elapsed_s": None if elapsed is None else round(elapsed, 6),
+                          "duration_s": None if ns.end is None else round(ns.end - ns.created, 6)})
+        return nodes
 
     def list(self, program: str | None, status: str | None, limit: int, cursor: str | None) -> tuple[list[ServedRun], str | None]:
         runs = sorted(self.runs.values(), key=lambda r: r.seq, reverse=True)
