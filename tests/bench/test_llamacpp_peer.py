@@ -136,6 +136,19 @@ def test_a_peer_process_that_dies_by_a_signal_says_so(monkeypatch):
         assert peer.gone is died.value
 
 
+def test_a_peer_process_from_a_plain_script(tmp_path):
+    """A script without a __main__ guard can start peers: the child is a fresh interpreter on
+    agentrt's own module, not a re-import of the caller's script."""
+    import subprocess
+
+    script = tmp_path / "bench_script.py"
+    script.write_text("from agentrt.bench.peer_process import PeerProcess\n"
+                      "with PeerProcess('builtins:list', [3, 1, 2]) as p:\n"
+                      "    print(p.call('count', 1), p.call('index', 2))\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "1 2\n"), out.stderr
+
+
 def test_a_llamacpp_peer_that_dies_loading_is_a_peer_saying_so(tiny_gguf, monkeypatch):
     """Whether or not llama_cpp is installed: the child dies (SIGSEGV) before it imports it."""
     monkeypatch.setenv(TEST_SIGNAL_ENV, "SIGSEGV")
