@@ -10,11 +10,12 @@ import argparse
 
 from agentrt.errors import RunConfigError
 from agentrt.runtime import cli_run
+from agentrt.runtime.store_location import db_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", help="the run's id (printed by `agentrt run --db`; `agentrt runs list --db PATH`)")
-    p.add_argument("--db", required=True, metavar="PATH", help="the run store the run was recorded in")
+    p.add_argument("--db", required=True, metavar="PATH", type=db_argument, help="the run store the run was recorded in")
     p.add_argument("--allow-changed-program", action="store_true",
                    help="resume even if the program file changed since the run started")
     p.add_argument("--program", default=None, metavar="PATH",

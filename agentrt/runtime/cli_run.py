@@ -20,13 +20,14 @@ from agentrt.engine.cli_args import add_model_arguments
 from agentrt.errors import RunConfigError
 from agentrt.jsonutil import JsonDepthError, parse_json
 from agentrt.runtime.loader import Example, load_example, resolve_inputs
+from agentrt.runtime.store_location import db_argument
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("program", help="a Python file defining `program` (and `tools`, `DEFAULT_INPUTS`)")
     p.add_argument("--input", "-i", action="append", default=[], metavar="KEY=VALUE",
                    help="a program input (repeatable); typed by the program's declared inputs")
-    p.add_argument("--db", default=None, metavar="PATH",
+    p.add_argument("--db", default=None, metavar="PATH", type=db_argument,
                    help="record the run in this SQLite run store (resumable with `agentrt resume RUN_ID --db PATH`)")
     add_engine_arguments(p)
 

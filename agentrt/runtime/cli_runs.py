@@ -7,6 +7,7 @@ import datetime as dt
 import re
 
 from agentrt.errors import RunConfigError
+from agentrt.runtime.store_location import db_argument
 
 UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -21,7 +22,8 @@ def duration_s(text: str) -> float:
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["list", "prune"])
-    p.add_argument("--db", required=True, metavar="PATH", help="the SQLite run store")
+    p.add_argument("--db", required=True, metavar="PATH", type=db_argument,
+                   help="the SQLite run store (a path, or sqlite:///PATH)")
     p.add_argument("--status", default=None, help="list: only runs with this status")
     p.add_argument("--older-than", default=None, metavar="DURATION",
                    help="prune: ended runs that ended longer ago than this (90s, 30m, 12h, 7d)")

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol
 
 from agentrt.errors import AgentRTError
+from agentrt.runtime.store_location import store_path
 
 
 class StoreError(AgentRTError):
@@ -139,7 +140,7 @@ _JSON_FIELDS = {"inputs", "metadata", "output", "error"}
 
 class SQLiteRunStore:
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path = store_path(path, "run store") if isinstance(path, str) else path  # no postgresql:/ folder
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.db = sqlite3.connect(self.path, isolation_level=None)  # autocommit: explicit transactions

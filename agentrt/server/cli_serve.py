@@ -22,6 +22,7 @@ from typing import Any, Mapping
 
 from agentrt.engine.cli_args import add_model_arguments
 from agentrt.errors import RunConfigError
+from agentrt.runtime.store_location import db_argument
 from agentrt.server.config import Limits, ServerConfig, is_loopback
 
 log = logging.getLogger("agentrt.server")
@@ -46,8 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"the clients' own ${CLIENT_KEY_VAR} is not read here)")
     p.add_argument("--runs-dir", default="runs/serve", help="where each finished run's trace is written")
     p.add_argument("--keep-runs", type=int, default=1000, help="finished runs kept in memory")
-    p.add_argument("--db", default=None, metavar="PATH",
-                   help="the SQLite run store (default: RUNS_DIR/agentrt.db); unfinished runs in it resume on start")
+    p.add_argument("--db", default=None, metavar="PATH", type=db_argument,
+                   help="the SQLite run store, a path or sqlite:///PATH (default: RUNS_DIR/agentrt.db); "
+                        "unfinished runs in it resume on start")
     p.add_argument("--no-db", action="store_true", help="keep runs in memory only (nothing survives a restart)")
     p.add_argument("--allow-changed-programs", action="store_true",
                    help="resume stored runs even when their program file changed since they started")
@@ -120,7 +122,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
     from agentrt.runtime.cli_runs import duration_s
 
     runs_dir = Path(args.runs_dir)
-    db = None if args.no_db else Path(args.db) if args.db else runs_dir / "agentrt.db"
+    db = None if args.no_db else args.db or runs_dir / "agentrt.db"
     return ServerConfig(host=args.host, port=args.port, api_keys=keys, limits=limits, runs_dir=runs_dir,
                         keep_runs=args.keep_runs, db=db, allow_changed_programs=args.allow_changed_programs,
                         prune_after_s=duration_s(args.prune_after) if args.prune_after else None,
