@@ -3,7 +3,7 @@
 The documented line (`kernels <- spec <- engine; dag <- runtime -> engine, tools, client; server ->
 runtime.`) is parsed, so the doc and this test cannot drift apart: every import of one agentrt
 package by another, at module level or inside a function, must follow the arrows (directly or
-through packages in between). errors.py, files.py, jsonutil.py and tables.py are leaves any package may use; the CLI
+through packages in between). errors.py, files.py, jsonutil.py, retry.py and tables.py are leaves any package may use; the CLI
 entry point and the benchmarks sit above everything and nothing imports them.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "agentrt"
-LEAVES = {"errors", "files", "jsonutil", "tables"}
+LEAVES = {"errors", "files", "jsonutil", "retry", "tables"}
 TOP = {"cli", "bench", "__init__"}
 
 

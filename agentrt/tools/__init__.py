@@ -14,6 +14,7 @@ process, behind HTTP endpoints, or on MQTT workers anywhere.
 MQTT (imported lazily, so the embedded path needs no broker): agentrt.tools.mqtt_client.MqttDispatcher,
 agentrt.tools.mqtt_worker.MqttWorker, agentrt.tools.mqtt_protocol.MqttConfig.
 """
+from agentrt.retry import RetryPolicy
 from agentrt.tools.errors import (
     BrokerConnectionError,
     HttpToolError,
@@ -35,7 +36,7 @@ from agentrt.tools.tool import HttpEndpoint, Tool, tool
 
 __all__ = [
     "BrokerConnectionError", "Executor", "HttpEndpoint", "HttpToolError", "NoExecutorError", "NoWorkerError",
-    "PayloadTooLargeError", "RemoteValue", "Tool", "ToolArgumentsError", "ToolAttempt", "ToolCallError",
+    "PayloadTooLargeError", "RemoteValue", "RetryPolicy", "Tool", "ToolArgumentsError", "ToolAttempt", "ToolCallError",
     "ToolDefinitionError", "ToolOutputError", "ToolRaisedError", "ToolRegistry", "ToolResult", "ToolTimeoutError",
     "UnknownToolError", "WorkerLostError", "tool",
 ]

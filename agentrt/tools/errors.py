@@ -7,6 +7,7 @@ A failed call does not raise out of `ToolRegistry.call`: the error becomes `Tool
 from __future__ import annotations
 
 from agentrt.errors import AgentRTError
+from agentrt.retry import exception_names
 
 
 class ToolDefinitionError(AgentRTError, ValueError):
@@ -36,8 +37,14 @@ class ToolCallError(AgentRTError):
         if lost is not None:
             self.lost = lost
 
+    raised: tuple[str, ...] = ()  # a remote tool's exception, by name (retry.exception_names)
+
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "message": self.message, "retryable": self.retryable}
+        out = {"kind": self.kind, "message": self.message, "retryable": self.retryable}
+        names = exception_names(self.__cause__) if self.__cause__ is not None else self.raised
+        if names:
+            out["raised"] = list(names)  # so that the caller's retry_on can match it by name
+        return out
 
 
 class UnknownToolError(ToolCallError, KeyError):
@@ -131,4 +138,7 @@ def error_from_dict(tool: str, data: dict) -> ToolCallError:
     err = cls(tool, str(data.get("message", "remote tool error")), retryable=bool(data.get("retryable", False)))
     if cls is RemoteToolError:
         err.kind = str(data.get("kind", "tool_error"))
+    raised = data.get("raised")
+    if isinstance(raised, list):
+        err.raised = tuple(str(n) for n in raised[:64])
     return err

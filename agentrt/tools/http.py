@@ -1,8 +1,11 @@
 """HTTP tools: an endpoint called with aiohttp.
 
 Connection errors, read timeouts and 5xx answers are retryable (the tool's retries and backoff
-apply); 4xx answers are not (the request itself is wrong). Bodies over the endpoint's
-max_response_bytes are refused while reading, before they are held in memory.
+apply); 4xx answers are not (the request itself is wrong). A tool not declared idempotent is
+retried, unless its retry_on says otherwise, only when connecting failed
+(aiohttp.ClientConnectorError: refused, unresolvable, TLS failed), the one failure where the
+request was certainly never sent; a timeout or a 5xx may come after the endpoint acted. Bodies
+over the endpoint's max_response_bytes are refused while reading, before they are held in memory.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Any
 import aiohttp
 
 from agentrt.jsonutil import parse_json
+from agentrt.retry import RetryOn
 from agentrt.tools.errors import HttpToolError, PayloadTooLargeError, ToolDefinitionError
 from agentrt.tools.tool import DEFAULT_TIMEOUT_S, HttpEndpoint, Tool
 
@@ -31,6 +35,7 @@ def http_tool(
     retries: int = 2,
     backoff_s: float = 0.2,
     idempotent: bool = False,
+    retry_on: RetryOn | None = None,
     max_response_bytes: int = 1 << 20,
 ) -> Tool:
     """A tool served by an HTTP endpoint. POST/PUT/PATCH send the arguments as a JSON body;
@@ -45,6 +50,7 @@ def http_tool(
         parameters=parameters if parameters is not None else {"type": "object", "properties": {}},
         output_schema=output_schema, idempotent=idempotent, timeout_s=timeout_s, retries=retries,
         backoff_s=backoff_s, executor="http",
+        retry_on=(aiohttp.ClientConnectorError,) if retry_on is None and not idempotent else retry_on,
         http=HttpEndpoint(url=url, method=method, headers=tuple((headers or {}).items()),  # type: ignore[arg-type]
                           max_response_bytes=max_response_bytes),
     )

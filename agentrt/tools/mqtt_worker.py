@@ -254,6 +254,9 @@ class MqttWorker:
         else:
             assert result.error is not None
             reply["error"] = result.error.to_dict()
+            policy = self.registry.get(name).retry_policy if name in self.registry else None
+            if policy is not None and callable(policy.retry_on) and not policy.allows(result.error):
+                reply["error"]["retryable"] = False  # a retry_on predicate runs here: it cannot cross
         client = self._client
         if client is None:
             log.warning("worker %s: result of call %s dropped: no broker connection", self.worker_id, call_id)

@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Iterator, Mapping, Protocol, runtime_checkable
 
 from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth
+from agentrt.retry import RetryPolicy
 from agentrt.tools.errors import (
     NoExecutorError,
     ToolCallError,
@@ -165,11 +166,13 @@ class ToolRegistry:
         call_id: str | None = None,
         timeout_s: float | None = _UNSET,
         retries: int | None = None,
+        retry: RetryPolicy | None = None,
         on_attempt: Callable[[ToolAttempt], None] | None = None,
     ) -> ToolResult:
         """Validate `args` (a dict or the model's JSON text), then run the tool on its executor.
-        timeout_s / retries override the tool's own policy for this call. on_attempt(attempt)
-        is called when an attempt succeeds, and when one fails and is tried again."""
+        timeout_s overrides the tool's timeout for this call; retry (a node's policy) is laid over
+        the tool's own (Tool.retry_policy), and retries, if given, sets the attempts after the
+        first. on_attempt(attempt) is called as each attempt ends, the last one included."""
         queued = time.time()
         call_id = call_id or uuid.uuid4().hex
         attempts: list[ToolAttempt] = []
@@ -189,29 +192,37 @@ class ToolRegistry:
         except ToolCallError as e:
             return result(error=e)
         timeout = t.timeout_s if timeout_s is _UNSET else timeout_s
-        retries = t.retries if retries is None else retries
+        policy = t.retry_policy if retry is None else retry.over(t.retry_policy)
+        if retries is not None:
+            policy = replace(policy, max_attempts=retries + 1)
         failures = redispatches = 0
         while True:
             started = time.time()
             try:
                 remote = await self._attempt(t, executor, args, timeout, len(attempts) + 1)
             except ToolCallError as e:
-                attempts.append(ToolAttempt(
+                failed = ToolAttempt(
                     index=len(attempts) + 1, executor=where, started=started, finished=time.time(), ok=False,
                     error_kind=e.kind, error=e.message, worker=e.worker,
-                ))
+                )
                 if e.lost and t.idempotent and redispatches < self.max_redispatches:
                     redispatches += 1
-                    if on_attempt is not None:
-                        on_attempt(attempts[-1])
-                    continue
-                if e.retryable and failures < retries:
+                    wait = 0.0
+                else:
+                    why = _not_retried(t, policy, e, failures)
+                    if why is not None:
+                        attempts.append(replace(failed, not_retried=why))
+                        if on_attempt is not None:
+                            on_attempt(attempts[-1])
+                        return result(error=e)
                     failures += 1
-                    if on_attempt is not None:
-                        on_attempt(attempts[-1])
-                    await asyncio.sleep(min(t.backoff_max_s, t.backoff_s * 2 ** (failures - 1)))
-                    continue
-                return result(error=e)
+                    wait = policy.backoff(failures)
+                attempts.append(replace(failed, backoff_s=wait))
+                if on_attempt is not None:
+                    on_attempt(attempts[-1])
+                if wait:
+                    await asyncio.sleep(wait)
+                continue
             attempts.append(ToolAttempt(
                 index=len(attempts) + 1, executor=where, started=started, finished=time.time(), ok=True,
                 worker=remote.worker, remote_started=remote.started, remote_finished=remote.finished,
@@ -252,3 +263,20 @@ class ToolRegistry:
                 detail = describe_errors(errors, noun="field")
                 raise ToolOutputError(t.name, f"tool '{t.name}' returned a value that breaks its output schema: {detail}")
         check_size(t.name, "the result", value, self.max_result_bytes)
+
+
+def _not_retried(t: Tool, policy: RetryPolicy, error: ToolCallError, failures: int) -> str | None:
+    """Why this failed attempt ends the call, or None when it is tried again."""
+    if error.lost and not error.retryable:
+        return ("the call was lost and re-dispatched as often as allowed" if t.idempotent else
+                f"the call was lost and '{t.name}' is not declared idempotent, so it is not sent again")
+    if not error.retryable:
+        return f"a failure of kind {error.kind} is not retried"
+    if failures >= policy.retries:
+        return f"no attempts left (max_attempts={policy.retries + 1})"
+    if not policy.allows(error):
+        raised = type(error.__cause__).__name__ if error.__cause__ is not None else \
+            error.raised[0] if error.raised else None  # a remote tool's, by name
+        cause = f" (raised {raised})" if raised else ""
+        return f"retry_on ({policy.describe_retry_on()}) does not cover {type(error).__name__}{cause}"
+    return None

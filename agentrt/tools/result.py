@@ -14,7 +14,9 @@ from agentrt.tools.errors import ToolCallError
 @dataclass(frozen=True)
 class ToolAttempt:
     """One dispatch of a call to an executor. `worker` names the MQTT worker that ran it;
-    `remote_started`/`remote_finished` are the worker's own clock around the function."""
+    `remote_started`/`remote_finished` are the worker's own clock around the function. A failed
+    attempt that was tried again has `backoff_s`, the wait planned before the next attempt (0 for
+    a lost call re-dispatched at once); the one that ended the call has `not_retried`, why not."""
 
     index: int
     executor: str
@@ -26,6 +28,8 @@ class ToolAttempt:
     worker: str | None = None
     remote_started: float | None = None
     remote_finished: float | None = None
+    backoff_s: float | None = None
+    not_retried: str | None = None
 
     @property
     def duration_s(self) -> float:

@@ -15,6 +15,7 @@ from typing import Any, Callable, Literal
 import jsonschema
 from pydantic import BaseModel, ValidationError
 
+from agentrt.retry import RetryOn, RetryPolicy, retry_on_names, unsafe_retry
 from agentrt.tools.errors import ToolDefinitionError
 from agentrt.tools.schema import FunctionSchema, check_schema, function_schema
 
@@ -37,7 +38,9 @@ class Tool:
     """executor: the name of the executor that runs it in a ToolRegistry ("inprocess", "http",
     "mqtt", or one you add). idempotent: safe to run twice, so a call lost with its worker or
     broker is re-dispatched. timeout_s bounds each attempt; retries are extra attempts after a
-    retryable failure, spaced by backoff_s doubling up to backoff_max_s."""
+    retryable failure, spaced by backoff_s doubling up to backoff_max_s; retry_on: the failures
+    retried (exception types or their names, or a predicate; None: every retryable failure), which
+    a tool not idempotent must name to be retried at all (`retry_policy`, agentrt.retry)."""
 
     name: str
     description: str
@@ -48,6 +51,7 @@ class Tool:
     retries: int = 0
     backoff_s: float = 0.1
     backoff_max_s: float = 5.0
+    retry_on: RetryOn | None = None
     executor: str = "inprocess"
     fn: Callable[..., Any] | None = field(default=None, repr=False)
     http: HttpEndpoint | None = None
@@ -62,6 +66,14 @@ class Tool:
             raise ToolDefinitionError(f"tool '{self.name}': timeout_s must be > 0 or None, got {self.timeout_s}")
         if self.retries < 0 or self.backoff_s < 0 or self.backoff_max_s < 0:
             raise ToolDefinitionError(f"tool '{self.name}': retries and backoff must be >= 0")
+        try:
+            object.__setattr__(self, "retry_on", RetryPolicy(retry_on=self.retry_on).retry_on)
+        except ValueError as e:
+            raise ToolDefinitionError(f"tool '{self.name}': {e}") from None
+        problem = unsafe_retry(self.name, self.idempotent, self.retry_policy,
+                               f"tool '{self.name}': retries={self.retries}")
+        if problem:
+            raise ToolDefinitionError(problem)
         if self.parameters.get("type", "object") != "object":
             raise ToolDefinitionError(f"tool '{self.name}': parameters must be an object schema")
         object.__setattr__(self, "args_validator", check_schema(self.parameters, tool=self.name, what="parameters"))
@@ -76,6 +88,12 @@ class Tool:
             raise ToolDefinitionError(f"tool '{self.name}' has no Python function (it runs on '{self.executor}')")
         return self.fn(*args, **kwargs)
 
+    @property
+    def retry_policy(self) -> RetryPolicy:
+        """The tool's own retries as a policy (a node's `retry=` is laid over it)."""
+        return RetryPolicy(max_attempts=self.retries + 1, backoff_s=self.backoff_s, backoff_factor=2.0,
+                           max_backoff_s=self.backoff_max_s, retry_on=self.retry_on)
+
     def openai_schema(self) -> dict[str, Any]:
         return {
             "type": "function",
@@ -87,7 +105,11 @@ class Tool:
         return ToolDeclaration(
             name=self.name, description=self.description, parameters=self.parameters,
             output_schema=self.output_schema, idempotent=self.idempotent, timeout_s=self.timeout_s,
-            retries=self.retries,
+            retries=self.retries, backoff_s=self.backoff_s, backoff_max_s=self.backoff_max_s,
+            # a predicate cannot cross: the worker applies it (failures it rejects come back not
+            # retryable), so what it lets through comes back as the tool having raised
+            retry_on=["agentrt.tools.errors.ToolRaisedError"] if callable(self.retry_on)
+            else retry_on_names(self.retry_on),
         ).model_dump()
 
     def bind(self, executor: str, **changes: Any) -> Tool:
@@ -102,7 +124,9 @@ class Tool:
             raise ToolDefinitionError(f"bad tool declaration: {e}") from e
         return cls(
             name=d.name, description=d.description, parameters=d.parameters, output_schema=d.output_schema,
-            idempotent=d.idempotent, timeout_s=d.timeout_s, retries=d.retries, executor=executor,
+            idempotent=d.idempotent, timeout_s=d.timeout_s, retries=d.retries, backoff_s=d.backoff_s,
+            backoff_max_s=d.backoff_max_s, retry_on=None if d.retry_on is None else tuple(d.retry_on),
+            executor=executor,
         )
 
     @classmethod
@@ -134,6 +158,9 @@ class ToolDeclaration(BaseModel):
     idempotent: bool = False
     timeout_s: float | None = DEFAULT_TIMEOUT_S
     retries: int = 0
+    backoff_s: float = 0.1
+    backoff_max_s: float = 5.0
+    retry_on: list[str] | None = None  # exception type names
 
 
 def tool(
@@ -145,6 +172,7 @@ def tool(
     timeout_s: float | None = DEFAULT_TIMEOUT_S,
     retries: int = 0,
     backoff_s: float = 0.1,
+    retry_on: RetryOn | None = None,
     output_schema: dict[str, Any] | None = None,
     executor: str = "inprocess",
 ) -> Any:
@@ -164,7 +192,7 @@ def tool(
         return Tool(
             name=tool_name, description=description or sig.description, parameters=sig.parameters,
             output_schema=output_schema if output_schema is not None else sig.output_schema,
-            idempotent=idempotent, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s,
+            idempotent=idempotent, timeout_s=timeout_s, retries=retries, backoff_s=backoff_s, retry_on=retry_on,
             executor=executor, fn=f, signature=sig,
         )
 

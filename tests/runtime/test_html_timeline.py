@@ -29,7 +29,7 @@ NODE = shutil.which("node")
 needs_node = pytest.mark.skipif(NODE is None, reason="node is not installed (the JavaScript checks need it)")
 
 
-@tool(retries=1, backoff_s=0.01)
+@tool(retries=1, backoff_s=0.01, retry_on=LookupError)
 def lookup(city: str) -> str:
     """Weather of a city (fails for 'nowhere', with markup in its error)."""
     if city == "nowhere":

@@ -19,7 +19,7 @@ from agentrt.runtime.terminal import render_report
 from agentrt.tools import tool
 
 
-@tool(retries=1, backoff_s=0.01)
+@tool(retries=1, backoff_s=0.01, retry_on=ConnectionError)
 def fetch(url: str) -> str:
     """Fetch a page (fails for 'down')."""
     if url == "down":

@@ -221,7 +221,7 @@ async def test_branch_runs_only_the_chosen_case(scripted):
 
 
 async def test_tool_timeout_retries_then_fallback(scripted):
-    @tool(timeout_s=0.05, retries=1, backoff_s=0.01)
+    @tool(timeout_s=0.05, retries=1, backoff_s=0.01, idempotent=True)
     async def slow(x: int) -> int:
         """Too slow."""
         await asyncio.sleep(5)
@@ -242,7 +242,7 @@ async def test_tool_timeout_retries_then_fallback(scripted):
 async def test_flaky_tool_succeeds_on_retry(scripted):
     calls = []
 
-    @tool(retries=2, backoff_s=0.01)
+    @tool(retries=2, backoff_s=0.01, retry_on=ConnectionError)
     def flaky() -> str:
         """Fails once."""
         calls.append(1)

@@ -18,7 +18,7 @@ from agentrt.tools import tool
 EPS = 1e-6
 
 
-@tool(retries=1, backoff_s=0.01)
+@tool(retries=1, backoff_s=0.01, retry_on=KeyError)
 def lookup(key: str) -> dict:
     """Look a key up (fails for 'missing')."""
     if key == "missing":

@@ -11,7 +11,7 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
-@tool(retries=1, backoff_s=0.01)
+@tool(retries=1, backoff_s=0.01, retry_on=ConnectionError)
 async def slow_add(a: int, b: int, delay: float = 0.0) -> int:
     "Add two integers after a delay."
     await asyncio.sleep(delay)

@@ -99,7 +99,7 @@ async def test_get_sends_query_parameters(server):
 
 
 async def test_5xx_is_retried_then_succeeds(server):
-    async with ToolRegistry([make(server, "/flaky", retries=2)]) as registry:
+    async with ToolRegistry([make(server, "/flaky", retries=2, idempotent=True)]) as registry:
         result = await registry.call("flaky", {"q": "x"})
     assert result.ok and result.value == {"ok": True}
     assert [a.error_kind for a in result.attempts] == ["http_error", "http_error", None]
@@ -107,7 +107,7 @@ async def test_5xx_is_retried_then_succeeds(server):
 
 
 async def test_5xx_exhausts_retries(server):
-    async with ToolRegistry([make(server, "/500", retries=2)]) as registry:
+    async with ToolRegistry([make(server, "/500", retries=2, idempotent=True)]) as registry:
         result = await registry.call("500", {"q": "x"})
     assert result.error.kind == "http_error" and result.error.status == 500
     assert "tool '500'" in result.error.message and "internal error" in result.error.message
@@ -130,7 +130,7 @@ async def test_slow_answer_within_timeout(server):
 
 
 async def test_timeout_is_retried_then_fails(server):
-    t = make(server, "/slow?delay=5", method="GET", timeout_s=0.1, retries=1, parameters=None)
+    t = make(server, "/slow?delay=5", method="GET", timeout_s=0.1, retries=1, parameters=None, idempotent=True)
     async with ToolRegistry([t]) as registry:
         result = await registry.call(t.name, {})
     assert result.error.kind == "timeout" and t.name in result.error.message
@@ -143,6 +143,19 @@ async def test_connection_refused_is_retried(server):
         result = await registry.call("down", {})
     assert result.error.kind == "http_error" and "cannot reach" in result.error.message
     assert len(result.attempts) == 3
+
+
+async def test_a_non_idempotent_post_is_retried_only_when_it_never_reached_the_endpoint(server):
+    """A 5xx may come after the endpoint acted: a POST not declared idempotent is not sent again,
+    while a refused connection (nothing was sent) is retried."""
+    async with ToolRegistry([make(server, "/500", retries=2)]) as registry:
+        result = await registry.call("500", {"q": "x"})
+    assert len(result.attempts) == 1 and server.hits["/500"] == 1
+    assert "retry_on (ClientConnectorError) does not cover HttpToolError" in result.attempts[0].not_retried
+    down = http_tool("down", f"http://127.0.0.1:{free_port()}/x", description="nobody listens", retries=1,
+                     backoff_s=0.001)
+    async with ToolRegistry([down]) as registry:
+        assert len((await registry.call("down", {})).attempts) == 2
 
 
 async def test_response_size_limit(server):

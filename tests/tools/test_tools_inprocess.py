@@ -60,7 +60,7 @@ async def test_timeout_is_an_error_result():
 async def test_retries_with_backoff_then_success():
     failures = []
 
-    @tool(retries=3, backoff_s=0.001)
+    @tool(retries=3, backoff_s=0.001, retry_on=ConnectionError)
     def flaky(n: int) -> int:
         """Fails twice, then works."""
         if len(failures) < 2:
@@ -78,7 +78,7 @@ async def test_retries_with_backoff_then_success():
 async def test_retries_exhausted_and_timeouts_retried():
     runs = []
 
-    @tool(retries=2, backoff_s=0.001, timeout_s=0.02)
+    @tool(retries=2, backoff_s=0.001, timeout_s=0.02, idempotent=True)
     async def stuck() -> None:
         """Always too slow."""
         runs.append(1)
@@ -137,7 +137,7 @@ async def test_cancelling_the_call_cancels_an_async_tool():
 async def test_per_call_overrides():
     attempts = []
 
-    @tool(retries=5, backoff_s=0.001)
+    @tool(retries=5, backoff_s=0.001, idempotent=True)
     def always_fails() -> None:
         """Raises."""
         attempts.append(1)

@@ -41,6 +41,20 @@ async def test_round_trip_and_discovery(start_workers, dispatcher):
     assert attempt.remote_started is not None and attempt.remote_finished >= attempt.remote_started
 
 
+async def test_retry_on_of_a_worker_tool_is_matched_by_name_on_the_callers_side(start_workers, dispatcher, tmp_path):
+    start_workers(1)
+    await dispatcher.wait_for_workers(1)
+    registry = remote_registry(dispatcher)
+    assert registry.get("charge").retry_on == ("builtins.ConnectionRefusedError",)
+    marker = tmp_path / "calls"
+    result = await registry.call("charge", {"marker": str(marker)})
+    assert [a.error_kind for a in result.attempts] == ["tool_raised", "tool_raised"] and marker.read_text() == "2"
+    assert "gateway down" in result.attempts[0].error and result.attempts[0].backoff_s == 0.01
+    assert "card declined" in result.error.message
+    assert result.attempts[1].not_retried == \
+        "retry_on (builtins.ConnectionRefusedError) does not cover ToolRaisedError (raised ValueError)"
+
+
 async def test_bind_local_declaration_to_mqtt(start_workers, dispatcher):
     start_workers(1)
     await dispatcher.wait_for_workers(1)

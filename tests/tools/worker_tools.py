@@ -65,6 +65,16 @@ async def cancellable(seconds: float, marker: str) -> str:
     return "finished"
 
 
+@tool(retries=3, backoff_s=0.01, retry_on=ConnectionRefusedError)
+def charge(marker: str) -> str:
+    """Not idempotent: refused at first (retried), then declined (not retried). Counts its calls
+    in the marker file."""
+    path = Path(marker)
+    calls = int(path.read_text()) + 1 if path.exists() else 1
+    path.write_text(str(calls))
+    raise ConnectionRefusedError("gateway down") if calls == 1 else ValueError("card declined")
+
+
 @tool
 def record(text: str, marker: str) -> str:
     """Write `text` to the marker file (proves the tool ran)."""
