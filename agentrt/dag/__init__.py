@@ -1,5 +1,6 @@
 """Agent programs as graphs of LLM calls, tool calls and waits for outside input: the DSL, the
-graph IR and its run-time expansion. Imports nothing from agentrt but agentrt.errors (no torch, no engine, no runtime).
+graph IR and its run-time expansion. Imports nothing from agentrt but its leaves (agentrt.errors,
+agentrt.retry): no torch, no engine, no runtime.
 
     p = Program("trip", inputs={"request": str}, tools=[get_weather, ...])
     plan = p.llm("plan", prompt="Plan: {request}", output=JsonSchema({...}))
@@ -18,9 +19,11 @@ from agentrt.dag.run import ProgramRun
 from agentrt.dag.specs import (AgentLoopSpec, BranchSpec, Case, Constant, FanOutSpec, InputSpec, ItemSpec, LLMSpec,
                                NodeSpec, ToolSpec, WaitForSpec)
 from agentrt.dag.tooldefs import ToolDef
+from agentrt.retry import RetryPolicy
 
 __all__ = [
     "AgentLoopSpec", "BranchSpec", "CallCount", "Case", "CompiledProgram", "Constant", "FanOutSpec", "InputSpec",
-    "ItemSpec", "JsonSchema", "LLMSpec", "NodeSpec", "OutputSpec", "Program", "ProgramRun", "Ref", "Scope", "Template",
-    "Text", "ToolCall", "ToolDef", "ToolSpec", "WaitForSpec", "render_prompt", "resolve", "tool_arguments",
+    "ItemSpec", "JsonSchema", "LLMSpec", "NodeSpec", "OutputSpec", "Program", "ProgramRun", "Ref", "RetryPolicy",
+    "Scope", "Template", "Text", "ToolCall", "ToolDef", "ToolSpec", "WaitForSpec", "render_prompt", "resolve",
+    "tool_arguments",
 ]

@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from agentrt.dag.declare import (_case_label, _case_pairs, _check_case_labels, _check_extra_sampling,
-                                  _check_json_value, _check_loop_choice, _check_template, _fail, _strip_refs,
-                                  declaration_site)
+                                  _check_json_value, _check_loop_choice, _check_retry, _check_template, _fail,
+                                  _strip_refs, declaration_site)
 from agentrt.dag.outputs import JsonSchema, OutputSpec, Text, ToolCall
 from agentrt.dag.refs import Ref, Template
 from agentrt.dag.specs import (LOOP_OUTPUTS, AgentLoopSpec, BranchSpec, Case, Constant, FanOutSpec, InputSpec,
                                ItemSpec, LLMSpec, NodeSpec, ToolSpec, WaitForSpec, walk_args)
 from agentrt.dag.tooldefs import ToolDef, schema_problems, to_tool_def
+from agentrt.retry import RetryPolicy
 
 if TYPE_CHECKING:
     from agentrt.dag.compiled import CompiledProgram
@@ -108,13 +109,18 @@ class Scope:
         return self._add(spec)
 
     def tool(self, id: str, tool: str, args: Mapping[str, Any] | Ref | None = None, *,
-             fallback: Any = NO_FALLBACK) -> Ref:
+             fallback: Any = NO_FALLBACK, retry: RetryPolicy | None = None) -> Ref:
         """A call to the tool named `tool` (declared in Program(tools=...)).
 
         args: a dict whose values are Refs, Template(...)s or literal JSON (nested is fine), or one
         Ref to the whole argument dict, e.g. an LLM call with output=ToolCall([tool]). If the tool
         fails and `fallback` is given, `fallback` becomes the output; otherwise the run ends with an
         error naming this node.
+
+        retry: this call's RetryPolicy(max_attempts, backoff_s, backoff_factor, max_backoff_s,
+        retry_on), each field it leaves None taken from the tool's own retries. A tool not declared
+        idempotent is retried only on the failures retry_on names (its effect may have happened
+        before the failure), so retrying it without retry_on is an error here.
 
         >>> p = Program("demo", inputs={"city": str}, tools=[{"name": "get_weather", "parameters": {
         ...     "type": "object", "properties": {"city": {"type": "string"}}}}])
@@ -136,8 +142,9 @@ class Scope:
             _check_json_value(node, "args", plain)
         if fallback is not NO_FALLBACK:
             _check_json_value(node, "fallback", fallback)
+        _check_retry(node, retry, self._program._tools.get(tool))
         has_fallback = fallback is not NO_FALLBACK
-        return self._add(ToolSpec(node, tool, args, has_fallback, fallback if has_fallback else None))
+        return self._add(ToolSpec(node, tool, args, has_fallback, fallback if has_fallback else None, retry=retry))
 
     def wait_for(self, id: str, schema: Mapping[str, Any], *, prompt: str | None = None) -> Ref:
         """A value from outside the program: a person's approval, a webhook's payload. The run

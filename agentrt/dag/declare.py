@@ -11,7 +11,9 @@ from typing import Any, Mapping
 
 from agentrt.dag.refs import Ref, Template, placeholders
 from agentrt.dag.specs import LOOP_CHOICES
+from agentrt.dag.tooldefs import ToolDef
 from agentrt.errors import ProgramValidationError
+from agentrt.retry import RetryPolicy, unsafe_retry
 
 _LABEL = re.compile(r"^[A-Za-z0-9_-]+$")
 
@@ -103,6 +105,24 @@ def _check_loop_choice(node: str, choice: Any, tools: tuple[str, ...], max_steps
         last = "must answer in text" if on_max_steps == "answer" else "fails the run if it calls a tool"
         raise _fail(node, f"tool_choice={choice!r} makes step 1 call a tool, but with max_steps=1 step 1 is the "
                           f"last step, which {last} (on_max_steps={on_max_steps!r}): use max_steps >= 2")
+
+
+def _check_retry(node: str, retry: Any, tool: ToolDef | None) -> None:
+    """A node's retry policy, laid over its tool's own: retrying a tool not declared idempotent
+    must name the failures to retry (retry_on). A tool not declared (yet) is checked for that by
+    compile(), which reports it unknown."""
+    if retry is None:
+        return
+    if not isinstance(retry, RetryPolicy):
+        raise _fail(node, f"retry must be a RetryPolicy(max_attempts=..., backoff_s=..., retry_on=(...)), "
+                          f"got {retry!r}")
+    if tool is None:
+        return
+    policy = retry.over(tool.retry or RetryPolicy())
+    problem = unsafe_retry(tool.name, tool.idempotent, policy, f"retry=RetryPolicy(max_attempts={policy.max_attempts}) "
+                                                               f"on tool '{tool.name}'")
+    if problem:
+        raise _fail(node, problem)
 
 
 def _strip_refs(value: Any) -> Any:

@@ -12,6 +12,7 @@ from typing import Any, Callable, ClassVar, Iterator, Literal, Mapping
 from agentrt.dag.outputs import OutputSpec, ToolCall
 from agentrt.dag.refs import Ref, Template
 from agentrt.dag.tooldefs import ToolDef
+from agentrt.retry import RetryPolicy
 
 Rename = Callable[[str], str]
 # The kinds of node the runtime carries out (each gets a lane, a span, events); the run itself
@@ -108,7 +109,8 @@ class ToolSpec:
     """One tool call. `args` is a dict of values (Ref, Template, literal, nested) or one Ref to the
     whole argument dict; `args_from_call` marks a Ref to a ToolCall output (its "arguments").
     `has_fallback`: a failure makes `fallback` the output. `errors_to_output` (agent-loop steps):
-    a failure makes {"error": message} the output, for the model to read."""
+    a failure makes {"error": message} the output, for the model to read. `retry`: the node's
+    RetryPolicy, laid over the tool's own (None: the tool's)."""
 
     id: str
     tool: str
@@ -118,6 +120,7 @@ class ToolSpec:
     args_from_call: bool = False
     errors_to_output: bool = False
     loop: str | None = None
+    retry: RetryPolicy | None = None
     kind: ClassVar[str] = "tool"
 
     def refs(self) -> list[RefUse]:

@@ -11,6 +11,8 @@ from typing import Any, Mapping
 
 import jsonschema
 
+from agentrt.retry import RetryPolicy
+
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 
 
@@ -26,6 +28,8 @@ class ToolDef:
     description: str
     parameters: Mapping[str, Any]
     output_schema: Mapping[str, Any] | None = None
+    idempotent: bool = False  # safe to run twice (agentrt.tools.Tool.idempotent)
+    retry: RetryPolicy | None = None  # the tool's own retries (Tool.retry_policy): a node's retry= lays over it
 
     def openai_schema(self) -> dict[str, Any]:
         return {"type": "function",
@@ -64,9 +68,13 @@ def to_tool_def(tool: Any) -> ToolDef:
             raise ValueError(f"tool dict {dict(tool)!r} has no name (expected OpenAI format "
                              f"{{'type': 'function', 'function': {{'name', 'description', 'parameters'}}}})")
         found = ToolDef(inner["name"], inner.get("description", ""),
-                        inner.get("parameters", {"type": "object", "properties": {}}), tool.get("output_schema"))
+                        inner.get("parameters", {"type": "object", "properties": {}}), tool.get("output_schema"),
+                        idempotent=tool.get("idempotent") is True)
     elif all(hasattr(tool, a) for a in ("name", "description", "parameters")):
-        found = ToolDef(tool.name, tool.description or "", tool.parameters, getattr(tool, "output_schema", None))
+        policy = getattr(tool, "retry_policy", None)
+        found = ToolDef(tool.name, tool.description or "", tool.parameters, getattr(tool, "output_schema", None),
+                        idempotent=getattr(tool, "idempotent", False) is True,
+                        retry=policy if isinstance(policy, RetryPolicy) else None)
     else:
         raise ValueError(f"{tool!r} is not a tool: give an object with name, description and parameters, "
                          f"or an OpenAI tool dict")
