@@ -71,12 +71,18 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def print_finished_node(event: Any, console: Console) -> None:
-    """`run -v`: one line per finished node, its value as a prompt would show it, or its error."""
+    """`run -v`: one line per finished node, its value as a prompt would show it, or its error;
+    and one per failed tool attempt that is tried again, with its error and the wait."""
     from agentrt.runtime.summary import value_preview
 
+    d = event.data
+    if event.type == "node_retried":
+        console.print(Text(f"[{event.time:7.2f}s] {d['node']} (tool) attempt {d['attempt']} failed "
+                           f"({d.get('error_kind')}): {d.get('error')}; retrying in {d.get('backoff_s') or 0:.3f} s",
+                           style="yellow"))
+        return
     if event.type != "node_finished":
         return
-    d = event.data
     head = f"[{event.time:7.2f}s] {d['node']} ({d['kind']})"
     if d["status"] == "ok":
         shown = value_preview(d["value"])

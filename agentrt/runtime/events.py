@@ -13,7 +13,8 @@ happened; `Runtime.subscribe_events(fn)` returns the unsubscribe function.
     token          node, text: output text of an LLM node as the engine generates it
     step           node, step, start, duration_s, batch_size, num_new, k, accepted: an engine step
                    the node took part in
-    node_retried   node, attempt, error_kind, error: a tool attempt failed and is tried again
+    node_retried   node, attempt, error_kind, error, duration_s, backoff_s: a tool attempt failed
+                   and is tried again after backoff_s
     input_wanted   node, schema, prompt: a wait_for node waits for a value (Runtime.provide_input)
     input_given    node, by (who answered, if they said), via (http | terminal | stdin | --answer |
                    python), at (unix seconds): the value came; the run goes on

@@ -385,6 +385,14 @@ def interrupted_tool(rt: Runtime, ps: ProgramState, ns: NodeState, spec: ToolSpe
                           "interrupted")
 
 
+def attempt_log(rt: Runtime, attempts: Any) -> list[dict[str, Any]]:
+    """Every attempt of a tool call as the trace keeps it: how it ended, how long it took, the
+    wait after it, and for the last failed one why it was not tried again."""
+    return [{"attempt": a.index, "ok": a.ok, "error_kind": a.error_kind, "error": rt.trace_content.error(a.error),
+             "duration_s": round(a.duration_s, 6), "backoff_s": a.backoff_s, "not_retried": a.not_retried,
+             "executor": a.executor, "worker": a.worker} for a in attempts]
+
+
 async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     spec: ToolSpec = ps.run.spec(ns.node)
     trace = rt.trace
@@ -410,16 +418,18 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
     ps.stats.tools_in_flight += 1
 
     def on_attempt(attempt: Any) -> None:
+        error = rt.trace_content.error(attempt.error)
         if rt.store is not None:
             rt.store.tool_attempt(ps.run_id, ns.node, attempt.index, "finished" if attempt.ok else "failed",
                                   args_hash=digest, started=attempt.started, finished=attempt.finished,
-                                  error_kind=attempt.error_kind, error=attempt.error)
-        if not attempt.ok:
+                                  error_kind=attempt.error_kind, error=error, backoff_s=attempt.backoff_s,
+                                  not_retried=attempt.not_retried)
+        if not attempt.ok and attempt.not_retried is None:
             rt.emit(ps.run_id, "node_retried", node=ns.node, attempt=attempt.index, error_kind=attempt.error_kind,
-                    error=attempt.error)
+                    error=error, duration_s=round(attempt.duration_s, 6), backoff_s=attempt.backoff_s)
 
     try:
-        result = await rt.tools.call(spec.tool, args, call_id=call_id,
+        result = await rt.tools.call(spec.tool, args, call_id=call_id, retry=spec.retry,
                                      on_attempt=on_attempt if rt.watched or rt.store is not None else None)
     finally:
         ps.stats.tools_in_flight -= 1
@@ -433,8 +443,14 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
             transitions.append(("tool_backoff", trace.at_wall(result.attempts[i - 1].finished)))
         phase = "tool_running" if a.ok else "tool_failed" if last else "tool_retried"
         transitions.append((phase, trace.at_wall(a.started)))
+        if not a.ok:  # the failed attempt's phase span says why it failed
+            ns.phase_notes.append((trace.at_wall(a.started), rt.trace_content.error(a.error), {
+                "agentrt.tool.attempt": a.index, "error.type": a.error_kind,
+                **({"agentrt.tool.backoff_s": a.backoff_s} if a.backoff_s is not None else {}),
+                **({"agentrt.tool.not_retried": a.not_retried} if a.not_retried else {})}))
     ns.log.replace_from(queued_at, transitions)
     ns.attributes["agentrt.tool.attempts"] = len(result.attempts)
+    ns.attributes["agentrt.tool.attempt_log"] = attempt_log(rt, result.attempts)
     if result.ok:
         rt.trace_content.put(ns.attributes, "gen_ai.tool.call.result", result.value)
         return Outcome(True, result.value)

@@ -75,6 +75,22 @@ def _clock(unix_s: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(unix_s))
 
 
+def attempt_lines(attempts: list[dict[str, Any]]) -> list[Text]:
+    """A tool call's attempts, one line each: how it ended and took, its error, the wait after a
+    failed one, and why the last failed one was not tried again."""
+    lines = []
+    for a in attempts:
+        head = f"attempt {a.get('attempt')}: {'ok' if a.get('ok') else a.get('error_kind') or 'failed'}, " \
+               f"{a.get('duration_s') or 0:.3f} s"
+        if a.get("ok"):
+            lines.append(Text(head))
+            continue
+        then = f"not retried: {a['not_retried']}" if a.get("not_retried") else \
+            f"retried after {a.get('backoff_s') or 0:.3f} s"
+        lines.append(Text(f"{head}: {a.get('error')}; {then}", style="red"))
+    return lines
+
+
 def render_node(console: Console, records: list[dict[str, Any]], node: str, run_id: str | None = None) -> dict[str, Any]:
     """Print one node in full; returns its summary (summary.node_summary) for --json."""
     span, phases = node_span(records, node, run_id)
@@ -107,6 +123,8 @@ def render_node(console: Console, records: list[dict[str, Any]], node: str, run_
                 _section(console, title, a[name], a, name)
     else:
         console.print(f"tool: {n.get('tool')}; attempts: {n.get('attempts')}")
+        for line in attempt_lines(n.get("attempt_log") or []):
+            console.print(line)
         for title, name in (("arguments", "gen_ai.tool.call.arguments"), ("result", "gen_ai.tool.call.result")):
             if name in a:
                 _section(console, title, a[name], a, name)

@@ -38,6 +38,8 @@ class NodeState:
     waited_on: str | None = None  # the node whose completion made this one ready
     handle: Any = None  # the backend's request handle (LLM), for set_priority
     attributes: dict[str, Any] = field(default_factory=dict)
+    # (start, error, attributes) of a phase that failed (a tool attempt): its span's status and error
+    phase_notes: list[tuple[float, str | None, dict[str, Any]]] = field(default_factory=list)
     log: PhaseLog = field(init=False)
 
     def __post_init__(self) -> None:
@@ -92,6 +94,7 @@ class NodeState:
         if self.waited_on is not None:
             attrs["agentrt.waited_on"] = self.waited_on
         phases = self.log.spans(self.end)
+        noted = _notes_by_span(self.phase_notes, [t0 for phase, t0, _ in phases if phase in FAILED_PHASES])
         node_span = Span(run_id, trace_id, self.span_id, parent_id, self.name, phases[0][1], self.end,
                          self.status, self.error, attrs)
         out = [node_span]
@@ -101,6 +104,28 @@ class NodeState:
             phase_attrs: dict[str, Any] = {"agentrt.phase": phase, "agentrt.node": self.node}
             if phase == "waiting" and self.waited_on is not None:
                 phase_attrs["agentrt.waited_on"] = self.waited_on
-            out.append(Span(run_id, trace_id, new_id(), self.span_id, phase, t0, t1,
-                            "ok" if self.status == "ok" else self.status, None, phase_attrs, events))
+            status, error = "ok" if self.status == "ok" else self.status, None
+            notes = noted.get(t0, []) if phase in FAILED_PHASES else []
+            if notes:  # attempts with no wait between them share one span: the last one's figures
+                status, error = "error", "; ".join(f"attempt {n[2].get('agentrt.tool.attempt')}: {n[1]}"
+                                                   for n in notes) if len(notes) > 1 else notes[0][1]
+                phase_attrs.update(notes[-1][2])
+            out.append(Span(run_id, trace_id, new_id(), self.span_id, phase, t0, t1, status, error, phase_attrs,
+                            events))
         return out
+
+
+FAILED_PHASES = ("tool_retried", "tool_failed")
+
+
+def _notes_by_span(notes: list[tuple[float, str | None, dict[str, Any]]],
+                   starts: list[float]) -> dict[float, list[tuple[float, str | None, dict[str, Any]]]]:
+    """Each note under the start of the failed phase it belongs to: the last one starting at or
+    before it (within a millisecond: the phase log clamps times to be non-decreasing, and an
+    attempt's start is read on the wall clock)."""
+    out: dict[float, list[tuple[float, str | None, dict[str, Any]]]] = {}
+    for note in notes:
+        before = [t for t in starts if t <= note[0] + 1e-3]
+        if before or starts:
+            out.setdefault(before[-1] if before else starts[0], []).append(note)
+    return out

@@ -33,7 +33,7 @@ class StoreError(AgentRTError):
     """The run store cannot be used: a corrupt file, one from a newer version, a write refused."""
 
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS: dict[int, list[str]] = {  # version -> the statements that reach it from the one before
     1: [
         """CREATE TABLE runs (
@@ -57,6 +57,10 @@ MIGRATIONS: dict[int, list[str]] = {  # version -> the statements that reach it 
         """CREATE TABLE run_events (
             run_id TEXT NOT NULL REFERENCES runs(run_id) ON DELETE CASCADE, id INTEGER NOT NULL,
             type TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (run_id, id))""",
+    ],
+    2: [  # why each failed tool attempt was, or was not, tried again
+        "ALTER TABLE tool_attempts ADD COLUMN backoff_s REAL",  # the wait before the next attempt
+        "ALTER TABLE tool_attempts ADD COLUMN not_retried TEXT",  # why the last failed attempt ended the call
     ],
 }
 UNFINISHED = ("queued", "running", "waiting")
@@ -125,7 +129,8 @@ class RunStore(Protocol):
                       error: str | None = None, error_type: str | None = None, sent: Any = None) -> None: ...
     def tool_attempt(self, run_id: str, node: str, attempt: int, status: str, *, args_hash: str | None = None,
                      started: float | None = None, finished: float | None = None, error_kind: str | None = None,
-                     error: str | None = None) -> None: ...
+                     error: str | None = None, backoff_s: float | None = None,
+                     not_retried: str | None = None) -> None: ...
     def recorded(self, run_id: str) -> Recorded: ...
     def add_event(self, run_id: str, event_id: int, type: str, data: Any) -> None: ...
     def events(self, run_id: str) -> list[tuple[int, str, dict[str, Any]]]: ...
@@ -235,10 +240,15 @@ class SQLiteRunStore:
 
     def tool_attempt(self, run_id: str, node: str, attempt: int, status: str, *, args_hash: str | None = None,
                      started: float | None = None, finished: float | None = None, error_kind: str | None = None,
-                     error: str | None = None) -> None:
+                     error: str | None = None, backoff_s: float | None = None,
+                     not_retried: str | None = None) -> None:
+        """One attempt of a tool call as it ended: "finished" or "failed"; a failed one tried
+        again has backoff_s (the wait before the next), the one that ended the call not_retried."""
         with self._tx():
-            self.db.execute("INSERT OR REPLACE INTO tool_attempts VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            (run_id, node, attempt, status, args_hash, started, finished, error_kind, error))
+            self.db.execute("INSERT OR REPLACE INTO tool_attempts (run_id, node, attempt, status, args_hash, started, "
+                            "finished, error_kind, error, backoff_s, not_retried) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (run_id, node, attempt, status, args_hash, started, finished, error_kind, error,
+                             backoff_s, not_retried))
 
     def node_changes(self, run_id: str) -> list[dict[str, Any]]:
         cur = self.db.execute("SELECT node, kind, state, time, value, error, error_type, seed, args_hash, sent "
@@ -247,8 +257,8 @@ class SQLiteRunStore:
         return [dict(zip(cols, r)) for r in cur]
 
     def tool_attempts(self, run_id: str) -> list[dict[str, Any]]:
-        cur = self.db.execute("SELECT node, attempt, status, args_hash, started, finished, error_kind, error "
-                              "FROM tool_attempts WHERE run_id = ? ORDER BY rowid", (run_id,))
+        cur = self.db.execute("SELECT node, attempt, status, args_hash, started, finished, error_kind, error, "
+                              "backoff_s, not_retried FROM tool_attempts WHERE run_id = ? ORDER BY rowid", (run_id,))
         cols = [d[0] for d in cur.description]
         return [dict(zip(cols, r)) for r in cur]
 

@@ -10,6 +10,8 @@ HTML views read it too). Computed from the records alone:
                "loops": [{loop, ended, llm_steps, tool_steps}: how each agent loop ended],
                "nodes": [{node, kind, name, status, error, start, end, duration_s,
                           phases: {phase: seconds}, waited_on, value (preview), tool, attempts,
+                          attempt_log: [{attempt, ok, error_kind, error, duration_s, backoff_s,
+                                         not_retried, executor, worker}] (tool),
                           prompt, schema, answered_by, via, asked_at, answered_at (wait_for),
                           usage: {input_tokens, cached_input_tokens, output_tokens},
                           spec: {drafted, accepted, forced, alpha, alpha_free, alpha_forced,
@@ -100,7 +102,8 @@ def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str
         "value": value_preview(a.get("agentrt.value", a.get("gen_ai.tool.call.result"))),
     }
     if out["kind"] == "tool":
-        out.update(tool=a.get("gen_ai.tool.name"), attempts=a.get("agentrt.tool.attempts", 0))
+        out.update(tool=a.get("gen_ai.tool.name"), attempts=a.get("agentrt.tool.attempts", 0),
+                   attempt_log=a.get("agentrt.tool.attempt_log", []))
     elif out["kind"] == "wait_for":
         out.update(prompt=a.get("agentrt.input.prompt"), schema=a.get("agentrt.input.schema"),
                    answered_by=a.get("agentrt.input.answered_by"), via=a.get("agentrt.input.via"),

@@ -117,10 +117,13 @@ function nodeFromSpan(span, phaseSpans, sumNode) {
     phase: p.attributes?.["agentrt.phase"] || p.name, start: p.start, end: p.end,
     steps: (p.events || []).filter((e) => e.name === "engine_step").map((e) => nodeStep(e.attributes || {}, e.time)),
   }));
-  // Attempts that failed and were tried again, as the live node_retried events say (the trace
-  // keeps no message per attempt: the node's error is the last one's).
-  const retries = phases.filter((p) => p.phase === "tool_retried")
-    .map((p, i) => ({ attempt: i + 1, error_kind: null, error: null, time: p.end }));
+  // Attempts that failed and were tried again, as the live node_retried events say: from the
+  // node's attempt log (a trace written before it had one: from the retried phases alone).
+  const retried = phases.filter((p) => p.phase === "tool_retried");
+  const log = Array.isArray(a["agentrt.tool.attempt_log"]) ? a["agentrt.tool.attempt_log"].filter((r) => !r.ok && !r.not_retried) : null;
+  const retries = log ? log.map((r, i) => ({ attempt: r.attempt, error_kind: r.error_kind ?? null, error: r.error ?? null,
+    time: retried[Math.min(i, retried.length - 1)]?.end ?? null }))
+    : retried.map((p, i) => ({ attempt: i + 1, error_kind: null, error: null, time: p.end }));
   return {
     id, kind, tool: a["gen_ai.tool.name"] ?? sumNode?.tool ?? null,
     status: span.status || "ok", error: span.error ?? sumNode?.error ?? null, start: span.start, end: span.end,
