@@ -7,6 +7,8 @@ results, a constant's inferred from its value.
 """
 from __future__ import annotations
 
+import difflib
+import json
 from dataclasses import replace
 from typing import Any, Mapping
 
@@ -268,18 +270,40 @@ def _has_refs(value: Any) -> bool:
 
 def _check_case_keys(spec: BranchSpec, shapes: Shapes, problems: Problems) -> None:
     """Equality keys against what `on` can be (its enum, else its JSON types); a predicate can
-    only be judged by running it."""
+    only be judged by running it. Without a default, the cases must cover every value `on` can
+    take, when those are known (an enum, a boolean) and no predicate is among them."""
     schema = shapes.at(spec.on)[0]
     if not isinstance(schema, Mapping):
         return
     enum = schema.get("enum")
     types = json_types(schema)
+    values = enum if isinstance(enum, list) else [True, False] if types == {"boolean"} else None
+    left = _uncovered(spec, values)
+    before = len(problems)
     for case in spec.cases:
         if not case.is_equality:
             continue
         if isinstance(enum, list):
             if not any(case.matches(v) for v in enum):
-                problems.append((spec.id, f"case {case.label} can never match: {spec.on!s} is one of {enum}"))
+                close = difflib.get_close_matches(str(case.key), [v for v in left if isinstance(v, str)], n=1)
+                hint = f"; did you mean {json.dumps(close[0])}, which no case takes?" if close else ""
+                problems.append((spec.id, f"case {case.label} can never match: {spec.on!s} is one of {enum}{hint}"))
         elif types is not None and _disjoint({json_type(case.key)}, types):
             problems.append((spec.id, f"case {case.label} can never match: {spec.on!s} is "
                                       f"{' or '.join(sorted(types))}, never equal to {case.key!r}"))
+    if left and len(problems) == before:  # else the key that can never match is most likely the value left
+        taken = [v for v in values if v not in left]
+        shown = " or ".join(json.dumps(v) for v in left)
+        problems.append((spec.id, f"no case takes {spec.on!s} = {shown} (the cases take "
+                                  f"{', '.join(json.dumps(v) for v in taken) or 'none'} of {json.dumps(values)}) and "
+                                  f"there is no default, so a run where it is {shown} would fail here: add a case for "
+                                  f"{'it' if len(left) == 1 else 'each'}, or give default= (a body, or a value such "
+                                  f"as default=\"not handled\") for the values no case takes"))
+
+
+def _uncovered(spec: BranchSpec, values: list[Any] | None) -> list[Any]:
+    """The values of `on` no case takes, when they can be known: all its values are (an enum, a
+    boolean), there is no default, and no case is a predicate (only running it could tell)."""
+    if values is None or any(c.is_default or c.predicate is not None for c in spec.cases):
+        return []
+    return [v for v in values if not any(c.matches(v) for c in spec.cases)]
