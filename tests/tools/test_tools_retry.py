@@ -77,3 +77,12 @@ def test_retry_on_crosses_a_process_boundary_by_name():
 
     # a predicate runs on the worker (failures it rejects come back not retryable)
     assert pay_again.declaration()["retry_on"] == ["agentrt.tools.errors.ToolRaisedError"]
+
+
+def test_the_policy_docstring_examples_hold():
+    import doctest
+
+    import agentrt.retry
+
+    result = doctest.testmod(agentrt.retry, report=False)
+    assert result.attempted >= 3 and result.failed == 0
