@@ -193,6 +193,17 @@ def loop_line(loop: dict[str, Any]) -> str:
     return f"agent loop {loop['loop']}: {how}, {tools}"
 
 
+def answer_line(n: dict[str, Any]) -> str:
+    """A wait_for node in one line: its question, who answered how and after how long, the value
+    (`inspect --node` shows the schema and the whole value)."""
+    asked = f"{n['node']} (wait_for) asked {n['prompt']!r}" if n.get("prompt") else f"{n['node']} (wait_for)"
+    if n.get("answered_at") is None:
+        return f"{asked}: not answered ({n['status']})"
+    who = n.get("answered_by") or "someone who did not say who"
+    waited = f" after {n['answered_at'] - n['asked_at']:.1f} s" if n.get("asked_at") else ""
+    return f"{asked}: answered by {who} via {n.get('via')}{waited}: {n.get('value')}"
+
+
 def render_report(console: Console, summary: dict[str, Any], records: list[dict[str, Any]], *,
                   show_output: bool = True) -> None:
     """Everything `agentrt run` prints after a run and `agentrt inspect` prints for a trace."""
@@ -203,6 +214,9 @@ def render_report(console: Console, summary: dict[str, Any], records: list[dict[
             console.print(Text(f"warning: {warning}", style="yellow"))
         for loop in run.get("loops", ()):
             console.print(Text(loop_line(loop), style="dim"))
+        for n in run["nodes"]:
+            if n["kind"] == "wait_for":
+                console.print(Text(answer_line(n)))
         console.print(alpha_table(run))
         console.print(stall_table(run))
     eng = summary["engine"]

@@ -14,6 +14,7 @@ from agentrt.runtime import Runtime
 from agentrt.runtime.cli_run import print_finished_node
 from agentrt.runtime.node_report import render_node
 from agentrt.runtime.summary import summarize
+from agentrt.runtime.terminal import render_report
 
 DECISION = {"type": "object", "properties": {"approved": {"type": "boolean"}, "note": {"type": "string", "maxLength": 50}},
             "required": ["approved"], "additionalProperties": False}
@@ -86,6 +87,13 @@ async def test_a_wait_for_node_is_traced_as_a_person_answering_not_a_tool(script
     assert shown["answered_by"] == "alice"
 
     buf = io.StringIO()
+    render_report(Console(file=buf, width=160, color_system=None), summarize(records), records)
+    report = buf.getvalue()
+    assert "approval (wait_for) asked 'Refund #7? 10 EUR': answered by alice via terminal after" in report
+    assert '{"approved": true, "note": "ok"}' in report
+    assert "waiting for input (wait_for: a person or system)" in report and "waiting on input (wait_for nodes)" in report
+
+    buf = io.StringIO()
     finished = next(ev for ev in events if ev.type == "node_finished" and ev.data["node"] == "approval")
     print_finished_node(finished, Console(file=buf, width=200, color_system=None))
     assert "approval (wait_for) = " in buf.getvalue()
@@ -101,3 +109,6 @@ async def test_an_answer_nobody_signed_says_so_and_a_run_that_ends_waiting_says_
     buf = io.StringIO()
     render_node(Console(file=buf, width=120, color_system=None), records, "approval")
     assert "not answered (asked at " in buf.getvalue()
+    buf = io.StringIO()
+    render_report(Console(file=buf, width=160, color_system=None), summarize(records), records)
+    assert "approval (wait_for) asked 'Refund #8? 10 EUR': not answered (cancelled)" in buf.getvalue()
