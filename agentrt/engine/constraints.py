@@ -16,7 +16,8 @@ import torch
 from agentrt.engine.sequence import Sequence
 from agentrt.engine.step_rows import StepRow
 from agentrt.kernels.argmax import argmax_rows
-from agentrt.spec.grammar import GrammarCache, GrammarState, apply_masks, masked_argmax, shared_grammar_cache
+from agentrt.spec.grammar import (GRAMMAR_CACHE_BYTES, GrammarCache, GrammarState, apply_masks, masked_argmax,
+                                  shared_grammar_cache)
 from agentrt.spec.structured import OutputFormat
 
 
@@ -42,14 +43,17 @@ def greedy_tokens(logits: torch.Tensor, masks: StepMasks | None) -> torch.Tensor
 
 
 class Constraints:
-    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...]):
+    def __init__(self, tokenizer, vocab_size: int, stop_token_ids: tuple[int, ...],
+                 grammar_cache_bytes: int = GRAMMAR_CACHE_BYTES):
         self._tokenizer, self._vocab_size, self._stop_ids = tokenizer, vocab_size, list(stop_token_ids)
+        self._grammar_cache_bytes = grammar_cache_bytes
         self._grammars: GrammarCache | None = None
 
     @property
     def grammars(self) -> GrammarCache:
         if self._grammars is None:  # on first use; shared by the engines of one loaded model
-            self._grammars = shared_grammar_cache(self._tokenizer, self._vocab_size, self._stop_ids)
+            self._grammars = shared_grammar_cache(self._tokenizer, self._vocab_size, self._stop_ids,
+                                                  self._grammar_cache_bytes)
         return self._grammars
 
     def state(self, fmt: OutputFormat) -> GrammarState:

@@ -33,7 +33,7 @@ from agentrt.engine.step_sampler import sample_rows, token_logprobs
 from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
-from agentrt.spec.grammar import GrammarCache
+from agentrt.spec.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
 from agentrt.engine.messages import normalize_messages
 from agentrt.spec.penalties import Penalties
 from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions
@@ -49,6 +49,10 @@ class EngineConfig:
     block_size: int = 16
     kv_cache_tokens: int = 32768
     prefault_kv: bool = False  # map the whole KV cache at start (a server's first requests then skip page faults)
+    # compiled grammars of constrained outputs kept (least recently used dropped past it); one
+    # cache per loaded model, shared by its engines: the last engine made sets the bound
+    grammar_cache_bytes: int = GRAMMAR_CACHE_BYTES
+    step_log_steps: int = 100_000  # engine steps kept in step_log (~1.3 KB each at batch 8), for benchmarks
     max_num_seqs: int = 64
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's context, capped by the cache
@@ -80,14 +84,15 @@ class LLMEngine:
             self.blocks, step_cost=self._prefill_step_cost)
         self.max_model_len = min(config.max_model_len or self.model.cfg.max_position_embeddings, num_blocks * config.block_size)
         self.eos_ids = tuple(self.tokenizer.eos_token_ids)
-        self.constraints = Constraints(self.tokenizer, self.model.cfg.vocab_size, self.eos_ids)
+        self.constraints = Constraints(self.tokenizer, self.model.cfg.vocab_size, self.eos_ids,
+                                       grammar_cache_bytes=config.grammar_cache_bytes)
         self.spec = SpecRunner(config.spec, build_drafter(config.spec.drafter, self) if config.spec.enabled else None,
                                cost_model=lambda: load_or_estimate_cost_model(self))
         self._ids = itertools.count()
         self._seed_gen = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[int, Sequence] = {}
         self._stops: dict[int, StopChecker] = {}
-        self.step_log: deque[StepRecord] = deque(maxlen=100_000)
+        self.step_log: deque[StepRecord] = deque(maxlen=config.step_log_steps)
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.step_no = 0  # steps taken so far (the next step's number)
 

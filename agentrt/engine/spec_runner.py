@@ -39,6 +39,10 @@ class SpecConfig:
     # deepest draft the controller may ask for: 15 drafts + the next token fill one 16-row block
     # of the AMX kernels exactly; a 17th row starts a second block (+3-4 ms a step here)
     kmax: int = 15
+    # tokens of earlier outputs the suffix and template drafters keep to draft from (the newest
+    # half of them at least): ~0.1-1.1 KB each (repeated text costs little, new text the most),
+    # so up to ~70 MB at this default
+    history_tokens: int = 1 << 16
 
     def __post_init__(self) -> None:
         kind, colon, _ = self.drafter.partition(":") if isinstance(self.drafter, str) else (None, "", "")
@@ -48,6 +52,9 @@ class SpecConfig:
             raise SpecConfigError(f"k (the draft length) must be an integer >= 0 (0: no speculation), got {self.k!r}")
         if isinstance(self.kmax, bool) or not isinstance(self.kmax, int) or self.kmax < 1:
             raise SpecConfigError(f"kmax (the deepest draft) must be an integer >= 1, got {self.kmax!r}")
+        if isinstance(self.history_tokens, bool) or not isinstance(self.history_tokens, int) or self.history_tokens < 2:
+            raise SpecConfigError(f"history_tokens (the drafters' memory of earlier outputs) must be an integer >= 2, "
+                                  f"got {self.history_tokens!r}")
 
     @property
     def enabled(self) -> bool:
@@ -258,7 +265,7 @@ def build_drafter(spec: str, engine) -> Drafter:
         from agentrt.spec.drafters.suffix import SuffixDrafter
         from agentrt.spec.drafters.template import TemplateDrafter
 
-        suffix = SuffixDrafter(digits=digit_tokens(engine.tokenizer.encode))
+        suffix = SuffixDrafter(digits=digit_tokens(engine.tokenizer.encode), history_tokens=engine.config.spec.history_tokens)
         return suffix if kind == "suffix" else TemplateDrafter(suffix, engine.tokenizer.encode, engine.tokenizer.decode)
     if kind == "layerskip":
         from agentrt.engine.draft_runner import LayerSkipRunner

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import weakref
+from collections import OrderedDict
 from typing import Any
 
 import torch
@@ -47,16 +48,20 @@ _SHARED: "weakref.WeakKeyDictionary[Any, dict[tuple, GrammarCache]]" = weakref.W
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_grammar_cache(tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> "GrammarCache":
+def shared_grammar_cache(tokenizer: Any, vocab_size: int, stop_token_ids: list[int],
+                         max_bytes: int | None = None) -> "GrammarCache":
     """One GrammarCache per tokenizer object (and vocabulary size and stop tokens), so engines
     over one loaded model share the tokenizer info (~0.2 s to build for a 49k vocabulary, on the
     thread that prepares the first constrained request) and the compiled grammars. `tokenizer`
-    is the engine's Tokenizer; its `hf` is what xgrammar reads."""
+    is the engine's Tokenizer; its `hf` is what xgrammar reads. max_bytes, when given, becomes the
+    cache's bound (GrammarCache)."""
     key = (vocab_size, tuple(stop_token_ids))
     with _SHARED_LOCK:
         per = _SHARED.setdefault(tokenizer, {})
         if key not in per:
             per[key] = GrammarCache(tokenizer_info(tokenizer.hf, vocab_size, list(stop_token_ids)))
+        if max_bytes is not None:
+            per[key].bound(max_bytes)
         return per[key]
 
 
@@ -74,21 +79,57 @@ def strict_strings(grammar: xgr.Grammar) -> xgr.Grammar:
     return xgr.Grammar.from_ebnf(text.replace(LOOSE_STRING_CHAR, STRICT_STRING_CHAR))
 
 
+GRAMMAR_CACHE_BYTES = 64 << 20  # compiled grammars kept, least recently used dropped past this
+
+
 class GrammarCache:
-    """Compiles each output format once per tokenizer (xgrammar also caches internally)."""
+    """Compiles each output format once per tokenizer and keeps the compiled grammars of the
+    formats used most recently, up to `max_bytes` of them (xgrammar's own size of each: ~0.17 MB
+    for a small object schema, ~0.6 MB for a call of one of five tools, with this 49k-token
+    vocabulary); past that the least recently used is dropped, and compiled again (~5-50 ms) if
+    it comes back. Without a bound, a server whose clients send a new schema with each request
+    would keep every grammar it ever compiled. xgrammar's own compile cache is off: this one
+    already keys by format, and it would keep a second, unbounded copy."""
 
-    def __init__(self, info: xgr.TokenizerInfo):
+    def __init__(self, info: xgr.TokenizerInfo, max_bytes: int = GRAMMAR_CACHE_BYTES):
         self.info = info
-        self.compiler = xgr.GrammarCompiler(info, max_threads=2)
-        self._compiled: dict[str, xgr.CompiledGrammar] = {}
-        self._minimum: dict[str, int] = {}
+        self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=False)
+        # format key -> [compiled grammar, its bytes, its minimum completion tokens once known]
+        self._compiled: OrderedDict[str, list[Any]] = OrderedDict()
+        self.nbytes = 0
         self._lock = threading.Lock()
+        self.max_bytes = 0
+        self.bound(max_bytes)
 
-    def compile(self, fmt: OutputFormat) -> xgr.CompiledGrammar:
-        key = fmt.cache_key()
+    def bound(self, max_bytes: int) -> None:
+        """Keep at most max_bytes of compiled grammars (dropping the least recently used now)."""
+        if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 0:
+            raise ValueError(f"the grammar cache's bound must be an integer >= 0 bytes, got {max_bytes!r}")
         with self._lock:
-            if key in self._compiled:
-                return self._compiled[key]
+            self.max_bytes = max_bytes
+            self._evict()
+
+    def _evict(self) -> None:
+        # the newest stays even when it alone is over the bound: a request is using it
+        while self.nbytes > self.max_bytes and len(self._compiled) > 1:
+            _, (_, gone, _) = self._compiled.popitem(last=False)
+            self.nbytes -= gone
+
+    def __len__(self) -> int:
+        return len(self._compiled)
+
+    def _cached(self, key: str) -> list[Any] | None:
+        with self._lock:
+            entry = self._compiled.get(key)
+            if entry is not None:
+                self._compiled.move_to_end(key)
+            return entry
+
+    def _entry(self, fmt: OutputFormat) -> list[Any]:
+        key = fmt.cache_key()
+        entry = self._cached(key)
+        if entry is not None:
+            return entry
         try:
             json_grammar = strict_strings(xgr.Grammar.from_json_schema(fmt.schema, any_whitespace=False,
                                                                        separators=SEPARATORS))
@@ -104,26 +145,30 @@ class GrammarCache:
             compiled = self.compiler.compile_grammar(grammar)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError variously
             raise RequestError(f"response_format: cannot compile the schema into a grammar: {e}") from None
+        entry = [compiled, int(compiled.memory_size_bytes), None]
         with self._lock:
-            self._compiled[key] = compiled
-        return compiled
+            if key not in self._compiled:  # another thread may have compiled it meanwhile
+                self._compiled[key] = entry
+                self.nbytes += entry[1]
+                self._evict()
+            return self._compiled.get(key, entry)
+
+    def compile(self, fmt: OutputFormat) -> xgr.CompiledGrammar:
+        return self._entry(fmt)[0]
 
     def minimum_tokens(self, fmt: OutputFormat, encode: Any) -> int:
         """Tokens of the shortest output the completion search finds for this format (a call, for
         a tool-call format that may also answer in text): the least max_tokens that can be valid."""
-        key = fmt.cache_key()
-        with self._lock:
-            if key in self._minimum:
-                return self._minimum[key]
-        m = xgr.GrammarMatcher(self.compile(fmt))
+        entry = self._entry(fmt)
+        if entry[2] is not None:
+            return entry[2]
+        m = xgr.GrammarMatcher(entry[0])
         start = fmt.json_start if fmt.kind == "tool_call" and fmt.allow_text else ""
         ids = encode(start)
         ok = all(m.accept_token(t) for t in ids)
         text = completion_from(m, encode, start) if ok else None
-        n = 0 if text is None else len(encode(start + text))
-        with self._lock:
-            self._minimum[key] = n
-        return n
+        entry[2] = 0 if text is None else len(encode(start + text))
+        return entry[2]
 
     def new_bitmask(self, rows: int) -> torch.Tensor:
         return xgr.allocate_token_bitmask(rows, self.info.vocab_size)

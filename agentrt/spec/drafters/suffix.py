@@ -190,7 +190,7 @@ class SuffixTrie:
 class SuffixConfig:
     max_depth: int = 32  # trie depth: longest counted string
     max_pattern: int = 32  # longest context suffix matched against the shared history
-    history_tokens: int = 1 << 18  # cap on tokens kept in the shared history (two generations)
+    history_tokens: int = 1 << 16  # cap on tokens kept in the shared history (two generations): ~0.1-1.1 KB each
     min_confidence: float = 0.2  # stop drafting when the confidence product would fall below this
     prior_weight: float = 2.0  # pseudo-count of the match-length prior
     prior_half_length: float = 4.0  # match length at which the prior is 0.5
