@@ -232,6 +232,8 @@ class Runtime:
                                                on_start=started, on_text=on_text, **extra)
         finally:
             del self.calls[call_id]
+            if self.trace.last_engine_step is not None:  # a server serving only chats keeps no lane for them
+                self.trace.forget([], steps_before=self._oldest_in_flight())
 
     def release(self, run_id: str) -> list[dict[str, Any]]:
         """A finished run's trace records (Trace.run_records), after which the runtime forgets the
@@ -242,10 +244,14 @@ class Runtime:
             raise RunConfigError(f"run '{run_id}' is not a finished run of this runtime")
         records = self.trace.run_records(run_id)
         del self.programs[run_id]
-        oldest = min([p.start for p in self.programs.values()] + [s.started for s in self.calls.values()],
-                     default=self.trace.now())
-        self.trace.forget([run_id], steps_before=oldest)
+        self.trace.forget([run_id], steps_before=self._oldest_in_flight())
         return records
+
+    def _oldest_in_flight(self) -> float:
+        """When the oldest run or call still here started (trace clock): engine steps that ended
+        before it are in no trace still to be written."""
+        return min([p.start for p in self.programs.values()] + [s.started for s in self.calls.values()],
+                   default=self.trace.now())
 
     def run_snapshot(self, run_id: str) -> list[dict[str, Any]]:
         """A run's trace as it stands (what `agentrt inspect` reads): a finished run's whole trace;
