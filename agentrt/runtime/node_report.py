@@ -67,8 +67,8 @@ def render_answer(console: Console, n: dict[str, Any]) -> None:
         console.print("not answered" + (f" (asked at {_clock(n['asked_at'])})" if n.get("asked_at") else ""))
         return
     waited = f" after {n['answered_at'] - n['asked_at']:.1f} s" if n.get("asked_at") else ""
-    console.print(f"answered by {n.get('answered_by') or 'someone who did not say who'} via {n.get('via')} "
-                  f"at {_clock(n['answered_at'])}{waited}")
+    who = f" by {n['answered_by']}" if n.get("answered_by") else ""  # `by` is optional
+    console.print(f"answered{who} via {n.get('via')} at {_clock(n['answered_at'])}{waited}")
 
 
 def _clock(unix_s: float) -> str:

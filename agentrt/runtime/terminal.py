@@ -199,9 +199,9 @@ def answer_line(n: dict[str, Any]) -> str:
     asked = f"{n['node']} (wait_for) asked {n['prompt']!r}" if n.get("prompt") else f"{n['node']} (wait_for)"
     if n.get("answered_at") is None:
         return f"{asked}: not answered ({n['status']})"
-    who = n.get("answered_by") or "someone who did not say who"
+    who = f" by {n['answered_by']}" if n.get("answered_by") else ""
     waited = f" after {n['answered_at'] - n['asked_at']:.1f} s" if n.get("asked_at") else ""
-    return f"{asked}: answered by {who} via {n.get('via')}{waited}: {n.get('value')}"
+    return f"{asked}: answered{who} via {n.get('via')}{waited}: {n.get('value')}"
 
 
 def render_report(console: Console, summary: dict[str, Any], records: list[dict[str, Any]], *,

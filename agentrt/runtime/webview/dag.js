@@ -242,7 +242,7 @@ function dagNode(parent, gn, nv, p, critical, selected) {
 function answerLines(gn, nv) {
   const input = nv?.input || {};
   const out = [`asks: ${input.prompt ?? gn.prompt ?? "(no question)"}`];
-  if (input.answered_at) out.push(`answered by ${input.answered_by || "someone who did not say who"} via ${input.via ?? "?"}`);
+  if (input.answered_at) out.push(`answered${input.answered_by ? ` by ${input.answered_by}` : ""} via ${input.via ?? "?"}`);
   if (nv?.status === "ok" && nv.value !== null && nv.value !== undefined) out.push(`value: ${nv.value}`);
   return out;
 }

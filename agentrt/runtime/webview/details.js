@@ -117,8 +117,7 @@ function renderAnswer(root, n) {
   htmlEl(p, "span", null, input.prompt ? ` asked “${input.prompt}”: ` : " asked for a value: ");
   if (n.status === "ok") {
     const waited = (n.phases || []).filter((ph) => ph.phase === "input_wait").reduce((t, ph) => t + ((ph.end ?? n.end) - ph.start), 0);
-    const who = input.answered_by || (input.via ? "someone who did not say who" : null);
-    htmlEl(p, "span", null, `${who ? `answered by ${who}${input.via ? ` via ${input.via}` : ""}` : "answered"}` +
+    htmlEl(p, "span", null, `answered${input.answered_by ? ` by ${input.answered_by}` : ""}${input.via ? ` via ${input.via}` : ""}` +
       `${waited > 0 ? ` after ${fmtSec(waited)}` : ""}: `);
     htmlEl(p, "code", { class: "av-answer-value" }, n.value ?? "null");
   } else {
