@@ -24,6 +24,7 @@ from agentrt.engine.cli_args import add_model_arguments
 from agentrt.errors import RunConfigError
 from agentrt.runtime.store_location import db_argument
 from agentrt.server.config import Limits, ServerConfig, is_loopback
+from agentrt.server.memory_args import add_memory_arguments, engine_memory, kv_cache_line
 
 log = logging.getLogger("agentrt.server")
 
@@ -38,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--spec", default="template",
                    help="drafter: none | suffix | template | layerskip:N | draft:PATH")
     p.add_argument("--policy", default="las", choices=["las", "fcfs"])
+    add_memory_arguments(p)
     p.add_argument("--tools", action="append", default=[], metavar="MODULE",
                    help="a module (dotted name or .py file) whose TOOLS (or @tool functions) programs may call")
     p.add_argument("--broker", default=None, metavar="URL",
@@ -222,9 +224,12 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
     from agentrt.runtime.trace import Trace
     from agentrt.tools import ToolRegistry
 
-    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec),
-                          batch_invariant=getattr(args, "batch_invariant", False))
+    engine_kw, spec_kw = engine_memory(args)
+    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                          spec=SpecConfig(drafter=args.spec, **spec_kw),
+                          batch_invariant=getattr(args, "batch_invariant", False), **engine_kw)
     engine = AsyncEngine(await asyncio.to_thread(LLMEngine, config))
+    print(f"agentrt serve: {kv_cache_line(engine.engine)}", flush=True)
     # before /ready says so, not on a client's request
     print(f"agentrt serve: engine warmed up in {await engine.warm_up():.1f} s", flush=True)
     backend = EngineBackend(engine, model_name=model)
