@@ -22,6 +22,8 @@ class BenchResult:
     summary: dict[str, Any]
     notes: list[str] = field(default_factory=list)
     config: dict[str, Any] = field(default_factory=dict)
+    name: str | None = None  # the closing line's and the JSON's name when not the bench's (a mode of it)
+    line_keys: tuple[str, ...] | None = None  # the summary keys the closing line shows (default: all)
 
 
 def machine_info() -> dict[str, Any]:
@@ -42,6 +44,7 @@ def machine_info() -> dict[str, Any]:
 
 def finish(name: str, result: BenchResult, json_path: str | None) -> None:
     console = Console()
+    name = result.name or name
     print_table(f"bench {name}", result.rows, console)
     for n in result.notes:
         console.print(n)
@@ -55,4 +58,5 @@ def finish(name: str, result: BenchResult, json_path: str | None) -> None:
             "summary": result.summary,
         }
         write_text_atomic(json_path, json.dumps(payload, indent=2, default=str))
-    print(f"{name}: " + " ".join(f"{k}={_fmt(v)}" for k, v in result.summary.items()), flush=True)
+    keys = result.line_keys or tuple(result.summary)
+    print(f"{name}: " + " ".join(f"{k}={_fmt(result.summary.get(k))}" for k in keys), flush=True)

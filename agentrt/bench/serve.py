@@ -55,6 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--durability-rate", type=float, default=0.2, help="arrivals per second of the durability part")
     p.add_argument("--resume-runs", type=int, default=100, help="stored runs the durability part resumes")
     p.add_argument("--seed", type=int, default=0)
+    from agentrt.bench.serve_soak import add_arguments as add_soak_arguments
+
+    add_soak_arguments(p)
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -283,6 +286,10 @@ def programs_part(args: argparse.Namespace, console: Console, rates: list[float]
 
 def run(args: argparse.Namespace) -> BenchResult:
     console = Console()
+    if args.soak is not None:
+        from agentrt.bench.serve_soak import run_soak
+
+        return run_soak(args, console)
     levels = [int(x) for x in (args.concurrency or ("1,4" if args.quick else "1,4,16")).split(",")]
     r = args.requests or (2 if args.quick else 4)
     out_tokens = args.out_tokens or (32 if args.quick else 64)
