@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass, field
@@ -26,10 +27,30 @@ class BenchResult:
     line_keys: tuple[str, ...] | None = None  # the summary keys the closing line shows (default: all)
 
 
+CPU_FLAGS_OF_NOTE = ("avx2", "fma", "f16c", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8", "amx_bf16")
+
+
+def cpu_info() -> dict[str, Any]:
+    """The CPU's model name and which of the instruction sets the kernels use it has (Linux)."""
+    model, flags = None, set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model is None:
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    return {"cpu": model or platform.processor() or platform.machine(), "cpu_flags": [f for f in CPU_FLAGS_OF_NOTE if f in flags]}
+
+
 def machine_info() -> dict[str, Any]:
     import os
 
-    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count()}
+    info = {"platform": platform.platform(), "python": platform.python_version(), "cpus": os.cpu_count(),
+            **cpu_info()}
     try:
         import torch
 
@@ -58,5 +79,7 @@ def finish(name: str, result: BenchResult, json_path: str | None) -> None:
             "summary": result.summary,
         }
         write_text_atomic(json_path, json.dumps(payload, indent=2, default=str))
+    cpu = cpu_info()
+    console.print(f"machine: {cpu['cpu']}, {os.cpu_count()} CPUs, flags {' '.join(cpu['cpu_flags']) or 'none of note'}")
     keys = result.line_keys or tuple(result.summary)
     print(f"{name}: " + " ".join(f"{k}={_fmt(result.summary.get(k))}" for k in keys), flush=True)

@@ -30,6 +30,13 @@ Summary: b1_vs_hf, b8_vs_hf (our float path / transformers), b1_vs_llamacpp_q4, 
 startup_s (`agentrt generate` with --dtype, spawn to first byte), ppl_quant, ppl_dequant,
 ppl_llamacpp (agentrt/bench/perplexity.py). A key whose path did not run, or failed, is null.
 
+Verify cost (bench/verify_cost.py): the forward's time for one sequence fed 1-32 rows and for 8
+sequences fed 1 and 8 rows, over the one-row step, per path (the quantized one also capped at each
+lower instruction set the CPU has); verify16_over_step1_q4 / verify16_over_step1 (goal for the
+quantized path <= 1.6 with AVX512-VNNI or AMX-INT8, <= 2.5 on AVX2), and prefill_vs_llamacpp_q4:
+tokens/s of a 512-token prompt's forward over llama.cpp's prompt evaluation on the same file
+(goal >= 1.0).
+
 --determinism adds (agentrt/bench/determinism.py): the fraction of greedy tool calls identical
 with every drafter and k against each request alone without drafts, and the verify step's cost
 at k = 4 and 15 against a 1-token step."""
@@ -283,12 +290,14 @@ def run(args: argparse.Namespace) -> BenchResult:
                     p.tok_s.setdefault(batch, []).append(got)
     console.print(f"  perplexity on {len(text_ids)} tokens")
     ppl = {k: p.attempt("the perplexity", p.ppl) for k, p in paths.items()}
-    if peer is not None:
-        peer.close()
     best = {k: {b: max(v) for b, v in p.tok_s.items()} for k, p in paths.items()}
     rows = [{"engine": p.engine, "weights": p.weights, **{f"b{b}_tok_s": best[k].get(b) for b in BATCHES},
              "ppl": ppl[k], **({"failed": p.failed} if p.failed else {})} for k, p in paths.items()]
     notes += [f"{p.engine} {p.failed}: its row holds what it measured before" for p in paths.values() if p.failed]
+
+    verify = _verify_cost(quant, deq, paths, peer, args.quick, console, notes)
+    if peer is not None:
+        peer.close()
 
     console.print("  measuring startup")
     startup = min(_startup_s(args.model, args.dtype) for _ in range(1 if args.quick else 2))
@@ -335,6 +344,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         "b8_vs_llamacpp_q4": ratio("quant", "llamacpp", 8),
         "floor_ratio_q4": floor["quant"],
         "floor_ratio": floor["deq"],
+        **verify.pop("summary"),
         "startup_s": startup,
         "ppl_quant": ppl.get("quant"),
         "ppl_dequant": ppl["deq"],
@@ -344,12 +354,47 @@ def run(args: argparse.Namespace) -> BenchResult:
               "new_tokens": n_tokens, "repeats": repeats, "threads": threads, "read_bw_gb_s": [b / 1e9 for b in bws],
               "ppl_tokens": len(text_ids), "paths": config_paths,
               "llama_cpp": peer.version if peer is not None else None,
-              "prompt_tokens": [len(p) for p in prompt_ids]}
+              "prompt_tokens": [len(p) for p in prompt_ids], "verify_cost": verify}
     if getattr(args, "determinism", False):
         main = quant if quant is not None and args.dtype in ("auto", "quantized") else deq
         summary |= _determinism(main, args.quick, console, notes, config, getattr(args, "batch_invariant", False),
                                 getattr(args, "determinism_requests", None))
     return BenchResult(rows=rows, summary=summary, notes=notes, config=config)
+
+
+def _verify_cost(quant, deq, paths: dict, peer, quick: bool, console: Console, notes: list[str]) -> dict:
+    """The verify cost table (printed), the prefill figures; {"summary": {...}, "rows": [...], ...}."""
+    from agentrt.bench import verify_cost as vc
+    from agentrt.tables import print_table
+
+    reps = 5 if quick else 15
+    rows, ratio16, prefill = [], {}, {}
+    if quant is not None:
+        rows, ratio16 = vc.quantized_rows(quant.model, paths["quant"].weights, reps, console)
+        console.print("  prefill: ours, quantized")
+        prefill["quant"] = vc.prefill_tok_s(quant.model, 2 if quick else 3)
+    console.print(f"  verify cost: {paths['deq'].weights}")
+    deq_ms = vc.forward_ms(deq.model, reps)
+    rows.append(vc.cost_row(paths["deq"].weights, deq_ms))
+    if "llamacpp" in paths:
+        ids = torch.randint(0, deq.model.cfg.vocab_size, (vc.PREFILL_TOKENS,),
+                            generator=torch.Generator().manual_seed(1)).tolist()
+        console.print("  prefill: llama.cpp")
+        got = paths["llamacpp"].attempt("the prefill", lambda: peer.prefill_tok_s(ids, 2 if quick else 3))
+        if got is not None:
+            prefill["llamacpp"] = got
+    print_table(f"verify cost: a forward of S sequences x n rows ({vc.CONTEXT} cached positions each) over "
+                "the one-row step", rows, console)
+    if prefill:
+        notes.append(f"prefill of a {vc.PREFILL_TOKENS}-token prompt, one forward: "
+                     + ", ".join(f"{k} {v:.0f} tok/s" for k, v in prefill.items()))
+    default = next((r for r in rows if r["path"].endswith("(default)")), None)
+    q16 = default["1x16"] if default else None
+    summary = {"verify16_over_step1_q4": q16, "verify16_over_step1": deq_ms[(1, 16)] / deq_ms[(1, 1)],
+               "prefill_vs_llamacpp_q4": (prefill["quant"] / prefill["llamacpp"]
+                                          if "quant" in prefill and "llamacpp" in prefill else None)}
+    return {"summary": summary, "rows": rows, "verify16_over_step1_q4_by_isa": ratio16, "prefill_tok_s": prefill,
+            "context": vc.CONTEXT, "reps": reps}
 
 
 def _determinism(engine, quick: bool, console: Console, notes: list[str], config: dict, invariant: bool = False,

@@ -15,6 +15,7 @@ naming the signal, and the benches put that in the peer's row and finish the res
   llama.cpp's greedy sampler does). Only the decode steps are timed. The low-level loop, not
   `Llama.generate`, so that no Python sampling chain adds to llama.cpp's step.
 - `perplexity`: one decode of the whole text with every position's logits.
+- `prefill_tok_s`: one decode of a whole prompt (prompt evaluation), logits of its last token.
 - `generate_run`: `Llama.generate` at temperature 0, plain or with llama-cpp-python's
   `LlamaPromptLookupDecoding` as its draft model (bench spec).
 Flash attention is on in every context: llama.cpp's own default ("auto") turns it on for the CPU,
@@ -83,6 +84,9 @@ class LlamaCppPeer:
 
     def perplexity(self, ids: list[int]) -> float:
         return self._call("perplexity", ids)
+
+    def prefill_tok_s(self, ids: list[int], reps: int) -> float:
+        return self._call("prefill_tok_s", ids, reps)
 
     def generate_run(self, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, ...],
                      lookup: bool) -> tuple[list[int], float, float, float]:
@@ -177,6 +181,17 @@ class LlamaCpp:
             self._decode(ctx, batch, [(t, j, 0, True) for j, t in enumerate(ids)])
             logits = torch.stack([self._logits(ctx, i) for i in range(n)])
         return from_logits(logits, ids)
+
+    def prefill_tok_s(self, ids: list[int], reps: int) -> float:
+        """Tokens/s of prompt evaluation: one llama_decode of all of ids (logits of the last only)
+        in a fresh context, fastest of reps."""
+        n, best = len(ids), float("inf")
+        for _ in range(reps + 1):  # the first: warm-up
+            with self._context(_round_up(n + 1), n, 1) as (ctx, batch):
+                t0 = time.perf_counter()
+                self._decode(ctx, batch, [(t, j, 0, j == n - 1) for j, t in enumerate(ids)])
+                best = min(best, time.perf_counter() - t0)
+        return n / best
 
     def generate_run(self, prompt_ids: list[int], max_tokens: int, eos_ids: tuple[int, ...],
                      lookup: bool) -> tuple[list[int], float, float, float]:

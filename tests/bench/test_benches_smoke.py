@@ -149,3 +149,17 @@ def test_determinism_section_rows(smollm2_source):
     assert all(r["identical"] == "3/3" and r["identical_fraction"] == 1 and r["tok_s"] > 0 for r in rows)
     ms = determinism.verify_step_ms(loaded, ks=(0, 4), ctx=40, reps=2)
     assert set(ms) == {0, 4} and all(v > 0 for v in ms.values())
+
+
+def test_verify_cost_table_shapes(tiny):
+    """bench decode's verify cost: every shape timed (interleaved), the one-row step first, and the
+    rows as ratios to it; the prefill figure is tokens per second of one forward."""
+    from agentrt.bench import verify_cost as vc
+
+    ms = vc.forward_ms(tiny.model, reps=2)
+    assert list(ms) == vc.shapes() and vc.shapes()[0] == (1, 1)
+    assert all(v > 0 for v in ms.values())
+    row = vc.cost_row("tiny", ms)
+    assert row["step1_ms"] == ms[(1, 1)] and row["1x16"] == ms[(1, 16)] / ms[(1, 1)]
+    assert set(row) == {"path", "step1_ms", "1x2", "1x4", "1x8", "1x16", "1x32", "8x1", "8x8"}
+    assert vc.prefill_tok_s(tiny.model, reps=1, n=40) > 0

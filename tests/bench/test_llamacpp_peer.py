@@ -21,8 +21,9 @@ from agentrt.bench import llamacpp
 from agentrt.bench.peer_process import TEST_SIGNAL_ENV, PeerFailed, PeerProcess
 
 DECODE_KEYS = {"b1_vs_hf", "b8_vs_hf", "b1_vs_llamacpp_q4", "b8_vs_llamacpp_q4", "floor_ratio_q4", "floor_ratio",
-               "startup_s", "ppl_quant", "ppl_dequant", "ppl_llamacpp"}
-LLAMACPP_KEYS = {"b1_vs_llamacpp_q4", "b8_vs_llamacpp_q4", "ppl_llamacpp"}
+               "startup_s", "ppl_quant", "ppl_dequant", "ppl_llamacpp", "verify16_over_step1_q4",
+               "verify16_over_step1", "prefill_vs_llamacpp_q4"}
+LLAMACPP_KEYS = {"b1_vs_llamacpp_q4", "b8_vs_llamacpp_q4", "ppl_llamacpp", "prefill_vs_llamacpp_q4"}
 
 
 @pytest.fixture
@@ -60,8 +61,14 @@ def test_decode_bench_without_llama_cpp(tiny_gguf, no_llama_cpp, monkeypatch):
         q, d = result.summary["ppl_quant"], result.summary["ppl_dequant"]
         assert abs(q - d) / d < 0.1  # the same weights; only the int8 activation rounding differs
         assert result.summary["floor_ratio_q4"] > 0
+        assert result.summary["verify16_over_step1_q4"] > 0
+        cost = result.config["verify_cost"]
+        assert cost["rows"][0]["path"].endswith("(default)")  # the kernels' own set, then each lower one
+        assert set(cost["verify16_over_step1_q4_by_isa"]) >= {"avx2"}
     else:
         assert result.summary["ppl_quant"] is None and result.summary["floor_ratio_q4"] is None
+        assert result.summary["verify16_over_step1_q4"] is None
+    assert result.summary["verify16_over_step1"] > 0
 
 
 def test_spec_bench_without_llama_cpp(tiny_gguf, no_llama_cpp, monkeypatch):
@@ -113,6 +120,7 @@ def test_llamacpp_peer_greedy_equals_its_own_generate(peer, smollm2_source):
     tokens, t0, first, finished = peer.generate_run(ids, 6, (), lookup=True)
     assert len(tokens) == 6 and t0 <= first <= finished
     assert 1 < peer.perplexity(ids) < 1e4
+    assert peer.prefill_tok_s(ids, 1) > 0
 
 
 # ---- a peer that crashes ------------------------------------------------------------------------

@@ -28,6 +28,7 @@
 
 #if QUANT_AVX512
 
+#define PREFETCH_AHEAD 4096 /* bytes */
 #define NO_GROUP_BYTES 288 /* >= a group block of any ROWS8 format: zeros for a missing 2nd group */
 static const uint8_t no_group[NO_GROUP_BYTES] __attribute__((aligned(64)));
 
@@ -68,10 +69,11 @@ static inline __attribute__((always_inline)) void block16(const row_pair *p, int
                                                           __m512 *mw, __m512i v[8]) {
   const uint8_t *a = p->g0 + b * p->s0, *c1 = p->g1 + b * p->s1;
   const int head = group_head_bytes(fmt);
-  _mm_prefetch((const char *)a + 4096, _MM_HINT_T0);
-  _mm_prefetch((const char *)a + 4096 + 64, _MM_HINT_T0);
-  _mm_prefetch((const char *)c1 + 4096, _MM_HINT_T0);
-  _mm_prefetch((const char *)c1 + 4096 + 64, _MM_HINT_T0);
+  /* each group's rows are contiguous: fetch 4 KB ahead in both, every line of the block */
+  for (int c = 0; c < group_block_bytes(fmt); c += 64) {
+    _mm_prefetch((const char *)a + PREFETCH_AHEAD + c, _MM_HINT_T0);
+    _mm_prefetch((const char *)c1 + PREFETCH_AHEAD + c, _MM_HINT_T0);
+  }
   *dw = f16x16(a, c1);
   *mw = fmt == FMT_Q4_1 ? f16x16(a + 16, c1 + 16) : _mm512_mul_ps(*dw, _mm512_set1_ps(-8.0f));
   if (fmt == FMT_Q8_0) {

@@ -1,0 +1,136 @@
+"""The verify cost curve (a table of `agentrt bench decode`): what a forward costs when a
+sequence is fed n rows at once (its last token plus n - 1 drafts to verify), against a one-row
+decode step, per path. Speculation pays only while this stays near 1: it is the figure the k
+controller's cost model is fitted to.
+
+Shapes: one sequence fed 1, 2, 4, 8, 16 and 32 rows, and 8 sequences fed 1 and 8 rows each, each
+sequence with CONTEXT cached positions (the rows' K/V overwrite the same slots every time, so the
+context stays CONTEXT long). The shapes are timed interleaved, `reps` rounds, and each figure is
+the median: a drift in the machine's speed moves every shape alike, and the ratios to the one-row
+step are taken within one run.
+
+The quantized path is measured on the instruction set the kernels pick (the default) and, where
+the CPU has better ones, capped at each lower one too (quant_build.cap_isa): every set gives the
+same bits, so the rows show what the same model costs on a CPU that has only that set.
+
+Prefill: one forward of a PREFILL_TOKENS-token prompt from an empty cache, fastest of `reps`, as
+tokens/s (llama.cpp's side: one llama_decode of the same token count, bench/llamacpp.py)."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+CONTEXT = 300
+ONE_SEQ_ROWS = (1, 2, 4, 8, 16, 32)
+MULTI_SEQ = ((8, 1), (8, 8))  # (sequences, rows each)
+PREFILL_TOKENS = 512
+BLOCK = 16
+
+
+def shapes() -> list[tuple[int, int]]:
+    """(sequences, rows each), the one-row step first."""
+    return [(1, n) for n in ONE_SEQ_ROWS] + list(MULTI_SEQ)
+
+
+def _label(seqs: int, rows: int) -> str:
+    return f"{seqs}x{rows}"
+
+
+class _Batches:
+    """Sequences 0..S-1 with CONTEXT cached positions each, and the forward batch of S x n rows."""
+
+    def __init__(self, model, seqs: int, max_rows: int):
+        from agentrt.engine.block_manager import BlockManager
+        from agentrt.engine.kv_cache import KVCache
+
+        self.model = model
+        per_seq = (CONTEXT + max_rows + BLOCK - 1) // BLOCK + 1
+        self.blocks = BlockManager(seqs * per_seq + 2, BLOCK)
+        self.kv = KVCache(model.cfg, seqs * per_seq + 2, BLOCK, model.dtype)
+        g = torch.Generator().manual_seed(0)
+        self.ids = torch.randint(0, model.cfg.vocab_size, (seqs, CONTEXT + max_rows), generator=g)
+        for s in range(seqs):
+            self.blocks.grow(s, CONTEXT + max_rows)
+        with torch.inference_mode():
+            for s in range(seqs):
+                model.forward(self.batch([s], 0, CONTEXT), self.kv)
+
+    def batch(self, seqs: list[int], start: int, n: int):
+        from agentrt.engine.models.attention import build_attention_metadata
+        from agentrt.engine.models.batch import ForwardBatch
+
+        positions = torch.arange(start, start + n).repeat(len(seqs))
+        slots = torch.tensor([x for s in seqs for x in self.blocks.slots(s, start, start + n)])
+        meta = build_attention_metadata([n] * len(seqs), [start + n] * len(seqs), positions,
+                                        [self.blocks.tables[s] for s in seqs], BLOCK, torch.device("cpu"))
+        return ForwardBatch(self.ids[seqs, start:start + n].reshape(-1), positions, slots, meta)
+
+
+def forward_ms(model, reps: int) -> dict[tuple[int, int], float]:
+    """Median ms of one forward per shape (see the module docstring)."""
+    max_seqs = max(s for s, _ in shapes())
+    max_rows = max(r for _, r in shapes())
+    b = _Batches(model, max_seqs, max_rows)
+    batches = {sh: b.batch(list(range(sh[0])), CONTEXT, sh[1]) for sh in shapes()}
+    times: dict[tuple[int, int], list[float]] = {sh: [] for sh in batches}
+    with torch.inference_mode():
+        for sh, fb in batches.items():  # warm-up: first-call allocations
+            model.forward(fb, b.kv)
+        for _ in range(reps):
+            for sh, fb in batches.items():
+                t0 = time.perf_counter()
+                model.forward(fb, b.kv)
+                times[sh].append(time.perf_counter() - t0)
+    return {sh: 1e3 * statistics.median(t) for sh, t in times.items()}
+
+
+def prefill_tok_s(model, reps: int, n: int = PREFILL_TOKENS) -> float:
+    """Tokens/s of one forward of an n-token prompt from an empty cache, fastest of reps."""
+    from agentrt.engine.block_manager import BlockManager
+    from agentrt.engine.kv_cache import KVCache
+    from agentrt.engine.models.attention import build_attention_metadata
+    from agentrt.engine.models.batch import ForwardBatch
+
+    blocks = BlockManager(n // BLOCK + 2, BLOCK)
+    kv = KVCache(model.cfg, n // BLOCK + 2, BLOCK, model.dtype)
+    blocks.grow(0, n)
+    ids = torch.randint(0, model.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
+    positions = torch.arange(n)
+    meta = build_attention_metadata([n], [n], positions, [blocks.tables[0]], BLOCK, torch.device("cpu"))
+    fb = ForwardBatch(ids, positions, torch.tensor(blocks.slots(0, 0, n)), meta)
+    best = float("inf")
+    with torch.inference_mode():
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            model.forward(fb, kv)
+            best = min(best, time.perf_counter() - t0)
+    return n / best
+
+
+def cost_row(label: str, ms: dict[tuple[int, int], float]) -> dict:
+    """One table row: the one-row step's ms, then each shape's ms over it."""
+    step = ms[(1, 1)]
+    return {"path": label, "step1_ms": step,
+            **{f"{_label(*sh)}": ms[sh] / step for sh in shapes() if sh != (1, 1)}}
+
+
+def quantized_rows(model, weights: str, reps: int, progress) -> tuple[list[dict], dict[str, float]]:
+    """Rows for the quantized model on its kernels' instruction set and each lower one this CPU
+    runs, and {isa: 1x16 over 1x1}. The kernels are left on their best set."""
+    from agentrt.kernels.quant_build import ISAS, cap_isa, isa, quant_kernels
+
+    lib = quant_kernels()
+    best = isa(lib)
+    rows, ratio16 = [], {}
+    try:
+        for name in reversed(ISAS[1:ISAS.index(best) + 1]):
+            cap_isa(lib, name)
+            progress.print(f"  verify cost: {weights} on {name}")
+            ms = forward_ms(model, reps)
+            rows.append(cost_row(f"{weights}, {name}" + (" (default)" if name == best else ""), ms))
+            ratio16[name] = ms[(1, 16)] / ms[(1, 1)]
+    finally:
+        cap_isa(lib, best)
+    return rows, ratio16
