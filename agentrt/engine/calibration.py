@@ -27,8 +27,13 @@ _SCRATCH = -1  # block-table id of the calibration sequence (real ids are >= 0)
 
 def model_cost_path(engine) -> Path:
     # a model on its GGUF's blocks is another model to time than its float twin (other kernels,
-    # ~1/6 of the fp32 weight bytes), so it gets its own fit
-    name = engine.loaded.name + ("-quantized" if engine.model.quantized else "")
+    # ~1/6 of the fp32 weight bytes), so it gets its own fit, one per build and instruction set of
+    # the kernels (a 16-row verify costs ~6x a step on AVX2 and ~2x with AMX-INT8)
+    name = engine.loaded.name
+    if engine.model.quantized:
+        from agentrt.kernels.quant_build import kernels_key
+
+        name += "-quantized" + (f"-{kernels_key()}" if kernels_key() else "")
     return cost_model_path(cache_root(), name, engine.model.dtype, machine_id(engine.config.device))
 
 

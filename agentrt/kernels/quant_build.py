@@ -94,8 +94,9 @@ def missing_isa_flags(isa: str) -> list[str]:
 
 
 def isa(lib: ctypes.CDLL) -> str:
-    """The instruction set lib runs rows-by-8 linears on now (calls of 1-3 rows run on
-    avx512-vnni where this says amx-int8: a tile multiply's fixed cost buys little there)."""
+    """The instruction set lib runs rows-by-8 linears on now (where this says amx-int8, calls of
+    fewer than 8 rows, 5 for Q8_0, run on avx512-vnni: a tile multiply's fixed cost buys little
+    there)."""
     return ISAS[lib.agentrt_quant_isa()]
 
 
@@ -124,6 +125,16 @@ def _library_path(cc: str, scalar: bool) -> Path:
         h.update((CSRC / name).read_bytes())
     h.update("\0".join([compiler_identity(cc), *_flags(scalar), " ".join(sorted(_cpu_flags()))]).encode())
     return kernels_cache_dir() / h.hexdigest()[:16] / "libagentrt_quant.so"
+
+
+def kernels_key() -> str | None:
+    """What tells these kernels' timings apart: the instruction set they run on now and their
+    build's hash (sources, compiler, flags, CPU); None where they do not run. A step-cost fit
+    made on other kernels prices steps that no longer exist."""
+    lib = quant_kernels()
+    if lib is None:
+        return None
+    return f"{isa(lib)}-{_library_path(_compiler(), False).parent.name[:8]}"
 
 
 def build(cc: str, target: Path, scalar: bool = False) -> Path:

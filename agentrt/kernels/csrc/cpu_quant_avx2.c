@@ -422,7 +422,7 @@ static void qjob_run(void *ctx, int tid, int nthreads) {
 #if QUANT_AVX512
     if (j->rows8 && j->isa >= QUANT_ISA_VNNI) {
 #if QUANT_AMX
-      if (j->isa == QUANT_ISA_AMX && !amx) quant_amx_begin(j->M < 16 ? (int)(j->M + 3) / 4 * 4 : 16), amx = 1;
+      if (j->isa == QUANT_ISA_AMX && !amx) quant_amx_begin(j->M < 16 ? (int)j->M : 16), amx = 1;
 #endif
       quant_rows16_chunk(j, n0, n1);
       continue;
@@ -453,7 +453,11 @@ static void qjob_run(void *ctx, int tid, int nthreads) {
 
 /* ---- which instruction set runs a ROWS8 linear ---- */
 
-#define AMX_MIN_ROWS 4 /* fewer activation rows run on VNNI: a tile multiply's fixed cost buys little */
+/* Fewer activation rows than this run on VNNI: below it the tile path's fixed cost per weight
+ * block (its unpack into a tile, the tile loads and stores) outweighs the fold it saves
+ * (576 x 1536 Q4_1 and 4096 x 576 Q8_0, one thread, from cache). */
+#define AMX_MIN_ROWS_Q4 8
+#define AMX_MIN_ROWS_Q8 5
 
 #if QUANT_AMX
 #include <sys/syscall.h>
@@ -484,7 +488,7 @@ static int best_isa(void) {
 static _Atomic int isa_cap = QUANT_ISA_AMX; /* agentrt_quant_set_isa's limit */
 
 /* The instruction set ROWS8 linears run on now (QUANT_ISA_*: 0 scalar, 1 AVX2, 2 AVX512-VNNI,
- * 3 AMX-INT8; with AMX, calls of fewer than AMX_MIN_ROWS rows run on VNNI). */
+ * 3 AMX-INT8; with AMX, calls of few rows run on VNNI: call_isa). */
 int agentrt_quant_isa(void) {
   const int b = best_isa(), cap = atomic_load(&isa_cap);
   return b < cap ? b : cap;
@@ -498,9 +502,9 @@ int agentrt_quant_set_isa(int isa) {
   return agentrt_quant_isa();
 }
 
-static int call_isa(int64_t M) {
+static int call_isa(int64_t M, int fmt) {
   const int isa = agentrt_quant_isa();
-  return isa == QUANT_ISA_AMX && M < AMX_MIN_ROWS ? QUANT_ISA_VNNI : isa;
+  return isa == QUANT_ISA_AMX && M < (fmt == FMT_Q8_0 ? AMX_MIN_ROWS_Q8 : AMX_MIN_ROWS_Q4) ? QUANT_ISA_VNNI : isa;
 }
 
 /* The calling thread's buffer for the quantized activations. */
@@ -552,7 +556,7 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
   if (M <= 0 || N <= 0) return 0;
   const int64_t nb = K / QK;
   const int64_t nb8 = (nb + 7) / 8 * 8;
-  const int isa = rows8 ? call_isa(M) : QUANT_ISA_AVX2, q8u = isa >= QUANT_ISA_VNNI && fmt == FMT_Q8_0;
+  const int isa = rows8 ? call_isa(M, fmt) : QUANT_ISA_AVX2, q8u = isa >= QUANT_ISA_VNNI && fmt == FMT_Q8_0;
   /* rows padded to 16 (AMX reads activations 16 rows at a time; the padding is zeros) */
   const int64_t M16 = (M + 15) / 16 * 16;
   /* q rows first (each K bytes: 32-byte aligned), then s (rows of nb8: 32-byte aligned), then
