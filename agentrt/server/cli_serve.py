@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help=f"API keys clients must send, one per line (also: ${SERVE_KEYS_VAR}, comma-separated; "
                         f"the clients' own ${CLIENT_KEY_VAR} is not read here)")
     p.add_argument("--runs-dir", default="runs/serve", help="where each finished run's trace is written")
-    p.add_argument("--keep-runs", type=int, default=1000, help="finished runs kept in memory")
+    p.add_argument("--keep-runs", type=int, default=ServerConfig.keep_runs,
+                   help="finished runs kept in memory (~130 KB each for the examples); older ones are read back "
+                        "from the run store or their trace file")
     p.add_argument("--db", default=None, metavar="PATH", type=db_argument,
                    help="the SQLite run store, a path or sqlite:///PATH (default: RUNS_DIR/agentrt.db); "
                         "unfinished runs in it resume on start")

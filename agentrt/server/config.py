@@ -30,7 +30,9 @@ class ServerConfig:
     api_keys: tuple[str, ...] = field(default=(), repr=False)  # never printed
     limits: Limits = Limits()
     runs_dir: Path = Path("runs/serve")  # each finished run's trace, as `agentrt inspect` reads it
-    keep_runs: int = 1000  # finished runs kept in memory (their traces stay on disk)
+    # finished runs kept in memory, each with its event log and summary (~130 KB for the example
+    # programs); older ones are read back from the run store or their trace file when asked for
+    keep_runs: int = 200
     db: Path | None = Path("runs/serve/agentrt.db")  # the run store (None: runs live in memory only)
     allow_changed_programs: bool = False  # resume runs whose program file changed since they started
     prune_after_s: float | None = None  # delete ended runs (store rows and traces) this long after they end
