@@ -276,12 +276,23 @@ def encode_prompts(loaded, chats: dict[str, list[dict]]) -> dict[str, list[int]]
 
 
 def shared_cost_model(loaded):
-    """The cost model the adaptive rows use: the cached calibration for this model, dtype and
-    machine when there is one, else the analytic roofline (what a fresh engine would load)."""
-    from agentrt.engine.calibration import load_or_estimate_cost_model
+    """The cost model the adaptive rows use: what `agentrt run` and `serve` would use. The cached
+    calibration for this model, dtype, machine (and quantized kernels) when there is one; else,
+    on the quantized path, the warm-up fit on five forwards (made and cached here, as they make
+    it); else the analytic roofline."""
+    from agentrt.engine.calibration import load_or_estimate_cost_model, model_cost_path, quick_cost_model
     from agentrt.engine.spec_runner import SpecConfig
 
-    return load_or_estimate_cost_model(new_engine(loaded, SpecConfig(), 256))
+    engine = new_engine(loaded, SpecConfig(), 256)
+    path = model_cost_path(engine)
+    if engine.model.quantized and not path.exists():
+        model = quick_cost_model(engine)
+        try:
+            model.save(path)
+        except OSError:  # used in this run all the same
+            pass
+        return model
+    return load_or_estimate_cost_model(engine)
 
 
 def run(args: argparse.Namespace) -> BenchResult:
