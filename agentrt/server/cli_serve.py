@@ -24,7 +24,7 @@ from agentrt.engine.cli_args import add_model_arguments
 from agentrt.errors import RunConfigError
 from agentrt.runtime.store_location import db_argument
 from agentrt.server.config import Limits, ServerConfig, is_loopback
-from agentrt.server.memory_args import add_memory_arguments, engine_memory, kv_cache_line
+from agentrt.server.memory_args import add_memory_arguments, engine_memory, kv_cache_line, trim_heap_every
 
 log = logging.getLogger("agentrt.server")
 
@@ -195,7 +195,9 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
               f"  runs stored in: {config.db or 'memory only'} (traces in {config.runs_dir}/)"
               + (f", {len(resumed)} resumed" if resumed else "")
               + f"\n  API keys: {len(config.api_keys) or 'none (loopback only)'}", flush=True)
+        trimmer = asyncio.get_running_loop().create_task(trim_heap_every(args.heap_trim_interval))
         await stop.wait()
+        trimmer.cancel()
         print("agentrt serve: stopping: no new work; waiting for runs in flight "
               f"(up to {config.shutdown_grace_s:g} s)", flush=True)
         state.stopping = True

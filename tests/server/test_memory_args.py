@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
+import sys
 
 import pytest
 
 from agentrt.errors import RunConfigError
-from agentrt.server.memory_args import SERVE_STEP_LOG_STEPS, add_memory_arguments, engine_memory
+from agentrt.server.memory_args import (SERVE_STEP_LOG_STEPS, add_memory_arguments, engine_memory, heap_trimmer,
+                                        trim_heap_every)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -31,7 +34,23 @@ def test_each_flag_sets_its_bound():
 @pytest.mark.parametrize("argv, flag", [(("--kv-cache-tokens", "8"), "--kv-cache-tokens"),
                                         (("--grammar-cache-mb", "-1"), "--grammar-cache-mb"),
                                         (("--grammar-cache-mb", "nan"), "--grammar-cache-mb"),
-                                        (("--draft-history-tokens", "1"), "--draft-history-tokens")])
+                                        (("--draft-history-tokens", "1"), "--draft-history-tokens"),
+                                        (("--heap-trim-interval", "-1"), "--heap-trim-interval")])
 def test_bad_values_name_the_flag(argv, flag):
     with pytest.raises(RunConfigError, match=flag):
         engine_memory(parse(*argv))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+async def test_the_heap_is_trimmed_every_interval_until_cancelled():
+    trim = heap_trimmer()
+    assert trim is not None and trim() in (0, 1)
+    calls = []
+    task = asyncio.get_running_loop().create_task(trim_heap_every(0.01, lambda: calls.append(trim())))
+    await asyncio.sleep(0.2)
+    task.cancel()
+    assert len(calls) >= 3
+    n = len(calls)
+    await asyncio.sleep(0.05)
+    assert len(calls) == n  # stopped
+    await trim_heap_every(0, trim)  # 0: never; returns at once
