@@ -14,9 +14,10 @@ not a cache still filling; the KV cache is the server's default, mapped at start
 
 Reported: RSS when the server is ready, after warm-up (the first `--soak-warmup` fraction of the
 runs: caches fill then) and at the end (all work done, a second idle); growth after warm-up per
-1000 runs; and what is left over when all work has ended: KV blocks in use (/metrics), runs not
-ended (/v1/runs counts) and threads beyond those at the end of warm-up. The server's RSS is also
-sampled every few seconds (rows of the table).
+1000 runs (the slope of a least-squares fit of RSS, read every 2 s, over runs ended: the server
+trims its heap every 10 s, so RSS saws by a few MB); and what is left over when all work has
+ended: KV blocks in use (/metrics), runs not ended (/metrics) and threads beyond those at the end
+of warm-up. Rows of the table: RSS every 15 s or so.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ import argparse
 import asyncio
 import itertools
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -47,6 +49,8 @@ REFUND_INPUTS = [{"order_id": 1041, "message": "The kettle leaks. I would like a
                  {"order_id": 1042, "message": "The grinder I got last week has a cracked handle. Can I get my money back?"},
                  {"order_id": 1043, "message": "The teapot lid does not fit. Please refund me."}]
 LINE_KEYS = ("rss_ready_mb", "rss_end_mb", "growth_mb_per_1000_runs", "leftover_kv", "leftover_runs", "leftover_threads")
+SAMPLE_S = 2.0  # the server's RSS is read this often (the growth is fitted to these)
+TICK_TIMEOUT_S = 300.0  # a run and its chats not answered by then are given up (and reported)
 SCHEMA_FAMILY = 32  # distinct response-format schemas the chats draw from (a grammar cache sees each again)
 # Bounds small enough to be reached during a few minutes' warm-up (docs/limits.md has the defaults).
 SMALL_LIMITS = ["--keep-runs", "16", "--draft-history-tokens", "4096", "--grammar-cache-mb", "4"]
@@ -187,6 +191,7 @@ class Tally:
     runs_failed: int = 0
     chats: int = 0
     chats_failed: int = 0
+    timed_out: int = 0  # runs given up with their chats after TICK_TIMEOUT_S
     errors: list[str] | None = None
 
     def error(self, what: str) -> None:
@@ -263,17 +268,36 @@ async def drive(server: ServerProcess, load: SoakLoad, model: str, console: Cons
         warm: dict[str, Any] = {}
 
         async def tick(i: int) -> None:
-            try:
-                chats = [one_chat(http, url, chat_body(next(chat_ids), prompts, load.max_tokens, model), tally)
-                         for _ in range(load.chats_per_run)]
-                await asyncio.gather(one_run(http, url, i, tally), *chats)
-            except Exception as e:  # noqa: BLE001 - a failed request is counted, the soak goes on
-                tally.error(f"run {i}: {type(e).__name__}: {e}")
+            chats = [one_chat(http, url, chat_body(next(chat_ids), prompts, load.max_tokens, model), tally)
+                     for _ in range(load.chats_per_run)]
+            try:  # a failed request is counted and the soak goes on; one that hangs is given up at last
+                results = await asyncio.wait_for(asyncio.gather(one_run(http, url, i, tally), *chats,
+                                                                return_exceptions=True), TICK_TIMEOUT_S)
+                for e in results:
+                    if isinstance(e, BaseException):
+                        tally.error(f"run {i}: {type(e).__name__}: {e}")
+            except TimeoutError:
+                tally.timed_out += 1
+                tally.error(f"run {i} and its chats: no answer in {TICK_TIMEOUT_S:g} s")
             finally:
                 slots.release()
 
         url = server.url
-        next_sample = t0
+        curve: list[tuple[float, int, float]] = []  # (elapsed s, runs ended, RSS MB) every SAMPLE_S
+
+        async def sample() -> None:
+            next_row = 0.0
+            while True:
+                elapsed = time.monotonic() - t0
+                curve.append((elapsed, tally.runs, rss_mb(server.pid)))
+                if elapsed >= next_row:
+                    samples.append({"elapsed_s": round(elapsed, 1), "runs": tally.runs, "chats": tally.chats,
+                                    "rss_mb": curve[-1][2], "threads": proc_status(server.pid)["Threads"]})
+                    console.print(f"  {samples[-1]}")
+                    next_row += max(5.0, load.seconds / 12)
+                await asyncio.sleep(SAMPLE_S)
+
+        sampler = asyncio.create_task(sample())
         for i in itertools.count():
             at = t0 + i * interval
             if at >= deadline:
@@ -288,27 +312,34 @@ async def drive(server: ServerProcess, load: SoakLoad, model: str, console: Cons
                 warm = {"rss_mb": rss_mb(server.pid), "threads": proc_status(server.pid)["Threads"], "runs": tally.runs,
                         "elapsed_s": round(time.monotonic() - t0, 1)}
                 console.print(f"  warm-up over after {tally.runs} runs: RSS {warm['rss_mb']} MB")
+                warm["curve_from"] = len(curve)
+                curve.append((time.monotonic() - t0, tally.runs, warm["rss_mb"]))
             task = asyncio.create_task(tick(i))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
-            if time.monotonic() >= next_sample:
-                samples.append({"elapsed_s": round(time.monotonic() - t0, 1), "runs": tally.runs, "chats": tally.chats,
-                                "rss_mb": rss_mb(server.pid), "threads": proc_status(server.pid)["Threads"]})
-                console.print(f"  {samples[-1]}")
-                next_sample += max(5.0, load.seconds / 12)
         await asyncio.gather(*tasks)
         elapsed = time.monotonic() - t0
         await asyncio.sleep(1.0)  # work that ends after its answer (trace writes, releases) has ended
+        sampler.cancel()
         left = await scrape(http, url)
         end = {"rss_mb": rss_mb(server.pid), "threads": proc_status(server.pid)["Threads"], "runs": tally.runs}
-        samples.append({"elapsed_s": round(time.monotonic() - t0, 1), "runs": tally.runs, "chats": tally.chats,
+        curve.append((time.monotonic() - t0, tally.runs, end["rss_mb"]))
+        samples.append({"elapsed_s": round(curve[-1][0], 1), "runs": tally.runs, "chats": tally.chats,
                         "rss_mb": end["rss_mb"], "threads": end["threads"]})
     if not warm:  # too short to have a warm-up: growth is measured from ready
         warm = {**ready, "runs": 0, "elapsed_s": 0.0}
-    after = tally.runs - warm["runs"]
-    growth = (end["rss_mb"] - warm["rss_mb"]) / after * 1000 if after > 0 else None
+    growth = growth_per_run([(runs, rss) for _, runs, rss in curve[warm.get("curve_from", 0):]])
     return {"ready": ready, "warm": warm, "end": end, "samples": samples, "tally": tally, "elapsed_s": elapsed,
-            "growth_mb_per_1000_runs": None if growth is None else round(growth, 1), "left": left}
+            "growth_mb_per_1000_runs": None if growth is None else round(growth * 1000, 1), "left": left}
+
+
+def growth_per_run(points: list[tuple[int, float]]) -> float | None:
+    """MB per run: the least-squares slope of RSS over runs ended, from the end of warm-up on. A
+    fit, not the two ends: the server's heap trims make RSS a saw of a few MB, and a run of
+    ~100 runs would read its phase as growth. None without two distinct run counts."""
+    if len({runs for runs, _ in points}) < 2:
+        return None
+    return statistics.linear_regression([float(r) for r, _ in points], [m for _, m in points]).slope
 
 
 def soak(load: SoakLoad, model: str, dtype: str, console: Console, workdir: Path | None = None,
@@ -333,12 +364,13 @@ def soak(load: SoakLoad, model: str, dtype: str, console: Console, workdir: Path
         "growth_mb_per_1000_runs": result["growth_mb_per_1000_runs"],
         "leftover_kv": int(left.get("kv_blocks_used", -1)),
         "leftover_runs": int(sum(left.get(f"runs_active_{s}", 0) for s in ("running", "queued", "waiting"))),
-        "leftover_threads": result["end"]["threads"] - result["warm"]["threads"],
+        "leftover_threads": max(0, result["end"]["threads"] - result["warm"]["threads"]),
         "runs": tally.runs,
         "runs_after_warmup": tally.runs - result["warm"]["runs"],
         "runs_failed": tally.runs_failed,
         "chats": tally.chats,
         "chats_failed": tally.chats_failed,
+        "timed_out": tally.timed_out,
         "runs_per_min": round(tally.runs / result["elapsed_s"] * 60, 2),
         "server_exit": code,
     }

@@ -32,7 +32,7 @@ def test_a_short_soak_reports_every_figure_and_leaves_nothing(tmp_path, capsys):
     s = result.summary
     assert set(LINE_KEYS) <= set(s)
     assert s["runs"] == 2 and s["runs_after_warmup"] == 1 and s["chats"] == 4
-    assert s["runs_failed"] == 0 and s["chats_failed"] == 0, result.notes
+    assert s["runs_failed"] == 0 and s["chats_failed"] == 0 and s["timed_out"] == 0, result.notes
     assert (s["leftover_kv"], s["leftover_runs"], s["leftover_threads"]) == (0, 0, 0)
     assert s["server_exit"] == 0
     assert 0 < s["rss_ready_mb"] <= s["rss_warm_mb"] and s["rss_end_mb"] > 0
@@ -51,3 +51,13 @@ def test_a_load_that_cannot_run_is_refused_naming_the_option():
                            ({"seconds": 60, "warmup_fraction": 1.0}, "--soak-warmup")]:
         with pytest.raises(RunConfigError, match=option):
             SoakLoad(**kwargs)
+
+
+def test_growth_is_the_fitted_slope_not_the_two_ends():
+    from agentrt.bench.serve_soak import growth_per_run
+
+    # a saw (trims) over a flat line: no growth, though the last point is above the first
+    saw = [(r, 2000.0 + (4.0 if r % 2 else 0.0)) for r in range(40, 80)] + [(80, 2004.0)]
+    assert abs(growth_per_run(saw)) < 0.02
+    assert growth_per_run([(r, 100.0 + 0.5 * r) for r in range(10)]) == pytest.approx(0.5)
+    assert growth_per_run([(5, 100.0), (5, 101.0)]) is None
