@@ -1,4 +1,4 @@
-"""Loading a GGUF as it is stored (#24): the embedded model and any .gguf path run their
+"""Loading a GGUF as it is stored: the embedded model and any .gguf path run their
 quantized blocks by default, from a conversion that holds only the configuration and tokenizer;
 a float dtype dequantizes the file once into a cached HF directory instead."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Load a GGUF's weights as they are stored: the quantized blocks run in our kernels (#24).
+"""Load a GGUF's weights as they are stored: the quantized blocks run in our kernels.
 
 `load_quantized_model(cfg, gguf_path)` builds a LlamaModel straight from the file, with no
 dequantized copy of a quantized tensor in memory:
