@@ -290,12 +290,11 @@ static inline __attribute__((always_inline)) void amx_chunk_fmt(const qjob *j, i
     for (int64_t n = n0; n < n1; n += 16) {
       const row_pair p = rows16(j, n);
       const int nr = n1 - n < 16 ? (int)(n1 - n) : 16;
-      switch (j->M) { /* the tile's rows: M */
+      switch (j->M) { /* the tile's rows: M; fewer than 5 never come here (call_isa), VNNI runs them */
 #define ROWS(R) case R: amx_one_tile(j, &p, n, nr, R, fmt); break;
-        ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-        ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
+        ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11) ROWS(12) ROWS(13) ROWS(14) ROWS(15) ROWS(16)
 #undef ROWS
-        default: break;
+        default: vnni_chunk_fmt(j, n, n + nr, fmt); break;
       }
     }
     return;
