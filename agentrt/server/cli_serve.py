@@ -187,9 +187,9 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
     state = app[STATE]
     try:
         engine, backend, runtime = await _start_runtime(args, tools, model, store)
+        state.precision = engine.engine.loaded.precision
         state.attach(runtime)
         resumed = state.resumed
-        state.precision = engine.engine.loaded.precision
         print(f"agentrt serve: ready at {url}\n  model: {model} ({state.precision}; {args.device}, spec {args.spec}, "
               f"policy {args.policy})\n  programs: {', '.join(sorted(programs)) or 'none'}\n"
               f"  runs stored in: {config.db or 'memory only'} (traces in {config.runs_dir}/)"

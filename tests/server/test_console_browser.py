@@ -120,9 +120,9 @@ def test_runs_page_asks_for_the_key_then_lists_programs_and_engine(page, server)
     options = page.eval_on_selector_all("#start-form select[name=program] option", "os => os.map(o => o.value)")
     assert {"trip_planner", "lookup", "approve"} <= set(options)
     page.locator("#engine-panel [data-metric=batch_size]").wait_for()
-    shot(page, "02-runs-page")
     # what runs, in the words of the serve banner and /v1/models
     assert page.locator("#engine-panel .engine-model").inner_text() == f"· smollm2-135m-instruct ({PRECISION})"
+    shot(page, "02-runs-page")
 
 
 def test_a_run_started_from_the_form_is_watched_live_to_its_end(page, server):
@@ -151,8 +151,8 @@ def test_a_run_started_from_the_form_is_watched_live_to_its_end(page, server):
             alpha = n["spec"]["alpha"]
             assert (shown[n["node"]] in (None, "", "null")) if alpha is None else abs(float(shown[n["node"]]) - alpha) < 1e-6
     assert page.locator("#run-output").inner_text().strip()
-    shot(page, "04-run-done")
     assert f"precision {PRECISION}" in page.locator(".av-meta").inner_text()  # from the run's trace
+    shot(page, "04-run-done")
     # the runs page lists it, done, with its α
     page.goto(server[0] + "/#/")
     page.locator(f"#runs-table tr[data-run-id='{run_id}'][data-status=done]").wait_for()
