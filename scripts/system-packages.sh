@@ -1,15 +1,20 @@
 #!/bin/sh
 # The Debian packages the tests need, installed when missing: the MQTT broker (mosquitto) and its
-# password tool (mosquitto_passwd, in the same package), and the headless browser the web console's
-# tests drive (chromium, through Playwright's Python package: no browser is downloaded). Idempotent: nothing runs when all are there.
+# password tool (mosquitto_passwd, in the same package), the headless browser the web console's
+# tests drive (chromium, through Playwright's Python package: no browser is downloaded), and
+# PostgreSQL's server binaries (initdb, postgres: the store's tests start a throwaway cluster). Idempotent: nothing runs when all are there.
 # Uses apt-get where this machine has it and we may use it (root, or sudo without a password);
 # otherwise stops with the exact command to run.
 set -eu
 
 missing=""
-have() { command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/local/sbin/$1" ]; }
+# Debian keeps PostgreSQL's server binaries off PATH, under /usr/lib/postgresql/VERSION/bin.
+have() {
+  command -v "$1" >/dev/null 2>&1 || [ -x "/usr/sbin/$1" ] || [ -x "/usr/local/sbin/$1" ] ||
+    ls /usr/lib/postgresql/*/bin/"$1" >/dev/null 2>&1
+}
 # binary:package
-PAIRS="mosquitto:mosquitto mosquitto_passwd:mosquitto chromium:chromium"
+PAIRS="mosquitto:mosquitto mosquitto_passwd:mosquitto chromium:chromium initdb:postgresql"
 for pair in $PAIRS; do
   bin=${pair%%:*}; pkg=${pair#*:}
   if ! have "$bin"; then
