@@ -10,13 +10,26 @@ and fp16; bf16 is for the GPU).
 from __future__ import annotations
 
 import os
+import sys
 
 import torch
-import triton
 
 INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "") == "1" or not torch.cuda.is_available()
 if INTERPRETED:
+    # Set before triton is first imported: triton.language's own @jit functions (tl.sum, tl.max,
+    # tl.cumsum) are decorated at that import, and decorated for a GPU they fail when an
+    # interpreted kernel calls them.
+    _TRITON_ALREADY_IMPORTED = "triton" in sys.modules
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+if INTERPRETED:
     triton.knobs.runtime.interpret = True
+    if _TRITON_ALREADY_IMPORTED and not isinstance(tl.standard.sum, triton.runtime.interpreter.InterpretedFunction):
+        raise ImportError("agentrt.kernels.triton must be imported before triton on a machine without CUDA "
+                          "(or run with TRITON_INTERPRET=1): triton.language was already set up to compile for a GPU")
 
 
 def kernel_device() -> torch.device:
