@@ -1,7 +1,8 @@
 """Session fixtures shared across the test suite.
 
-tests/engine/tiny_models.py, tests/engine/engine_runs.py and tests/kernels/quant_helpers.py are
-registered as modules `tiny_models`, `engine_runs` and `quant_helpers` here (the suite runs with
+tests/engine/tiny_models.py, tests/engine/engine_runs.py, tests/kernels/quant_helpers.py and
+tests/pg_cluster.py are registered as modules `tiny_models`, `engine_runs`, `quant_helpers` and
+`pg_cluster` here (the suite runs with
 --import-mode=importlib, so test directories are not on sys.path): tests may import them.
 It imports torch and transformers only when a model is built.
 """
@@ -31,6 +32,47 @@ def _tiny_models():
 _tiny_models()
 _helper("engine_runs")
 _helper("quant_helpers", "kernels")
+_helper("pg_cluster", ".")
+
+
+@pytest.fixture(scope="session")
+def postgres_cluster():
+    """A throwaway PostgreSQL cluster (tests/pg_cluster.py), started once, stopped and deleted at
+    the end; the tests that need it skip where PostgreSQL's server is not installed."""
+    pg_cluster = sys.modules["pg_cluster"]
+    where = pg_cluster.bin_dir()
+    if where is None:
+        pytest.skip("PostgreSQL's server is not installed (no initdb on PATH or in /usr/lib/postgresql/*/bin; "
+                    "`make install` installs it)")
+    cluster = pg_cluster.PostgresCluster(where)
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_location(request, tmp_path):
+    """Where a run store is, once per kind: a SQLite file, or a fresh database of the cluster."""
+    from agentrt.runtime.store_location import PostgresLocation
+
+    if request.param == "sqlite":
+        return tmp_path / "runs.db"
+    return PostgresLocation(request.getfixturevalue("postgres_cluster").new_database())
+
+
+@pytest.fixture
+def open_run_store(store_location):
+    """open_run_store() -> the run store at store_location, opened (again), closed after the test."""
+    from agentrt.runtime.store_location import open_store
+
+    opened = []
+
+    def open_() -> object:
+        opened.append(open_store(store_location))
+        return opened[-1]
+
+    yield open_
+    for store in opened:
+        store.close()
 
 
 @pytest.fixture(scope="session")

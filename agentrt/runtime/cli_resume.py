@@ -25,9 +25,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from agentrt.runtime.loader import load_example
-    from agentrt.runtime.store import UNFINISHED, SQLiteRunStore, file_hash
+    from agentrt.runtime.store import UNFINISHED, file_hash
+    from agentrt.runtime.store_location import open_store
 
-    store = SQLiteRunStore(args.db)
+    store = open_store(args.db)
     try:
         stored = store.get_run(args.run_id)
         if stored is None:

@@ -28,7 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", "-i", action="append", default=[], metavar="KEY=VALUE",
                    help="a program input (repeatable); typed by the program's declared inputs")
     p.add_argument("--db", default=None, metavar="PATH", type=db_argument,
-                   help="record the run in this SQLite run store (resumable with `agentrt resume RUN_ID --db PATH`)")
+                   help="record the run in this run store: a SQLite file (a path or sqlite:///PATH) or postgresql://USER@HOST/DB "
+                        "(resumable with `agentrt resume RUN_ID --db ...`)")
     add_engine_arguments(p)
 
 
@@ -129,7 +130,7 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
         run_id = run_id or f"{example.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         stored = {"run_id": run_id, "resume": resume, "program_hash": file_hash(example.path),
                   "metadata": {"path": str(Path(example.path).resolve())}}
-        console.print(f"run {run_id} recorded in {store.path}" + (" (resumed)" if resume is not None else ""))
+        console.print(f"run {run_id} recorded in {store.location}" + (" (resumed)" if resume is not None else ""))
     try:
         if progress is not None:
             async with progress:
@@ -165,9 +166,9 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.trace, "--trace")
     store = None
     if args.db:
-        from agentrt.runtime.store import SQLiteRunStore
+        from agentrt.runtime.store_location import open_store
 
-        store = SQLiteRunStore(args.db)
+        store = open_store(args.db)
     try:
         return run_on_engine(args, example, inputs, store)
     finally:

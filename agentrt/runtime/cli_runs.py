@@ -23,7 +23,7 @@ def duration_s(text: str) -> float:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["list", "prune"])
     p.add_argument("--db", required=True, metavar="PATH", type=db_argument,
-                   help="the SQLite run store (a path, or sqlite:///PATH)")
+                   help="the run store: a SQLite file (a path, or sqlite:///PATH) or postgresql://USER@HOST[:PORT]/DB")
     p.add_argument("--status", default=None, help="list: only runs with this status")
     p.add_argument("--older-than", default=None, metavar="DURATION",
                    help="prune: ended runs that ended longer ago than this (90s, 30m, 12h, 7d)")
@@ -33,11 +33,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from agentrt.runtime.store import SQLiteRunStore
+    from agentrt.runtime.store_location import open_store
     from agentrt.tables import print_table
 
     console = Console()
-    store = SQLiteRunStore(args.db)
+    store = open_store(args.db)
     try:
         if args.action == "list":
             runs = store.runs([args.status] if args.status else None)

@@ -10,7 +10,7 @@ from agentrt.dag import CompiledProgram, ProgramRun
 from agentrt.runtime.node_exec import InputWait
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.policy import ProgramStats
-from agentrt.runtime.store import Recorded
+from agentrt.runtime.store import Recorded, StoreUnavailable
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class ProgramState:
     sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
     recorded: Recorded | None = None  # a resumed run: what the store recorded of it
     waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value
-    interrupted: bool = False  # stopped by Runtime.interrupt: the store keeps it resumable
+    interrupted: bool = False  # stopped by Runtime.interrupt or by its store going away: it stays resumable
     # the graph's nodes and edges when watchers last heard of it
     graph_seen: tuple[frozenset[str], frozenset[tuple[str, str]]] = (frozenset(), frozenset())
     graph_states: dict[str, Any] = field(default_factory=dict)  # ... and the states of its non-LLM/tool nodes
@@ -78,6 +78,12 @@ class ProgramHandle:
 
     def done(self) -> bool:
         return self.state.result is not None
+
+    @property
+    def interrupted(self) -> bool:
+        """Stopped without ending in the store (Runtime.interrupt, or a store write that failed
+        because the store was unavailable): a resume goes on from what the store recorded."""
+        return self.state.interrupted
 
     def cancel(self) -> None:
         """Cancel the run: its nodes in flight are cancelled (engine requests aborted)."""
@@ -97,6 +103,8 @@ def task_outcome(task: asyncio.Task) -> Outcome:
     """A finished node task's outcome; a bug in the runtime's own node code fails the node."""
     try:
         return task.result()
+    except StoreUnavailable:  # not the node's outcome: the run stops, to be resumed (Runtime._drive)
+        raise
     except Exception as e:  # noqa: BLE001 - nothing a node does may take the runtime down
         return Outcome.failed(f"internal error running the node: {type(e).__name__}: {e}", "internal_error")
 

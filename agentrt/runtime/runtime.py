@@ -33,7 +33,7 @@ from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.program_state import ProgramHandle, ProgramState, RunResult, loop_attributes, task_outcome
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
-from agentrt.runtime.store import Recorded, RunStore, StoredRun
+from agentrt.runtime.store import Recorded, RunStore, StoredRun, StoreUnavailable
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.runtime.trace_content import REDACTED_ATTR, TraceContent
 from agentrt.tools import Tool, ToolRegistry
@@ -55,6 +55,9 @@ class Runtime:
     branches over its items (see ProgramRun.stream). store: where runs are recorded durably
     (store.py): node outcomes as they end, tool attempts, the run's status; a run submitted with
     `resume=store.recorded(run_id)` takes recorded outcomes instead of running those nodes again.
+    A store write that fails because the store is unavailable stops the run as `interrupt` does
+    (its handle says `interrupted`): nothing after its last recorded write counts, and a resume
+    goes on from there once the store is back.
     trace_content: what of each node's prompt, output, arguments and result the trace keeps
     (TraceContent: all of it up to a size by default, or only sizes with redact=True)."""
 
@@ -319,6 +322,9 @@ class Runtime:
             status, failed_node, error = "failed", e.node, str(e)
         except asyncio.CancelledError:
             status, error = "cancelled", "the run was cancelled"
+        except StoreUnavailable as e:  # what it did since its last write is not recorded: stop, resumable
+            ps.interrupted = True
+            status, error = "cancelled", f"stopped: {e}"
         finally:
             await self._cancel_inflight(ps)
         return self._finish(ps, status, failed_node, error, inputs)

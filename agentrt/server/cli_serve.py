@@ -2,13 +2,15 @@
 
 Loads the program files (as `agentrt run` does), one engine and one runtime, and serves until
 SIGTERM or SIGINT: then it stops accepting work, lets what is in flight finish for up to
---shutdown-grace seconds, and stops the rest. Runs are recorded in a SQLite run store (--db,
-default runs/serve/agentrt.db; --no-db keeps them in memory): runs that had not ended when the
-server stopped, or died, are resumed when it starts again. The HTTP port opens at once; /ready
-and the API answer 503 until the model is loaded. API keys come from --api-key-file (one per
-line) or the AGENTRT_SERVE_API_KEYS variable (comma-separated; AGENTRT_API_KEYS, the old name,
-still works with a warning); without a key the server binds only to loopback. Clients send their
-key from AGENTRT_API_KEY (one key, no S): the server does not read that one.
+--shutdown-grace seconds, and stops the rest. Runs are recorded in a run store (--db: a SQLite
+file, default runs/serve/agentrt.db, or a PostgreSQL database by its postgresql:// URL; --no-db
+keeps them in memory): runs that had not ended when the server stopped, or died, are resumed when
+it starts again. A store that cannot be opened (unreachable, corrupt, newer) stops it at start. The
+HTTP port opens at once; /ready and the API answer 503 until the model is loaded. API keys come
+from --api-key-file (one per line) or the AGENTRT_SERVE_API_KEYS variable (comma-separated;
+AGENTRT_API_KEYS, the old name, still works with a warning); without a key the server binds only to
+loopback. Clients send their key from AGENTRT_API_KEY (one key, no S): the server does not read
+that one.
 """
 from __future__ import annotations
 
@@ -51,9 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep-runs", type=int, default=ServerConfig.keep_runs,
                    help="finished runs kept in memory (~130 KB each for the examples); older ones are read back "
                         "from the run store or their trace file")
-    p.add_argument("--db", default=None, metavar="PATH", type=db_argument,
-                   help="the SQLite run store, a path or sqlite:///PATH (default: RUNS_DIR/agentrt.db); "
-                        "unfinished runs in it resume on start")
+    p.add_argument("--db", default=None, metavar="PATH|URL", type=db_argument,
+                   help="the run store: a SQLite file, a path or sqlite:///PATH (default: RUNS_DIR/agentrt.db), or "
+                        "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB; unfinished runs in it resume on start")
     p.add_argument("--no-db", action="store_true", help="keep runs in memory only (nothing survives a restart)")
     p.add_argument("--allow-changed-programs", action="store_true",
                    help="resume stored runs even when their program file changed since they started")
@@ -150,9 +152,9 @@ def run(args: argparse.Namespace) -> int:
     tools = [t for ex in examples for t in ex.tools] + [t for m in args.tools for t in load_tools(m)]
     store = None
     if config.db is not None:  # a corrupt or newer store stops the server here, before the port opens
-        from agentrt.runtime.store import SQLiteRunStore
+        from agentrt.runtime.store_location import open_store
 
-        store = SQLiteRunStore(config.db)
+        store = open_store(config.db)
     try:
         return asyncio.run(serve(args, config, programs, tools, store))
     finally:

@@ -5,6 +5,8 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from agentrt.runtime.store_location import PostgresLocation
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -33,7 +35,8 @@ class ServerConfig:
     # finished runs kept in memory, each with its event log and summary (~130 KB for the example
     # programs); older ones are read back from the run store or their trace file when asked for
     keep_runs: int = 200
-    db: Path | None = Path("runs/serve/agentrt.db")  # the run store (None: runs live in memory only)
+    # the run store: a SQLite file or a PostgreSQL database (None: runs live in memory only)
+    db: Path | PostgresLocation | None = Path("runs/serve/agentrt.db")
     allow_changed_programs: bool = False  # resume runs whose program file changed since they started
     prune_after_s: float | None = None  # delete ended runs (store rows and traces) this long after they end
     prune_keep: int | None = None  # ... and beyond the newest this many ended runs

@@ -3,9 +3,9 @@
     {"error": {"message": ..., "type": ..., "param": ..., "code": ...}}
 
 with the right status (400 bad request, 401 no or wrong key, 404 unknown route/model/run/program,
-413 body too large, 422 well-formed but unprocessable, 429 over a limit, 503 not ready or
-shutting down). Nothing else reaches a client: an unexpected exception is logged and answered
-with a 500 that names no internals.
+413 body too large, 422 well-formed but unprocessable, 429 over a limit, 503 not ready, shutting
+down, or the run store unavailable). Nothing else reaches a client: an unexpected exception is
+logged and answered with a 500 that names no internals.
 """
 from __future__ import annotations
 

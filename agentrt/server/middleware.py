@@ -10,6 +10,7 @@ from typing import Callable
 
 from aiohttp import web
 
+from agentrt.runtime.store_api import StoreUnavailable
 from agentrt.server.errors import ApiError, error_body
 from agentrt.server.state import RUN_ID, json_response as _json, server_state as _state
 
@@ -29,6 +30,10 @@ async def errors_middleware(request: web.Request, handler: Callable) -> web.Stre
         return await handler(request)
     except ApiError as e:
         return _json(e.body(), e.status, e.headers)
+    except StoreUnavailable as e:  # nothing of the request was recorded; the client may try again
+        log.warning("%s %s: %s", request.method, request.path, e)
+        return _json(error_body(503, str(e), code="store_unavailable"), 503,
+                     {"Retry-After": str(_state(request).config.limits.retry_after_s)})
     except web.HTTPException as e:
         if e.status < 400:
             raise

@@ -12,6 +12,11 @@ With a run store (the runtime's `store`), a run is recorded before its submit is
 its Idempotency-Key, and every event is recorded before a client can read it; `recover()` (at
 start) resumes the runs that had not ended, their event logs going on with the same ids. A
 shutdown stops the runs still going without ending them, so the next start resumes them.
+
+When the store becomes unavailable (PostgreSQL restarting), a submit answers 503 (nothing was
+recorded) and a run whose write fails stops as at a shutdown: what it did since its last recorded
+write is dropped (the event that failed is not in its log either), and it is resumed from the
+store once the store answers again (polled every `store_retry_s`).
 """
 from __future__ import annotations
 
@@ -31,7 +36,7 @@ from agentrt.errors import AgentRTError
 from agentrt.runtime.events import RunEvent
 from agentrt.runtime.loader import Example
 from agentrt.runtime.runtime import Runtime
-from agentrt.runtime.store import UNFINISHED, Recorded, RunStore, StoredRun, file_hash
+from agentrt.runtime.store import UNFINISHED, Recorded, RunStore, StoredRun, StoreUnavailable, file_hash
 from agentrt.runtime.summary import summarize
 from agentrt.runtime.trace import new_id, read_trace, write_records
 from agentrt.server.config import Limits
@@ -64,6 +69,7 @@ class ServedRun:
     handle: Any = None  # the runtime's ProgramHandle once started
     store: RunStore | None = None  # where its events are recorded
     interrupted: bool = False  # stopped by a shutdown, to be resumed by the next start
+    store_lost: bool = False  # a write of it failed (the store unavailable): stopping, resumed when it is back
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -93,12 +99,13 @@ class RunManager:
                  keep_runs: int = 1000,
                  on_end: Callable[[ServedRun, list[dict[str, Any]] | None], None] | None = None, *,
                  allow_changed_programs: bool = False, prune_after_s: float | None = None,
-                 prune_keep: int | None = None) -> None:
+                 prune_keep: int | None = None, store_retry_s: float = 1.0) -> None:
         self.runtime, self.programs, self.limits = runtime, dict(programs), limits
         self.runs_dir, self.keep_runs, self.on_end = Path(runs_dir), keep_runs, on_end
         self.store: RunStore | None = runtime.store
         self.allow_changed_programs = allow_changed_programs
         self.prune_after_s, self.prune_keep = prune_after_s, prune_keep
+        self.store_retry_s = store_retry_s
         self._hashes = {name: file_hash(ex.path) for name, ex in self.programs.items()}
         self.runs: OrderedDict[str, ServedRun] = OrderedDict()
         self._by_key: dict[str, str] = {}
@@ -134,6 +141,8 @@ class RunManager:
             existing = self.runs.get(self._by_key.get(idempotency_key, ""))
             if existing is None and self.store is not None:  # bound before a restart
                 stored = self.store.run_by_key(idempotency_key)
+                if stored is not None and stored.status in UNFINISHED and stored.run_id not in self.runs:
+                    self._resume_stored(stored)  # recorded, but its first start did not get going
                 existing = None if stored is None else self.get(stored.run_id)
             if existing is not None:
                 if existing.request_digest != digest:
@@ -159,8 +168,13 @@ class RunManager:
         self.runs[run_id] = run
         if idempotency_key is not None:
             self._by_key[idempotency_key] = run_id
-        run.add_event("run_queued", {"program": program, "inputs": full})
-        run.task = asyncio.get_running_loop().create_task(self._run(run), name=f"agentrt-serve:{run_id}")
+        try:
+            run.add_event("run_queued", {"program": program, "inputs": full})
+        except StoreUnavailable as e:  # the run is recorded (acknowledged): it waits for the store
+            self._lost_store(run, e)
+            self._resume_later(run)
+        else:
+            run.task = asyncio.get_running_loop().create_task(self._run(run), name=f"agentrt-serve:{run_id}")
         self._status_changed(run)
         return run, True
 
@@ -195,11 +209,18 @@ class RunManager:
             else:
                 self._end(run, "cancelled", None, {"node": None, "message": "the run was cancelled while queued"})
                 return
+        except StoreUnavailable as e:  # recording its start, or its end, failed
+            self._lost_store(run, e)
+            self._resume_later(run)
+            return
         except AgentRTError as e:  # bad program set-up (a tool missing): the run fails, the server goes on
             self._end(run, "failed", None, {"node": None, "message": str(e)})
             return
         if run.interrupted:
             self.runtime.release(run.run_id)
+            return
+        if run.handle.interrupted:  # a store write of the runtime's failed: it stopped, resumable
+            self._resume_later(run)
             return
         self._end(run, result.status, result.output,
                   None if result.error is None else {"node": result.failed_node, "message": result.error})
@@ -260,21 +281,53 @@ class RunManager:
             return []
         if self.prune_after_s is not None or self.prune_keep is not None:
             self.prune()  # retention holds from the start, not only as runs end
-        resumed = []
-        for stored in self.store.runs(UNFINISHED):
-            run = self._served(stored)
-            self.runs[run.run_id] = run
-            if run.idempotency_key is not None:
-                self._by_key[run.idempotency_key] = run.run_id
-            reason = self._why_not_resumable(stored)
-            if reason is not None:
-                self._end(run, "failed", None, {"node": None, "message": reason})
+        return [stored.run_id for stored in self.store.runs(UNFINISHED) if self._resume_stored(stored)]
+
+    def _resume_stored(self, stored: StoredRun) -> bool:
+        """Serve a stored unfinished run again and go on with it (False: it failed, not resumable)."""
+        run = self._served(stored)
+        self.runs[run.run_id] = run
+        if run.idempotency_key is not None:
+            self._by_key[run.idempotency_key] = run.run_id
+        reason = self._why_not_resumable(stored)
+        if reason is not None:
+            self._end(run, "failed", None, {"node": None, "message": reason})
+            return False
+        run.add_event("run_resumed", {"program": run.program, "was": stored.status})
+        resume = self.store.recorded(run.run_id) if stored.status != "queued" else None
+        run.task = asyncio.get_running_loop().create_task(self._run(run, resume), name=f"agentrt-serve:{run.run_id}")
+        return True
+
+    def _lost_store(self, run: ServedRun, e: StoreUnavailable) -> None:
+        """A write of the run failed: stop it (it stays unfinished in the store) to resume it later."""
+        if not run.store_lost:
+            run.store_lost = True
+            log.warning("run %s stopped: %s; it resumes from the store when the store answers again", run.run_id, e)
+        self.runtime.interrupt(run.run_id)
+
+    def _resume_later(self, run: ServedRun) -> None:
+        if run.run_id in self.runtime.programs:
+            self.runtime.release(run.run_id)
+        run.handle, run.store_lost = None, True
+        run.task = asyncio.get_running_loop().create_task(self._resume_when_store_back(run),
+                                                          name=f"agentrt-serve:{run.run_id}")
+
+    async def _resume_when_store_back(self, run: ServedRun) -> None:
+        """Resume a run stopped by an unavailable store from what the store recorded, once it
+        answers again (the in-memory event log is read back: it holds only what was recorded)."""
+        while self.accepting:
+            await asyncio.sleep(self.store_retry_s)
+            try:
+                stored = self.store.get_run(run.run_id)
+                resume = self.store.recorded(run.run_id) if stored.status != "queued" else None
+                run.events = self.store.events(run.run_id)
+                run.store_lost = False
+                run.add_event("run_resumed", {"program": run.program, "was": stored.status})
+            except StoreUnavailable:
                 continue
-            run.add_event("run_resumed", {"program": run.program, "was": stored.status})
-            resume = self.store.recorded(run.run_id) if stored.status != "queued" else None
-            run.task = asyncio.get_running_loop().create_task(self._run(run, resume), name=f"agentrt-serve:{run.run_id}")
-            resumed.append(run.run_id)
-        return resumed
+            log.info("run %s resumed: the store answers again", run.run_id)
+            await self._run(run, resume)
+            return
 
     def _why_not_resumable(self, stored: StoredRun) -> str | None:
         if stored.program not in self.programs:
@@ -303,8 +356,14 @@ class RunManager:
 
     def _on_event(self, ev: RunEvent) -> None:
         run = self.runs.get(ev.run_id)
-        if run is None:
+        if run is None or run.store_lost:  # a run stopping for a lost store: its resume tells the rest
             return
+        try:
+            self._record_event(run, ev)
+        except StoreUnavailable as e:  # never into the runtime: a node must not fail for it
+            self._lost_store(run, e)
+
+    def _record_event(self, run: ServedRun, ev: RunEvent) -> None:
         if ev.type in ("input_wanted", "input_given") and not run.ended:
             run.status = "waiting" if self.runtime.waiting_for(run.run_id) else "running"
             if self.store is not None:

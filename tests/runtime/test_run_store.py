@@ -1,4 +1,5 @@
-"""The SQLite run store and resuming runs from it (a real SQLite file; the LLM is scripted).
+"""The run store and resuming runs from it, each test against both stores (a real SQLite file and a
+real PostgreSQL database, tests/pg_cluster.py); the LLM is scripted.
 
 A crash is simulated in-process by Runtime.interrupt (the run stops without ending in the store,
 as after kill -9: outcomes recorded so far stay, nodes in flight stay "running"); the server
@@ -6,13 +7,20 @@ tests kill a real process."""
 from __future__ import annotations
 
 import asyncio
+import re
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 
+import psycopg
 import pytest
 
 from agentrt.dag import JsonSchema, Program
 from agentrt.runtime import Runtime
-from agentrt.runtime.store import SCHEMA_VERSION, SQLiteRunStore, StoredRun, StoreError
+from agentrt.runtime.store import SCHEMA_VERSION, SQLiteRunStore, StoredRun, StoreError, StoreUnavailable
+from agentrt.runtime.store_location import PostgresLocation
+from agentrt.runtime.store_postgres import SCHEMA_VERSION as PG_SCHEMA_VERSION
+from agentrt.runtime.store_postgres import PostgresRunStore
+from agentrt.tools.mosquitto import free_port
 from agentrt.tools import tool
 
 
@@ -65,8 +73,8 @@ async def crash_in_slow_add(store, scripted, calls, gate, slow_idempotent=False)
 
 
 async def test_a_resumed_run_takes_finished_nodes_from_the_store_and_fails_an_interrupted_non_idempotent_tool(
-        tmp_path, scripted):
-    store = SQLiteRunStore(tmp_path / "runs.db")
+        open_run_store, scripted):
+    store = open_run_store()
     calls: dict[str, int] = {}
     gate = asyncio.Event()
     await crash_in_slow_add(store, scripted, calls, gate)
@@ -88,8 +96,8 @@ async def test_a_resumed_run_takes_finished_nodes_from_the_store_and_fails_an_in
     assert stored.status == "failed" and stored.error["node"] == "sum"
 
 
-async def test_an_interrupted_idempotent_tool_runs_again_and_the_run_completes(tmp_path, scripted):
-    store = SQLiteRunStore(tmp_path / "runs.db")
+async def test_an_interrupted_idempotent_tool_runs_again_and_the_run_completes(open_run_store, scripted):
+    store = open_run_store()
     calls: dict[str, int] = {}
     gate = asyncio.Event()
     await crash_in_slow_add(store, scripted, calls, gate, slow_idempotent=True)
@@ -102,14 +110,14 @@ async def test_an_interrupted_idempotent_tool_runs_again_and_the_run_completes(t
     assert result.status == "done" and result.output == "The sum is 5."
     assert calls == {"record": 1, "slow_add": 2}
     assert [r.node.node for r in backend.requests] == ["answer"]
-    outcomes = [c for c in store.node_changes("r1") if c["state"] != "running"]
-    assert sorted(c["node"] for c in outcomes) == ["answer", "plan", "record", "sum"]  # each exactly once
+    outcomes = [c for c in store.node_changes("r1") if c.state != "running"]
+    assert sorted(c.node for c in outcomes) == ["answer", "plan", "record", "sum"]  # each exactly once
     attempts = store.tool_attempts("r1")
-    assert [(a["node"], a["status"]) for a in attempts] == [("record", "finished"), ("sum", "finished")]
+    assert [(a.node, a.status) for a in attempts] == [("record", "finished"), ("sum", "finished")]
 
 
-async def test_a_sampled_llm_node_is_regenerated_with_the_seed_it_recorded(tmp_path, scripted):
-    store = SQLiteRunStore(tmp_path / "runs.db")
+async def test_a_sampled_llm_node_is_regenerated_with_the_seed_it_recorded(open_run_store, scripted):
+    store = open_run_store()
     p = Program("sampled", inputs={"q": str})
     p.output(p.llm("say", prompt="{q}", temperature=0.8))
     backend = scripted({"say": "word " * 500}, step_s=0.01)  # generating for seconds
@@ -137,8 +145,8 @@ async def test_without_a_store_nothing_is_seeded(scripted):
     assert "seed" not in backend.requests[0].sampling
 
 
-def test_prune_deletes_only_ended_runs_with_everything_they_recorded(tmp_path):
-    store = SQLiteRunStore(tmp_path / "runs.db")
+def test_prune_deletes_only_ended_runs_with_everything_they_recorded(open_run_store):
+    store = open_run_store()
     for i, status in enumerate(["done", "failed", "running", "queued", "done"]):
         store.create_run(StoredRun(f"r{i}", "p", "h", {}, status, created_at=float(i),
                                    ended_at=100.0 + i if status in ("done", "failed") else None))
@@ -151,8 +159,8 @@ def test_prune_deletes_only_ended_runs_with_everything_they_recorded(tmp_path):
     assert {r.run_id for r in store.runs()} == {"r2", "r3"}
 
 
-def test_a_node_outcome_is_recorded_once(tmp_path):
-    store = SQLiteRunStore(tmp_path / "runs.db")
+def test_a_node_outcome_is_recorded_once(open_run_store):
+    store = open_run_store()
     store.create_run(StoredRun("r", "p", "h", {}))
     store.node_finished("r", "n", "llm", True, "x")
     with pytest.raises(StoreError, match="node n already has a recorded outcome"):
@@ -179,15 +187,52 @@ def test_a_corrupt_store_is_refused_and_left_alone(tmp_path):
     assert path.read_bytes() == before
 
 
-def test_a_store_survives_reopening_and_keeps_its_schema(tmp_path):
-    path = tmp_path / "runs.db"
-    store = SQLiteRunStore(path)
-    store.create_run(StoredRun("r", "p", "h", {"x": [1, 2]}, idempotency_key="k", metadata={"a": "b"}))
+def test_a_store_survives_reopening_and_keeps_its_schema(open_run_store, store_location):
+    store = open_run_store()
+    store.create_run(StoredRun("r", "p", "h", {"x": [1, 2], "z": {"b": 1, "a": 2}}, idempotency_key="k",
+                               metadata={"a": "b"}))
+    store.add_event("r", 1, "run_queued", {"y": 1, "x": float("nan")})
     store.close()
-    again = SQLiteRunStore(path)
+    again = open_run_store()  # the migrations run again at open and change nothing
     run = again.run_by_key("k")
-    assert run.run_id == "r" and run.inputs == {"x": [1, 2]} and run.metadata == {"a": "b"}
-    assert again.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert run.run_id == "r" and run.metadata == {"a": "b"}
+    assert list(run.inputs["z"]) == ["b", "a"]  # documents come back as written, key order included
+    [(event_id, kind, data)] = again.events("r")
+    assert (event_id, kind, list(data)) == (1, "run_queued", ["y", "x"])
+    if isinstance(store_location, PostgresLocation):
+        assert again.schema_version() == PG_SCHEMA_VERSION
+    else:
+        assert again.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
+def test_a_postgres_store_from_a_newer_version_is_refused_and_left_alone(postgres_cluster):
+    url = postgres_cluster.new_database()
+    PostgresRunStore(url).close()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO schema_version (version) VALUES (%s)", (PG_SCHEMA_VERSION + 1,))
+    with pytest.raises(StoreError, match=f"run store {re.escape(url)} was written by a newer agentrt"):
+        PostgresRunStore(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == PG_SCHEMA_VERSION + 1
+
+
+def test_stores_opened_at_once_migrate_once(postgres_cluster):
+    url = postgres_cluster.new_database()
+    with ThreadPoolExecutor(4) as pool:
+        stores = list(pool.map(lambda _: PostgresRunStore(url), range(4)))
+    for store in stores:
+        store.close()
+    with psycopg.connect(url) as conn:
+        assert conn.execute("SELECT version FROM schema_version").fetchall() == [(PG_SCHEMA_VERSION,)]
+
+
+def test_an_unreachable_postgres_is_named_without_its_password():
+    url = f"postgresql://someone:s3cret@127.0.0.1:{free_port()}/runs"
+    with pytest.raises(StoreUnavailable) as e:
+        PostgresRunStore(url, connect_timeout_s=2)
+    message = str(e.value)
+    assert f"run store postgresql://someone@127.0.0.1:{url.split(':')[3]} cannot be reached" in message
+    assert "s3cret" not in message and "refused" in message.lower()
 
 
 APPROVAL = {"type": "object", "properties": {"approved": {"type": "boolean"}}, "required": ["approved"],
@@ -227,8 +272,8 @@ async def test_a_run_waits_for_outside_input_and_a_bad_value_leaves_it_waiting(s
     assert given["node"] == "approval" and given["via"] == "python" and given["by"] is None
 
 
-async def test_a_waiting_run_survives_being_stopped_and_takes_its_input_after_resume(tmp_path, scripted):
-    store = SQLiteRunStore(tmp_path / "runs.db")
+async def test_a_waiting_run_survives_being_stopped_and_takes_its_input_after_resume(open_run_store, scripted):
+    store = open_run_store()
     for _ in range(2):  # stopped twice while waiting
         rt = Runtime(scripted({"*": "x"}), store=store)
         rec = store.recorded("w1") if store.get_run("w1") else None

@@ -1,4 +1,5 @@
-"""The programs API with the SQLite run store on (a real SQLite file, a scripted engine): 50 runs
+"""The programs API with a run store on (a real SQLite file and a real PostgreSQL database, a
+scripted engine): 50 runs
 submitted at once all finish, each node's outcome recorded exactly once, every event stored with
 the id a client reads; retention leaves unfinished runs alone."""
 from __future__ import annotations
@@ -40,8 +41,8 @@ async def served(tmp_path, store, **config):
         await backend.aclose()
 
 
-async def test_fifty_runs_at_once_record_every_node_outcome_exactly_once(tmp_path):
-    store = SQLiteRunStore(tmp_path / "runs.db")
+async def test_fifty_runs_at_once_record_every_node_outcome_exactly_once(tmp_path, open_run_store):
+    store = open_run_store()
     async with served(tmp_path, store) as client:
         async def one(i: int) -> str:
             r = await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 0.01 * (i % 5)}},
@@ -59,15 +60,15 @@ async def test_fifty_runs_at_once_record_every_node_outcome_exactly_once(tmp_pat
     for run_id in ids:
         stored = store.get_run(run_id)
         assert stored.status == "done" and stored.output == "The sum is five."
-        outcomes = collections.Counter(c["node"] for c in store.node_changes(run_id) if c["state"] != "running")
+        outcomes = collections.Counter(c.node for c in store.node_changes(run_id) if c.state != "running")
         assert outcomes == {"plan": 1, "sum": 1, "answer": 1}
-        assert [a["status"] for a in store.tool_attempts(run_id)] == ["finished"]
+        assert [a.status for a in store.tool_attempts(run_id)] == ["finished"]
     assert [i for i, _, _ in store.events(ids[7])] == served_ids == list(range(1, len(served_ids) + 1))
     assert store.run_by_key("k7").run_id == ids[7]
 
 
-async def test_retention_prunes_ended_runs_and_their_traces_but_not_a_running_one(tmp_path):
-    store = SQLiteRunStore(tmp_path / "runs.db")
+async def test_retention_prunes_ended_runs_and_their_traces_but_not_a_running_one(tmp_path, open_run_store):
+    store = open_run_store()
     async with served(tmp_path, store, prune_keep=2) as client:
         slow = await client.post("/v1/programs/calc/runs", json={"inputs": {"delay": 30.0}})
         slow_id = (await slow.json())["run_id"]
@@ -107,10 +108,10 @@ async def test_a_stored_run_whose_program_file_changed_is_not_resumed_silently(t
         assert (await r.json())["status"] == "done"
 
 
-async def test_retention_applies_when_the_server_starts(tmp_path):
+async def test_retention_applies_when_the_server_starts(tmp_path, open_run_store):
     from agentrt.runtime.store import StoredRun
 
-    store = SQLiteRunStore(tmp_path / "runs.db")
+    store = open_run_store()
     for i in range(3):
         store.create_run(StoredRun(f"old{i}", "calc", "h", {}, "done", created_at=float(i), ended_at=float(i)))
     async with served(tmp_path, store, prune_after_s=3600.0):
