@@ -6,8 +6,11 @@ psycopg 3 with a connection pool (psycopg_pool): each write is one transaction, 
 the call returns (synchronous_commit as the server is configured: on by default, so an
 acknowledged write survives PostgreSQL crashing too). A pooled connection is checked before use,
 so after PostgreSQL restarts the next call reconnects instead of failing on a dead connection.
-A call made while the database cannot be reached raises StoreUnavailable after at most
-`wait_s` (the server answers 503 with the reason); nothing of it was recorded.
+A call made while the database cannot be reached raises StoreUnavailable (the server answers 503
+with the reason); nothing of it was recorded. After such a failure each call first tries one plain
+connection: refused at once while PostgreSQL is down (no wait in the pool's reconnect backoff),
+and once it succeeds the pool is opened afresh, so the store works again as soon as the database
+answers.
 
 The calls block, like the SQLite store's: the runtime and the server make them from the event
 loop's thread, one at a time, so a write is ordered before the next event is handed out. Event
@@ -113,15 +116,33 @@ class PostgresRunStore:
         options = {"application_name": "agentrt"}
         if "connect_timeout" not in conninfo_to_dict(url):
             options["connect_timeout"] = str(max(1, round(connect_timeout_s)))
-        conninfo = make_conninfo(url, **options)
+        self.conninfo = make_conninfo(url, **options)
+        self.connect_timeout_s, self.wait_s, self.max_connections = connect_timeout_s, wait_s, max_connections
         try:  # one plain connection first: its error says why (refused, no such database, authentication)
-            with psycopg.connect(conninfo, autocommit=True) as conn:
+            with psycopg.connect(self.conninfo, autocommit=True) as conn:
                 self._migrate(conn)
         except psycopg.OperationalError as e:
             raise StoreUnavailable(f"run store {self.location} cannot be reached: {self._reason(e)}") from None
-        self.pool = ConnectionPool(conninfo, min_size=1, max_size=max_connections, open=False, timeout=wait_s,
-                                   check=ConnectionPool.check_connection, name="agentrt-run-store")
-        self.pool.open(wait=True, timeout=connect_timeout_s)
+        self.pool = self._open_pool()
+        self._down = False  # a call failed for want of the database: the next one checks it first
+
+    def _open_pool(self) -> ConnectionPool:
+        pool = ConnectionPool(self.conninfo, min_size=1, max_size=self.max_connections, open=False,
+                              timeout=self.wait_s, check=ConnectionPool.check_connection, name="agentrt-run-store")
+        pool.open(wait=True, timeout=self.connect_timeout_s)
+        return pool
+
+    def _reopen(self) -> None:
+        """After an outage: StoreUnavailable at once if the database still does not answer, else
+        a fresh pool (the old one may be waiting out its reconnect backoff)."""
+        try:
+            psycopg.connect(self.conninfo).close()
+            pool = self._open_pool()
+        except psycopg.OperationalError as e:
+            raise StoreUnavailable(f"run store {self.location} is unavailable ({self._reason(e)}); "
+                                   "nothing was recorded") from None
+        old, self.pool, self._down = self.pool, pool, False
+        old.close(timeout=1.0)
 
     def _reason(self, e: Exception) -> str:
         text = " ".join(str(e).split())
@@ -156,10 +177,13 @@ class PostgresRunStore:
     @contextmanager
     def _conn(self) -> Iterator[psycopg.Connection]:
         """A pooled connection in one transaction, committed when the block ends."""
+        if self._down:
+            self._reopen()
         try:
             with self.pool.connection() as conn:
                 yield conn
         except psycopg.OperationalError as e:  # the pool's timeout (PoolTimeout) included
+            self._down = True
             raise StoreUnavailable(f"run store {self.location} is unavailable ({self._reason(e)}); "
                                    "nothing was recorded") from None
 

@@ -37,6 +37,7 @@ class ServerConfig:
     keep_runs: int = 200
     # the run store: a SQLite file or a PostgreSQL database (None: runs live in memory only)
     db: Path | PostgresLocation | None = Path("runs/serve/agentrt.db")
+    store_retry_s: float = 1.0  # while the store is unavailable, how often a run it stopped tries to resume
     allow_changed_programs: bool = False  # resume runs whose program file changed since they started
     prune_after_s: float | None = None  # delete ended runs (store rows and traces) this long after they end
     prune_keep: int | None = None  # ... and beyond the newest this many ended runs

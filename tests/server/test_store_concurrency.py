@@ -1,7 +1,8 @@
 """The programs API with a run store on (a real SQLite file and a real PostgreSQL database, a
 scripted engine): 50 runs
 submitted at once all finish, each node's outcome recorded exactly once, every event stored with
-the id a client reads; retention leaves unfinished runs alone."""
+the id a client reads; retention leaves unfinished runs alone; PostgreSQL restarting under the
+server: 503 while it is down, and the run it stopped resumes, nothing acknowledged lost."""
 from __future__ import annotations
 
 import asyncio
@@ -15,6 +16,7 @@ from agentrt.runtime.loader import load_example
 from agentrt.runtime.runtime import Runtime
 from agentrt.runtime.scripted import ScriptedBackend
 from agentrt.runtime.store import SQLiteRunStore, file_hash
+from agentrt.runtime.store_postgres import PostgresRunStore
 from agentrt.server.app import create_app
 from agentrt.server.config import Limits, ServerConfig
 
@@ -23,10 +25,10 @@ REPLIES = {"plan": {"a": 2, "b": 3}, "answer": "The sum is five."}
 
 
 @contextlib.asynccontextmanager
-async def served(tmp_path, store, **config):
+async def served(tmp_path, store, replies=REPLIES, step_s=0.002, **config):
     """An aiohttp test client on a server whose runtime records runs in `store`."""
     example = load_example(PROGRAM)
-    backend = ScriptedBackend(REPLIES, step_s=0.002)
+    backend = ScriptedBackend(replies, step_s=step_s)
     runtime = Runtime(backend, tools=example.tools, store=store)
     app = create_app(ServerConfig(runs_dir=tmp_path / "runs", access_log=False,
                                   limits=Limits(max_running_runs=64, max_queued_runs=64), **config),
@@ -116,3 +118,52 @@ async def test_retention_applies_when_the_server_starts(tmp_path, open_run_store
         store.create_run(StoredRun(f"old{i}", "calc", "h", {}, "done", created_at=float(i), ended_at=float(i)))
     async with served(tmp_path, store, prune_after_s=3600.0):
         assert store.runs() == []
+
+
+async def test_postgres_restarting_under_the_server_answers_503_and_loses_nothing(tmp_path, postgres_cluster):
+    store = PostgresRunStore(postgres_cluster.new_database(), wait_s=0.5)
+    answer = " ".join(["five"] * 24)  # the answer's max_tokens
+    try:
+        async with served(tmp_path, store, replies={**REPLIES, "answer": answer}, step_s=0.05,
+                          store_retry_s=0.1) as client:
+            async def submit(key: str) -> tuple[int, dict, dict]:
+                r = await client.post("/v1/programs/calc/runs", json={"inputs": {}}, headers={"Idempotency-Key": key})
+                return r.status, await r.json(), dict(r.headers)
+
+            async def ended(run_id: str) -> dict:
+                r = await client.get(f"/v1/runs/{run_id}/wait", params={"timeout": "60"})
+                return await r.json()
+
+            status, before, _ = await submit("before")
+            reference = await ended(before["run_id"])  # uninterrupted
+            assert status == 201 and reference["status"] == "done"
+            status, going, _ = await submit("going")
+            assert status == 201
+            run_id = going["run_id"]
+            async with asyncio.timeout(30):  # the answer is being generated
+                while not any(t == "token" and d.get("node") == "answer" for _, t, d in store.events(run_id)):
+                    await asyncio.sleep(0.02)
+            postgres_cluster.stop()
+            try:
+                status, err, headers = await submit("during")
+                assert status == 503 and err["error"]["code"] == "store_unavailable", err
+                assert f"run store {store.location} is unavailable" in err["error"]["message"]
+                assert headers["Retry-After"] == "1"
+                await asyncio.sleep(0.3)  # the running run's next write fails: it stops
+            finally:
+                postgres_cluster.start()
+            status, during, _ = await submit("during")  # nothing of the refused submit was recorded
+            assert status == 201
+            done = await ended(run_id)
+            assert done["status"] == "done" and done["output"] == reference["output"], done
+            assert (await ended(during["run_id"]))["status"] == "done"
+            status, again, _ = await submit("before")
+            assert status == 200 and again["run_id"] == before["run_id"]
+        assert [r.status for r in store.runs()] == ["done"] * 3
+        events = store.events(run_id)
+        ids, types = [i for i, _, _ in events], [t for _, t, _ in events]
+        assert ids == list(range(1, len(ids) + 1)) and types.count("run_finished") == 1 and "run_resumed" in types
+        outcomes = collections.Counter(c.node for c in store.node_changes(run_id) if c.state != "running")
+        assert outcomes == {"plan": 1, "sum": 1, "answer": 1}  # recorded once, plan and sum not run again
+    finally:
+        store.close()
