@@ -1,7 +1,8 @@
-"""Durable runs: `agentrt serve` as a real process with its SQLite run store, killed with
-SIGKILL mid-run and started again (embedded model, greedy, no speculation: the same output on
-every start). The program (durable_program.py) counts its tool calls in files, and its slow tool
-waits for a go-file, so a test kills the server while that tool runs."""
+"""Durable runs: `agentrt serve` as a real process with its run store (a SQLite file; one kill -9
+case also with a PostgreSQL database, tests/pg_cluster.py), killed with SIGKILL mid-run and
+started again (embedded model, greedy, no speculation: the same output on every start). The
+program (durable_program.py) counts its tool calls in files, and its slow tool waits for a go-
+file, so a test kills the server while that tool runs."""
 from __future__ import annotations
 
 import json
@@ -14,9 +15,11 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any, Callable
 
 import pytest
 
+from agentrt.runtime.store_location import open_store
 from agentrt.server.process import wait_ready
 from agentrt.tools.mosquitto import free_port
 
@@ -27,9 +30,9 @@ APPROVAL_PROGRAM = Path(__file__).parent / "approval_program.py"
 
 class Server:
     def __init__(self, tmp: Path, *, idempotent: bool = False, program: Path = PROGRAM,
-                 extra: tuple[str, ...] = ()) -> None:
+                 extra: tuple[str, ...] = (), db: Path | str | None = None) -> None:
         self.tmp, self.idempotent, self.extra, self.program = tmp, idempotent, extra, program
-        self.db = tmp / "store.db"
+        self.db = db or tmp / "store.db"  # a SQLite file or a postgresql:// URL
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc: subprocess.Popen | None = None
@@ -72,6 +75,14 @@ class Server:
         except urllib.error.HTTPError as e:
             return e.code, json.loads(e.read())
 
+    def stored(self, read: Callable[[Any], Any]) -> Any:
+        """read(store) on the server's run store, opened beside it (what a kill left there)."""
+        store = open_store(str(self.db))
+        try:
+            return read(store)
+        finally:
+            store.close()
+
     def events(self, run_id: str, after: int | None = None) -> list[tuple[int, str, dict]]:
         """The run's whole event stream (it ends with the run), from after `after`."""
         headers = {} if after is None else {"Last-Event-ID": str(after)}
@@ -97,6 +108,14 @@ class Server:
                 return info
             time.sleep(0.2)
         raise AssertionError(f"run {run_id} did not end in {timeout} s")
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_db(request, tmp_path) -> Path | str:
+    """The --db of a test, once per store kind."""
+    if request.param == "sqlite":
+        return tmp_path / "store.db"
+    return request.getfixturevalue("postgres_cluster").new_database()
 
 
 @pytest.fixture
@@ -139,8 +158,7 @@ def submit_and_kill_in_slow_add(s: Server) -> tuple[str, list]:
 def test_kill9_in_a_non_idempotent_tool_fails_it_clearly_and_runs_nothing_twice(server):
     s = server()
     run_id, _ = submit_and_kill_in_slow_add(s)
-    with sqlite3.connect(s.db) as db:  # what the store held at the kill
-        nodes = {n: st for n, st in db.execute("SELECT node, state FROM node_changes WHERE run_id = ?", (run_id,))}
+    nodes = {c.node: c.state for c in s.stored(lambda store: store.node_changes(run_id))}  # what the kill left
     assert nodes["sum"] == "running"
     (s.tmp / "go").touch()
     s.start()
@@ -153,11 +171,10 @@ def test_kill9_in_a_non_idempotent_tool_fails_it_clearly_and_runs_nothing_twice(
     assert status == 200 and again["run_id"] == run_id
 
 
-def test_kill9_in_an_idempotent_tool_reruns_it_and_the_events_read_across_the_restart_are_whole(server):
-    s = server(idempotent=True)
+def test_kill9_in_an_idempotent_tool_reruns_it_and_the_events_read_across_the_restart_are_whole(server, store_db):
+    s = server(idempotent=True, db=store_db)
     run_id, _ = submit_and_kill_in_slow_add(s)
-    with sqlite3.connect(s.db) as db:
-        before = [r[0] for r in db.execute("SELECT id FROM run_events WHERE run_id = ? ORDER BY id", (run_id,))]
+    before = [i for i, _, _ in s.stored(lambda store: store.events(run_id))]
     assert before == list(range(1, len(before) + 1))
     (s.tmp / "go").touch()
     s.start()
@@ -173,6 +190,9 @@ def test_kill9_in_an_idempotent_tool_reruns_it_and_the_events_read_across_the_re
     types = [t for _, t, _ in everything]
     assert types.count("run_finished") == 1 and types[-1] == "run_finished"
     assert types.index("run_resumed") > last_seen - 1
+    # the same Idempotency-Key still names the run after the restart
+    status, again = s.request("POST", "/v1/programs/durable/runs", {"inputs": {}}, {"Idempotency-Key": "once"})
+    assert status == 200 and again["run_id"] == run_id
     finished = [(d["node"], d.get("replayed", False)) for _, t, d in everything if t == "node_finished"]
     # before the kill plan and record ran; after the restart they come from the store
     assert finished == [("plan", False), ("record", False), ("plan", True), ("record", True), ("sum", False),
