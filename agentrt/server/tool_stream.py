@@ -18,12 +18,16 @@ from __future__ import annotations
 import json
 from typing import Callable
 
+from agentrt.spec.tool_formats import ToolCallFormat
+from agentrt.spec.tool_parse import call_wrappers, calls_start
+
 Delta = tuple[int, "str | None", "str | None", str]  # (call index, id, name, arguments fragment)
 
 
 class ToolCallStream:
-    def __init__(self, parallel: bool, new_id: Callable[[], str]) -> None:
+    def __init__(self, parallel: bool, new_id: Callable[[], str], arguments_key: str = "arguments") -> None:
         self.call_depth = 2 if parallel else 1  # nesting depth of a call object's members
+        self.arguments_key = arguments_key  # Llama 3 and Gemma 3 call them "parameters"
         self.new_id = new_id
         self.index = -1  # the call being written
         self.depth = 0
@@ -63,7 +67,7 @@ class ToolCallStream:
                 if not in_args and self.depth == self.call_depth:
                     self.string = ch
             elif ch in "{[":
-                if self.depth == self.call_depth and self.key == "arguments" and not in_args:
+                if self.depth == self.call_depth and self.key == self.arguments_key and not in_args:
                     self.args_depth = self.depth
                     fragment.append(ch)
                 self.depth += 1
@@ -90,3 +94,74 @@ class ToolCallStream:
         elif self.key == "name":
             flush()
             out.append((self.index, self.new_id(), value, ""))
+
+
+class FamilyToolCallStream:
+    """A model family's call turn (spec.tool_formats) as it is generated: the text before the
+    calls as content (held back while it could be the start of a marker such as <tool_call>),
+    each call object through a ToolCallStream (index, id and name, then argument fragments), and
+    what wraps and separates the calls (markers, <tool_call> tags, list brackets, "; ", fences)
+    dropped. feed() returns content strings and Delta tuples in the order they were written.
+
+    >>> from agentrt.spec.tool_formats import QWEN
+    >>> s = FamilyToolCallStream(QWEN, new_id=lambda: "call_1")
+    >>> s.feed('Checking.\\n<tool')
+    ['Checking.\\n']
+    >>> s.feed('_call>\\n{"name": "f", "arguments": {"a": 1}}\\n</tool_call>')
+    [(0, 'call_1', 'f', ''), (0, None, None, '{"a": 1}')]
+    """
+
+    def __init__(self, fmt: ToolCallFormat, new_id: Callable[[], str]) -> None:
+        self.fmt = fmt
+        self.wrappers = call_wrappers(fmt)
+        self.calls = ToolCallStream(parallel=True, new_id=new_id, arguments_key=fmt.arguments_key)
+        self.calls.feed("[")  # every call object then sits one level in, as in a parallel list
+        self.mode: str | None = None  # None: only blanks so far; "text"; "calls"
+        self.pending = ""
+
+    def feed(self, text: str) -> list["str | Delta"]:
+        self.pending += text
+        out: list[str | Delta] = []
+        if self.mode != "calls":
+            out += self._text()
+        if self.mode == "calls":
+            out += self._calls()
+        return out
+
+    def end(self) -> list[str]:
+        """Text held back at the end (it did not become a marker)."""
+        held, self.pending = self.pending, ""
+        return [held] if held and self.mode != "calls" else []
+
+    def _text(self) -> list[str]:
+        if self.mode is None:
+            stripped = self.pending.lstrip()
+            if not stripped:
+                return []
+            if calls_start(self.fmt, self.pending) == len(self.pending) - len(stripped):
+                self.mode, self.pending = "calls", stripped
+                return []
+            if any(w.startswith(stripped) for w in self.wrappers if w != "```"):
+                return []  # may still open a call
+            self.mode = "text"
+        found = [i for i in (self.pending.find(m) for m in self.fmt.markers) if i >= 0]
+        if found:
+            cut = min(found)
+            self.mode = "calls"
+        else:  # hold back a tail that may be the start of a marker
+            cut = len(self.pending) - max((k for m in self.fmt.markers for k in range(1, len(m))
+                                           if self.pending.endswith(m[:k])), default=0)
+        content, self.pending = self.pending[:cut], self.pending[cut:]
+        return [content] if content else []
+
+    def _calls(self) -> list[Delta]:
+        out: list[Delta] = []
+        for ch in self.pending:
+            if self.calls.depth == 1 and not self.calls.in_string and ch != "{":
+                continue  # the wrapper around and between calls
+            for d in self.calls.feed(ch):
+                if out and d[1] is None and out[-1][1] is None and out[-1][0] == d[0]:
+                    d = (d[0], None, None, out.pop()[3] + d[3])  # one fragment per feed, not per character
+                out.append(d)
+        self.pending = ""
+        return out

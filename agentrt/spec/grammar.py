@@ -79,6 +79,24 @@ def strict_strings(grammar: xgr.Grammar) -> xgr.Grammar:
     return xgr.Grammar.from_ebnf(text.replace(LOOSE_STRING_CHAR, STRICT_STRING_CHAR))
 
 
+def _text_grammar(excluded_first: str) -> xgr.Grammar:
+    """Text that does not start with a blank or any of `excluded_first` (how a call starts)."""
+    chars = "".join("\\" + c if c in "[]\\^-" else c for c in excluded_first)
+    return xgr.Grammar.from_ebnf(f'root ::= [^{chars} \\t\\n] [^]*')
+
+
+def family_grammar(fmt: OutputFormat, call_grammar: xgr.Grammar) -> xgr.Grammar:
+    """A model family's call turn (spec.tool_formats) around the grammar of one call object: the
+    turn alone (tool_choice required or named), or text that does not start like it (none), or
+    either (auto)."""
+    excluded = fmt.syntax.first_chars(fmt.parallel)
+    if fmt.tool_choice == "none":
+        return _text_grammar(excluded)
+    ebnf, root = fmt.syntax.grammar_ebnf(str(call_grammar), fmt.parallel)
+    calls = xgr.Grammar.from_ebnf(ebnf, root_rule_name=root)
+    return xgr.Grammar.union(calls, _text_grammar(excluded)) if fmt.allow_text else calls
+
+
 GRAMMAR_CACHE_BYTES = 64 << 20  # compiled grammars kept, least recently used dropped past this
 
 
@@ -133,7 +151,9 @@ class GrammarCache:
         try:
             json_grammar = strict_strings(xgr.Grammar.from_json_schema(fmt.schema, any_whitespace=False,
                                                                        separators=SEPARATORS))
-            if fmt.kind == "tool_call" and fmt.tool_choice == "none":
+            if fmt.kind == "tool_call" and fmt.syntax is not None:
+                grammar = family_grammar(fmt, json_grammar)
+            elif fmt.kind == "tool_call" and fmt.tool_choice == "none":
                 grammar = xgr.Grammar.from_ebnf('root ::= [^\\[{ \\t\\n] [^]*')  # text only
             elif fmt.kind == "tool_call" and fmt.allow_text:
                 # Either the call (a list of calls), or text that does not start like one: with

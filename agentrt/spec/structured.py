@@ -19,9 +19,15 @@ A tool_choice (OpenAI's) narrows what the grammar allows, never what the prompt 
 the tools, and that text may answer, as for allow_text. So the steps of an agent loop, whichever
 they allow, share their prompt's tokens (and KV). Without one, allow_text False describes a turn
 that can only call.
+
+`syntax` is the model family's tool-call format (spec.tool_formats): None is the house format
+above; another wraps and names the same call object its own way (Qwen's <tool_call> blocks,
+Llama 3's "parameters", ...), and its output is read back by spec.tool_parse, text around the
+calls becoming content.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 from dataclasses import dataclass
@@ -32,6 +38,8 @@ import jsonschema
 from agentrt.errors import RequestError
 from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth, parse_json
 from agentrt.spec.schema_finite import resolve, unfinishable_part
+from agentrt.spec.tool_formats import ToolCallFormat
+from agentrt.spec.tool_parse import parse_tool_calls
 
 SEPARATORS = (", ", ": ")
 
@@ -50,10 +58,13 @@ class OutputFormat:
     # the tools, or the one a named tool_choice picked): an agent loop's step that must call.
     tool_choice: str = "auto"
     parallel: bool = False  # tool_call: a list of calls
+    syntax: ToolCallFormat | None = None  # tool_call: the family's call format (None: the house format)
 
     @property
     def json_start(self) -> str:
         """The character a constrained output starts with (text answers start otherwise)."""
+        if self.syntax is not None:
+            return self.syntax.first_chars(self.parallel)[0]
         return "[" if self.parallel else "{"
 
     def is_text_answer(self, text: str) -> bool:
@@ -77,7 +88,10 @@ class OutputFormat:
         return self.kind != "text"
 
     def cache_key(self) -> str:
-        return json.dumps([self.kind, self.schema, self.allow_text, self.parallel, self.tool_choice], sort_keys=True)
+        key = [self.kind, self.schema, self.allow_text, self.parallel, self.tool_choice]
+        if self.syntax is not None and self.kind == "tool_call":
+            key.append(self.syntax.name)
+        return json.dumps(key, sort_keys=True)
 
 
 def _tool_function(t: Any) -> dict:
@@ -150,13 +164,14 @@ def _validator(schema_json: str) -> Any:
     return cls(schema)
 
 
-def tool_call_schema(tools: tuple, parallel: bool = False) -> dict:
-    """One call of one of `tools`; with parallel, a list of one or more calls."""
+def tool_call_schema(tools: tuple, parallel: bool = False, arguments_key: str = "arguments") -> dict:
+    """One call of one of `tools`; with parallel, a list of one or more calls. `arguments_key`:
+    what the family calls the arguments member (Llama 3 and Gemma 3: "parameters")."""
     variants = [
         {
             "type": "object",
-            "properties": {"name": {"const": t["function"]["name"]}, "arguments": t["function"]["parameters"]},
-            "required": ["name", "arguments"],
+            "properties": {"name": {"const": t["function"]["name"]}, arguments_key: t["function"]["parameters"]},
+            "required": ["name", arguments_key],
             "additionalProperties": False,
         }
         for t in tools
@@ -196,6 +211,18 @@ def parse_response_format(rf: dict | None) -> OutputFormat:
         allow_text = choice == "none" or (choice == "auto" and bool(rf.get("allow_text", False)))
         return OutputFormat("tool_call", tool_call_schema(callable_tools, parallel), tools, allow_text, choice, parallel)
     raise RequestError(f"response_format: unknown type {kind!r} (text, json_object, json_schema, tool_call)")
+
+
+def with_syntax(fmt: OutputFormat, syntax: ToolCallFormat | None) -> OutputFormat:
+    """The format with a model family's call syntax: its schema then describes one call object
+    with the family's member names (the grammar puts the family's wrapper around it)."""
+    if fmt.kind != "tool_call" or syntax is None or syntax.name == "house" or fmt.syntax is not None:
+        return fmt
+    one = fmt.schema["items"] if fmt.parallel else fmt.schema
+    key = syntax.arguments_key
+    renamed = [dict(v, properties={"name": v["properties"]["name"], key: v["properties"]["arguments"]},
+                    required=["name", key]) for v in one.get("anyOf", [one])]
+    return dataclasses.replace(fmt, schema=renamed[0] if len(renamed) == 1 else {"anyOf": renamed}, syntax=syntax)
 
 
 def _tool_choice(choice: Any, tools: tuple) -> tuple[str, tuple]:
@@ -238,15 +265,25 @@ def instructions(fmt: OutputFormat) -> str | None:
     return None
 
 
-def with_instructions(messages: list[dict], fmt: OutputFormat, template_has_tools: bool) -> tuple[list[dict], list[dict] | None]:
+def with_instructions(messages: list[dict], fmt: OutputFormat, template_has_tools: bool,
+                      template_renders_calls: bool = False) -> tuple[list[dict], list[dict] | None]:
     """Messages (and the `tools` argument for the chat template) that describe the format.
     A chat template with a tools section gets the tools through it; otherwise the tools go
     into the system message as JSON. Once the conversation has a reply in it, the instructions
     join the last user turn instead: the earlier turns stay as they were sent, so their KV is
-    reused (see LLMSpec.continues)."""
-    if fmt.kind == "tool_call" and template_has_tools:
+    reused (see LLMSpec.continues). With a family's syntax, earlier calls and tool results are
+    first put the way its template renders them (ToolCallFormat.history), and a template
+    without tools gets the family's own description of them."""
+    syntax = fmt.syntax if fmt.kind == "tool_call" else None
+    if syntax is not None:
+        messages = syntax.history(messages, template_renders_calls)
+        if syntax.template_tools and template_has_tools:
+            return messages, list(fmt.tools)
+        text = syntax.instructions(fmt.tools, fmt.parallel, fmt.offers_text)
+    elif fmt.kind == "tool_call" and template_has_tools:
         return messages, list(fmt.tools)
-    text = instructions(fmt)
+    else:
+        text = instructions(fmt)
     if text is None:
         return messages, None
     if messages[-1:] and messages[-1].get("role") == "user" and any(m.get("role") == "assistant" for m in messages):
@@ -263,6 +300,8 @@ def parse_output(fmt: OutputFormat, text: str) -> Any:
     model chose to answer in text). Raises ValueError with the reason when invalid."""
     if not fmt.constrained:
         return None
+    if fmt.kind == "tool_call" and fmt.syntax is not None:
+        return _family_calls(fmt, text)
     stripped = text.strip()
     if fmt.is_text_answer(stripped):
         return None
@@ -273,3 +312,21 @@ def parse_output(fmt: OutputFormat, text: str) -> Any:
             where = "/".join(str(p) for p in e.absolute_path) or "(root)"
             raise ValueError(f"schema violation at {where}: {e.message}")
     return value
+
+
+def _family_calls(fmt: OutputFormat, text: str) -> Any:
+    """The calls of a family-format output ({"name", "arguments"}; a list of them with parallel),
+    None for a text answer. Calls that do not read as calls of the tools, or that break their
+    schema, are text (spec.tool_parse); only a turn that had to call and did not is an error."""
+    if fmt.tool_choice == "none":
+        return None
+    key = fmt.syntax.arguments_key
+    names = [v["properties"]["name"]["const"] for v in fmt.schema.get("anyOf", [fmt.schema])]
+    validator = _validator(json.dumps(fmt.schema, sort_keys=True))
+    calls = [c for c in parse_tool_calls(fmt.syntax, text, names).calls
+             if validator.is_valid({"name": c["name"], key: c["arguments"]})]
+    if not calls:
+        if not fmt.allow_text:
+            raise ValueError(f"no valid call of {', '.join(names)} in the output")
+        return None
+    return calls if fmt.parallel else calls[0]

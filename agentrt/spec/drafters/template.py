@@ -180,9 +180,12 @@ class TemplateDrafter:
         out: list[int] = []
         spelled = ""
         for t in self.suffix.propose_after(seq_id, pending, room).tokens:
-            spelled += self.decode([t])
-            if not text.startswith(spelled):
+            piece = self.decode([t])
+            # a token that spells nothing (a special token, decoded without specials) matches any
+            # text and advances none: the forced text goes on in the tokenizer's own tokens
+            if not piece or not text.startswith(spelled + piece):
                 break
+            spelled += piece
             out.append(t)
             if len(spelled) == len(text):
                 break
