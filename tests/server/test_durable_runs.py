@@ -1,8 +1,8 @@
 """Durable runs: `agentrt serve` as a real process with its run store (a SQLite file; one kill -9
 case also with a PostgreSQL database, tests/pg_cluster.py), killed with SIGKILL mid-run and
 started again (embedded model, greedy, no speculation: the same output on every start). The
-program (durable_program.py) counts its tool calls in files, and its slow tool waits for a go-
-file, so a test kills the server while that tool runs."""
+program (durable_program.py) counts its tool calls in files, and its slow tool waits for a
+go-file, so a test kills the server while that tool runs."""
 from __future__ import annotations
 
 import json
