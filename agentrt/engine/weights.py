@@ -34,6 +34,12 @@ def expected_shapes(config: ModelConfig) -> dict[str, tuple[int, ...]]:
             shapes[p + "self_attn.k_proj.bias"] = (kv,)
             shapes[p + "self_attn.v_proj.bias"] = (kv,)
         shapes[p + "post_attention_layernorm.weight"] = (h,)
+        if config.qk_norm:  # Qwen3, Gemma 3: one norm over each head's q, one over k
+            shapes[p + "self_attn.q_norm.weight"] = (config.head_dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (config.head_dim,)
+        if config.gemma_norms:  # the MLP's input norm and the norm of its output
+            shapes[p + "pre_feedforward_layernorm.weight"] = (h,)
+            shapes[p + "post_feedforward_layernorm.weight"] = (h,)
         shapes[p + "mlp.gate_proj.weight"] = (i, h)
         shapes[p + "mlp.up_proj.weight"] = (i, h)
         shapes[p + "mlp.down_proj.weight"] = (h, i)

@@ -15,6 +15,16 @@ not decided by rounding noise.
 | mistral | Mistral | head_dim 32 != hidden/heads (q_size 128), theta 1e6, [INST] template|
 | qwen2   | Qwen2   | q/k/v biases, embedding rows padded to 320 > tokenizer vocab,       |
 |         |         | tools-aware ChatML template                                         |
+
+FAMILY_VARIANTS, the later families on the same tokenizer (their norm weights drawn at random
+too, so a norm applied wrong shows):
+
+| variant | class   | particulars                                                        |
+|---------|---------|--------------------------------------------------------------------|
+| qwen3   | Qwen3   | QK-norm, no biases, head_dim 32 given explicitly, ChatML template   |
+| gemma3  | Gemma3  | 3 layers (sliding, full, sliding; window 6), head_dim 32, local     |
+|         | (text)  | theta 1e4, global theta 1e6 with linear scaling 2, query scalar 24, |
+|         |         | logit soft-capping 30, tied embeddings, ChatML template             |
 """
 from __future__ import annotations
 
@@ -24,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 VARIANTS = ("llama2", "llama3", "smollm", "mistral", "qwen2")
+FAMILY_VARIANTS = ("qwen3", "gemma3")
 SPECIAL_TOKENS = ("<s>", "</s>", "<|im_start|>", "<|im_end|>")  # ids 0..3
 _MERGES = [
     ("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("e", "r"), ("Ġ", "a"), ("o", "n"), ("r", "e"),
@@ -122,6 +133,15 @@ _VARIANT_SPECS = {
                 "<s>", "</s>", INST_TEMPLATE, True),
     "qwen2": ("Qwen2Config", dict(rope_theta=1000000.0, bos_token_id=None, eos_token_id=1, vocab_size=320),
               None, "<|im_end|>", TOOLS_TEMPLATE, False),
+    "qwen3": ("Qwen3Config", dict(rope_theta=1000000.0, head_dim=32, bos_token_id=None, eos_token_id=3),
+              None, "<|im_end|>", CHATML_TEMPLATE, False),
+    "gemma3": ("Gemma3TextConfig", dict(
+        num_hidden_layers=3, head_dim=32, sliding_window=6, query_pre_attn_scalar=24, final_logit_softcapping=30.0,
+        layer_types=["sliding_attention", "full_attention", "sliding_attention"], tie_word_embeddings=True,
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0}},
+        bos_token_id=2, eos_token_id=3, pad_token_id=3,
+    ), "<|im_start|>", "<|im_end|>", CHATML_TEMPLATE, False),
 }
 
 
@@ -143,6 +163,11 @@ def save_tiny_model(path: Path | str, variant: str, seed: int = 0) -> Path:
     config = getattr(transformers, cls_name)(**kwargs)
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if variant in FAMILY_VARIANTS:  # HF initializes norms to the identity (ones, or zeros for Gemma's 1 + w)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "norm" in name:
+                    p.add_(torch.randn(p.shape) * 0.3)
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(path, safe_serialization=True)

@@ -23,6 +23,20 @@ class AttentionGrid:
     out_index: torch.Tensor  # [T] position of each token in the flattened [B * Qmax] grid
     kv_index: torch.Tensor  # [B, Lmax] flat cache slot of each context position (padding -> 0)
     bias: torch.Tensor  # [B, 1, Qmax, 1, Lmax] float32: 0 where visible, -inf elsewhere
+    q_pos: torch.Tensor  # [B, Qmax] position of each padded query slot (padding -> 0)
+    window_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> bias, built on first use
+
+    def bias_for(self, window: int | None) -> torch.Tensor:
+        """The mask of a layer that sees the last `window` positions (p - window + 1 .. p), or
+        the whole causal context with window None."""
+        if window is None:
+            return self.bias
+        b = self.window_bias.get(window)
+        if b is None:
+            offs = torch.arange(self.kv_index.shape[1], device=self.bias.device).view(1, 1, -1)
+            too_old = offs <= self.q_pos.unsqueeze(-1) - window  # [B, Qmax, Lmax]
+            b = self.window_bias[window] = self.bias.masked_fill(too_old.unsqueeze(1).unsqueeze(3), float("-inf"))
+        return b
 
 
 @dataclass
@@ -95,7 +109,7 @@ def _build_grid(meta: AttentionMetadata) -> AttentionGrid:
     # A query at position p sees context positions 0..p; padded queries (p = 0) see position 0.
     visible = offs.view(1, 1, l_max) <= q_pos.unsqueeze(-1)  # [B, Qmax, Lmax]
     bias = torch.zeros(B, q_max, l_max, device=device).masked_fill_(~visible, float("-inf"))
-    return AttentionGrid(q_index, out_index, kv_index, bias.view(B, 1, q_max, 1, l_max))
+    return AttentionGrid(q_index, out_index, kv_index, bias.view(B, 1, q_max, 1, l_max), q_pos)
 
 
 def paged_attention(
@@ -104,6 +118,7 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_slots, nkv, d]
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,  # a sliding layer's window (see AttentionGrid.bias_for); None = causal
 ) -> torch.Tensor:  # [T, nq, d]
     grid = meta.grid
     B, q_max = grid.q_index.shape
@@ -117,7 +132,7 @@ def paged_attention(
     k = k_cache[flat].view(B, l_max, nkv, d).permute(0, 2, 3, 1)  # [B, nkv, d, Lmax]
     v = v_cache[flat].view(B, l_max, nkv, d).permute(0, 2, 1, 3)  # [B, nkv, Lmax, d]
     scores = torch.matmul(qp, k).float().view(B, nkv, q_max, g, l_max) * scale
-    probs = torch.softmax(scores + grid.bias, dim=-1).to(q.dtype).view(B, nkv, q_max * g, l_max)
+    probs = torch.softmax(scores + grid.bias_for(window), dim=-1).to(q.dtype).view(B, nkv, q_max * g, l_max)
     o = torch.matmul(probs, v).view(B, nkv, q_max, g, d)  # [B, nkv, Qmax, g, d]
     o = o.permute(0, 2, 1, 3, 4).reshape(B * q_max, nq, d)
     return o[grid.out_index]

@@ -56,8 +56,10 @@ def attention(
     v_cache: torch.Tensor,  # [num_slots, nkv, d]
     meta: AttentionMetadata,
     scale: float,
+    window: int | None = None,
 ) -> torch.Tensor:  # [T, nq, d]
-    """Each query over its own context, positions 0..p: shapes depend on p alone."""
+    """Each query over its own context, positions 0..p (a sliding layer: the last `window` of
+    them): shapes depend on p (and the window) alone."""
     T, nq, d = q.shape
     nkv = k_cache.shape[1]
     g = nq // nkv
@@ -78,7 +80,8 @@ def attention(
         qf = q[rows.start : rows.stop].float()
         for t in rows:
             n = positions[t] + 1
-            scores = torch.bmm(qf[t - rows.start].view(nkv, g, d), k[:, :, :n]) * scale  # [nkv, g, n]
+            first = max(0, n - window) if window is not None else 0
+            scores = torch.bmm(qf[t - rows.start].view(nkv, g, d), k[:, :, first:n]) * scale  # [nkv, g, n - first]
             probs = torch.softmax(scores, dim=-1)
-            out[t] = torch.bmm(probs, v[:, :n]).view(nq, d).to(q.dtype)
+            out[t] = torch.bmm(probs, v[:, first:n]).view(nq, d).to(q.dtype)
     return out

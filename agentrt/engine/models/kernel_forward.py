@@ -31,6 +31,9 @@ from agentrt.kernels.linear import linear
 
 def kernel_support(cfg, dtype: torch.dtype, device: torch.device) -> str | None:
     """Why the kernel forward cannot run this model here, or None when it can."""
+    gaps = cfg.fused_kernel_gaps()
+    if gaps:
+        return f"the C kernels run Llama-layout layers; this {cfg.architecture} model has {', '.join(gaps)}"
     if device.type != "cpu" or dtype != torch.bfloat16:
         return f"the C kernels run bf16 on CPU (this model is {dtype} on {device})"
     if cfg.head_dim % 16 or cfg.head_dim > 256:

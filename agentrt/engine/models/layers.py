@@ -32,13 +32,16 @@ def _llama3_inv_freq(inv_freq: torch.Tensor, s: RopeScaling) -> torch.Tensor:
 
 
 class RotaryEmbedding:
-    """cos/sin tables for every position, built once; a step indexes them by position."""
+    """cos/sin tables for every position, built once; a step indexes them by position.
+    local: the sliding layers' tables (their own base, no scaling: Gemma 3), else the full layers'."""
 
-    def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device):
+    def __init__(self, cfg: ModelConfig, max_positions: int, device: torch.device, local: bool = False):
         d = cfg.head_dim
-        inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
-        if cfg.rope_scaling is not None:
-            inv_freq = _llama3_inv_freq(inv_freq, cfg.rope_scaling)
+        theta = cfg.rope_local_theta if local else cfg.rope_theta
+        inv_freq = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        s = None if local else cfg.rope_scaling
+        if s is not None:
+            inv_freq = _llama3_inv_freq(inv_freq, s) if s.kind == "llama3" else inv_freq / s.factor
         t = torch.arange(max_positions, dtype=torch.float64)
         freqs = torch.outer(t, inv_freq)  # [P, d/2]
         self.cos = freqs.cos().float().to(device)
@@ -51,6 +54,13 @@ class RotaryEmbedding:
         cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(dtype)
         sin = torch.cat([sin, sin], dim=-1).unsqueeze(1).to(dtype)
         return cos, sin
+
+
+def gemma_rms_norm(x: torch.Tensor, weight_plus_one: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: the scale (1 + weight, fp32) applied in fp32 before the cast back, where
+    Llama's casts first (rms_norm)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight_plus_one).to(x.dtype)
 
 
 class Linear:

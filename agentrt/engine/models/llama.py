@@ -1,5 +1,8 @@
-"""Our Llama-family decoder (Llama 2/3, SmolLM, Mistral, Qwen2): RMSNorm, RoPE, GQA attention,
-SwiGLU, tied embeddings. No Hugging Face modeling code runs in the forward pass.
+"""Our decoder for the Llama family (Llama 2/3, SmolLM, Mistral, Qwen2) and the families built on
+its layout: RMSNorm, RoPE, GQA attention, SwiGLU, tied embeddings; Qwen3 adds QK-norm; Gemma 3
+adds QK-norm, GeGLU, Gemma's (1 + weight) norms around both attention and MLP, a scaled
+embedding, sliding-window layers with their own rotary base, and logit soft-capping
+(engine/config.py names each feature). No Hugging Face modeling code runs in the forward pass.
 
 The forward takes a flattened ragged batch (every sequence's new tokens concatenated, with
 `cu_seqlens` offsets), writes their K/V into the paged cache and attends over each sequence's
@@ -8,6 +11,7 @@ wants one row per sequence, speculative verification wants all k+1 rows.
 """
 from __future__ import annotations
 
+import logging
 import os
 
 import torch
@@ -18,11 +22,13 @@ from agentrt.engine.models.attention import AttentionMetadata, paged_attention  
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F401  (re-export)
 from agentrt.engine.models import invariant
 from agentrt.engine.models.kernel_forward import KernelDecoder, kernel_forward, kernel_support
-from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, rms_norm
+from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, gemma_rms_norm, rms_norm
 from agentrt.engine.models.quant_forward import QuantDecoder, cache_supported, quant_forward, quant_support
 from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear, gather_weights
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.quant_formats import QuantWeight, dequantize
+
+log = logging.getLogger(__name__)
 
 
 def _linear(weights, bias, pack: bool, kernel: bool, gated: bool = False):
@@ -47,8 +53,38 @@ class _Layer:
         self.o = _linear(w("self_attn.o_proj.weight"), None, pack, kernel)
         self.gate_up = _linear([w("mlp.gate_proj.weight"), w("mlp.up_proj.weight")], None, pack, kernel, gated=True)
         self.down = _linear(w("mlp.down_proj.weight"), None, pack, kernel)
-        self.attn_norm = w("input_layernorm.weight")
-        self.mlp_norm = w("post_attention_layernorm.weight")
+        norm = _gemma_norm_weight if cfg.gemma_norms else (lambda t: t)  # noqa: E731
+        self.attn_norm = norm(w("input_layernorm.weight"))
+        # Gemma names the MLP's input norm pre_feedforward_layernorm and norms the attention output
+        # with post_attention_layernorm, which is Llama's name for the MLP's input norm
+        self.mlp_norm = norm(w("pre_feedforward_layernorm.weight" if cfg.gemma_norms else "post_attention_layernorm.weight"))
+        self.attn_out_norm = norm(w("post_attention_layernorm.weight")) if cfg.gemma_norms else None
+        self.mlp_out_norm = norm(w("post_feedforward_layernorm.weight")) if cfg.gemma_norms else None
+        self.q_norm = norm(w("self_attn.q_norm.weight")) if cfg.qk_norm else None
+        self.k_norm = norm(w("self_attn.k_norm.weight")) if cfg.qk_norm else None
+        self.window = cfg.sliding_window if cfg.is_sliding(i) else None
+        self.local_rope = cfg.is_sliding(i) and cfg.rope_local_theta is not None
+
+
+def _gemma_norm_weight(w: torch.Tensor) -> torch.Tensor:
+    """Gemma scales by (1 + weight) in fp32 (layers.gemma_rms_norm): kept so, whatever the weights'
+    dtype (1 + w in bf16 would lose w's low bits)."""
+    return (1.0 + w.float()).contiguous()
+
+
+class _TorchOps:
+    """The batch-dependent ops of the PyTorch forward: plain, or batch invariant (invariant.py)."""
+
+    def __init__(self, cfg: ModelConfig, batch_invariant: bool):
+        norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
+        eps = cfg.rms_norm_eps
+        if batch_invariant:
+            self.norm = lambda x, w: invariant._blocks(x, lambda b: norm(b, w, eps))  # noqa: E731
+            self.linear, self.attention = invariant.linear, invariant.attention
+        else:
+            self.norm = lambda x, w: norm(x, w, eps)  # noqa: E731
+            self.linear = lambda layer, x: layer(x)  # noqa: E731
+            self.attention = paged_attention
 
 
 class LlamaModel:
@@ -82,12 +118,20 @@ class LlamaModel:
             quant = [m for ly in self.layers for m in (ly.qkv, ly.o, ly.gate_up, ly.down)] + [self.lm_head]
             self.quant_weights = gather_weights([m for m in quant if isinstance(m, QuantLinear)],
                                                 emb if isinstance(emb, QuantEmbedding) else None)
-        self.rope = RotaryEmbedding(cfg, max_positions or cfg.max_position_embeddings, self.device)
-        self.scale = cfg.head_dim**-0.5
+        positions = max_positions or cfg.max_position_embeddings
+        self.rope = RotaryEmbedding(cfg, positions, self.device)
+        self.local_rope = RotaryEmbedding(cfg, positions, self.device, local=True) if cfg.rope_local_theta else None
+        self.scale = cfg.attention_scale
+        # Gemma: HF multiplies the embedding rows by sqrt(hidden) rounded to the weights' dtype
+        self.embed_scale = torch.tensor(cfg.hidden_size**0.5, dtype=self.dtype) if cfg.gemma_norms else None
+        if cfg.gemma_norms:
+            self.norm = _gemma_norm_weight(self.norm)
         self._kernels_packed = kernel
         self.kernels_enabled = kernel
         self.kernel_decoder = KernelDecoder(self) if kernel else None
         self.quant_decoder = QuantDecoder(self) if self.quantized and quant_support(self) is None else None
+        if self.quantized and self.quant_decoder is None and cfg.fused_kernel_gaps():
+            log.info("%s: each layer runs on the PyTorch path (its linears on the int8 kernels)", quant_support(self))
         self.quant_fused = self.quant_decoder is not None
 
     @property
@@ -132,56 +176,50 @@ class LlamaModel:
     @torch.inference_mode()
     def _forward(self, batch: ForwardBatch, kv: KVCache, n_layers: int, return_hidden: bool,
                  batch_invariant: bool) -> ForwardOutput:
-        T = batch.input_ids.shape[0]
+        """The PyTorch forward; batch_invariant replaces every batch-dependent op (models/invariant.py)."""
         if self._kernels_enabled:
             return kernel_forward(self, batch, kv, n_layers, return_hidden)
-        if batch_invariant:
-            return self._forward_invariant(batch, kv, n_layers, return_hidden)
-        cfg = self.cfg
+        cfg, T = self.cfg, batch.input_ids.shape[0]
+        ops = _TorchOps(cfg, batch_invariant)
         h = self.embed[batch.input_ids]  # [T, hidden]
-        cos, sin = self.rope.tables(batch.positions, self.dtype)  # [T, 1, d]
+        if self.embed_scale is not None:
+            h = h * self.embed_scale.to(h.dtype)
+        ropes = {False: self.rope.tables(batch.positions, self.dtype)}  # [T, 1, d] cos, sin
+        if self.local_rope is not None:
+            ropes[True] = self.local_rope.tables(batch.positions, self.dtype)
         nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        act = _activation(cfg.hidden_act)
         for li, layer in enumerate(self.layers[:n_layers]):
-            x = rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
-            qkv = layer.qkv(x)  # [T, (nq + 2 nkv) d]
+            x = ops.norm(h, layer.attn_norm)
+            qkv = ops.linear(layer.qkv, x)  # [T, (nq + 2 nkv) d]
             q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
-            q = apply_rotary(q.view(T, nq, d), cos, sin)
-            k = apply_rotary(k.view(T, nkv, d), cos, sin)
+            q, k = q.reshape(T, nq, d), k.reshape(T, nkv, d)
+            if layer.q_norm is not None:  # over each head's vector, before rotary
+                q = ops.norm(q.reshape(T * nq, d), layer.q_norm).view(T, nq, d)
+                k = ops.norm(k.reshape(T * nkv, d), layer.k_norm).view(T, nkv, d)
+            cos, sin = ropes[layer.local_rope]
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
             kv.write(li, batch.slot_mapping, k, v.view(T, nkv, d))
-            o = paged_attention(q, kv.k[li], kv.v[li], batch.attn, self.scale)  # [T, nq, d]
-            h = h + layer.o(o.reshape(T, nq * d))
-            x = rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)
-            gate, up = layer.gate_up(x).chunk(2, dim=-1)
-            h = h + layer.down(torch.nn.functional.silu(gate) * up)
+            o = ops.attention(q, kv.k[li], kv.v[li], batch.attn, self.scale, layer.window)  # [T, nq, d]
+            o = ops.linear(layer.o, o.reshape(T, nq * d))
+            h = h + (o if layer.attn_out_norm is None else ops.norm(o, layer.attn_out_norm))
+            x = ops.norm(h, layer.mlp_norm)
+            gate, up = ops.linear(layer.gate_up, x).chunk(2, dim=-1)
+            m = ops.linear(layer.down, act(gate) * up)
+            h = h + (m if layer.mlp_out_norm is None else ops.norm(m, layer.mlp_out_norm))
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
-        h = rms_norm(h, self.norm, cfg.rms_norm_eps)  # [n_out, hidden]
-        logits = self.lm_head(h).float()  # [n_out, vocab]
+        h = ops.norm(h, self.norm)  # [n_out, hidden]
+        logits = ops.linear(self.lm_head, h).float()  # [n_out, vocab]
+        if cfg.final_logit_softcapping is not None:
+            logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
         return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
 
-    def _forward_invariant(self, batch: ForwardBatch, kv: KVCache, n_layers: int, return_hidden: bool) -> ForwardOutput:
-        """The PyTorch forward with every batch-dependent op replaced (models/invariant.py)."""
-        cfg, T = self.cfg, batch.input_ids.shape[0]
-        h = self.embed[batch.input_ids]  # [T, hidden]
-        cos, sin = self.rope.tables(batch.positions, self.dtype)  # [T, 1, d]
-        nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        for li, layer in enumerate(self.layers[:n_layers]):
-            x = invariant.rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)
-            qkv = invariant.linear(layer.qkv, x)  # [T, (nq + 2 nkv) d]
-            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
-            q = apply_rotary(q.view(T, nq, d), cos, sin)
-            k = apply_rotary(k.view(T, nkv, d), cos, sin)
-            kv.write(li, batch.slot_mapping, k, v.view(T, nkv, d))
-            o = invariant.attention(q, kv.k[li], kv.v[li], batch.attn, self.scale)  # [T, nq, d]
-            h = h + invariant.linear(layer.o, o.reshape(T, nq * d))
-            x = invariant.rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)
-            gate, up = invariant.linear(layer.gate_up, x).chunk(2, dim=-1)
-            h = h + invariant.linear(layer.down, torch.nn.functional.silu(gate) * up)
-        if batch.logits_indices is not None:
-            h = h[batch.logits_indices]
-        h = invariant.rms_norm(h, self.norm, cfg.rms_norm_eps)  # [n_out, hidden]
-        logits = invariant.linear(self.lm_head, h).float()  # [n_out, vocab]
-        return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
+
+def _activation(name: str):
+    if name == "gelu_tanh":
+        return lambda x: torch.nn.functional.gelu(x, approximate="tanh")
+    return torch.nn.functional.silu
 
 
 def _quantized_modules(cfg: ModelConfig, sd: dict) -> dict[str, list[str]]:
@@ -208,4 +246,6 @@ def _want_kernels(use_kernels: bool | None, cfg: ModelConfig, dtype: torch.dtype
     reason = kernel_support(cfg, dtype, device)
     if reason is not None and use_kernels:
         raise ModelLoadError(f"use_kernels=True but {reason}")
+    if reason is not None and cfg.fused_kernel_gaps():
+        log.info("%s: the PyTorch path runs it", reason)
     return reason is None

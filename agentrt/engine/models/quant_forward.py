@@ -43,6 +43,9 @@ def quant_support(model) -> str | None:
     cfg = model.cfg
     if not model.quantized:
         return "the model has no quantized weights"
+    gaps = cfg.fused_kernel_gaps()
+    if gaps:
+        return f"the fused quantized decoder runs Llama-layout layers; this {cfg.architecture} model has {', '.join(gaps)}"
     if model.device.type != "cpu":
         return f"the quantized decoder runs on the CPU (this model is on {model.device})"
     if cfg.head_dim % 8 or cfg.num_attention_heads % cfg.num_key_value_heads:
