@@ -88,7 +88,3 @@ class SamplingParams:
         if bad:
             raise RequestError(f"logit_bias: token ids must be >= 0 and biases in [-100, 100], got {bad[0]}")
         object.__setattr__(self, "logit_bias", tuple(sorted(dict(pairs).items())))
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0

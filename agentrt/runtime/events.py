@@ -26,9 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-EVENT_TYPES = ("run_started", "graph", "node_started", "node_phase", "token", "step", "node_retried", "input_wanted",
-               "input_given", "node_finished", "run_finished")
-
 
 @dataclass(frozen=True)
 class RunEvent:

@@ -147,11 +147,6 @@ class AlphaRegistry:
         self.seq_prior_strength = seq_prior_strength
         self._shared: dict[str, OnlineAlpha] = {}
 
-    def set_prior(self, drafter: str, prior: AlphaPrior) -> None:
-        """Seed a drafter's prior (before it has been observed; later the shared estimate rules)."""
-        self._priors[drafter] = prior
-        self._shared.pop(drafter, None)
-
     def shared(self, drafter: str) -> OnlineAlpha:
         if drafter not in self._shared:
             prior = self._priors.get(drafter, self.default)

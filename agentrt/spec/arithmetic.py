@@ -1,5 +1,5 @@
 """The acceptance arithmetic of speculative decoding (Leviathan et al., "Fast Inference from
-Transformers via Speculative Decoding", 2023: expected tokens per pass and the best k).
+Transformers via Speculative Decoding", 2023): expected tokens per pass.
 
 A verification pass over k drafts emits 1 + (length of the accepted prefix) tokens: the target's
 own token at the first rejection (or after the last draft) is emitted either way.
@@ -56,21 +56,3 @@ def marginal_gains(accept_probs: Sequence[float]) -> list[float]:
         _check_alpha(probs[j], f"accept_probs[{j}]")
     return list(itertools.accumulate(probs, operator.mul))
 
-
-def speedup(alpha: float, k: int, c: float) -> float:
-    """Tokens per unit time relative to plain decoding while the step stays memory-bound:
-    E(alpha, k) / (1 + k c), with c = one draft pass in target-step units."""
-    if not (c >= 0.0) or math.isinf(c):
-        raise SpecConfigError(f"draft cost ratio c must be a finite number >= 0, got {c!r}")
-    return expected_tokens(alpha, k) / (1.0 + _check_k(k) * c)
-
-
-def optimal_k(alpha: float, c: float, kmax: int) -> int:
-    """The k in [0, kmax] with the highest speedup(alpha, k, c); the smallest such k on ties."""
-    kmax = _check_k(kmax, "kmax")
-    best_k, best = 0, speedup(alpha, 0, c)
-    for k in range(1, kmax + 1):
-        s = speedup(alpha, k, c)
-        if s > best * (1.0 + 1e-12):
-            best_k, best = k, s
-    return best_k

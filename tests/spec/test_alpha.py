@@ -132,5 +132,3 @@ def test_registry_seeds_per_drafter_and_learns_across_requests():
         fresh.update(6, 0)
     assert fresh.estimate() < 0.6
     assert reg.estimate("eagle") == pytest.approx(0.5)  # drafters do not share estimates
-    reg.set_prior("eagle", AlphaPrior(0.8))
-    assert reg.new_sequence("eagle").estimate() == pytest.approx(0.8)

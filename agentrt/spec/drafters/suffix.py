@@ -68,10 +68,6 @@ class SuffixTrie:
         self.kids: list[dict[int, int] | None] = [None]  # node -> {token: node id, or -(end + 1)}
         self._active: list[tuple[int, int]] = []  # (node, depth) of repeated text suffixes, deepest first
 
-    @property
-    def num_nodes(self) -> int:
-        return len(self.count)
-
     def start_document(self) -> None:
         """Later tokens begin a new document: no string spans the boundary."""
         if self.text and self.text[-1] != DOC_SEPARATOR:
