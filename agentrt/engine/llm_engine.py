@@ -115,9 +115,6 @@ class LLMEngine:
         return self.blocks.prefix is not None
 
     # ---- requests -------------------------------------------------------------------------
-    def encode_prompt(self, prompt: str | list[dict], tools: list[dict] | None = None) -> list[int]:
-        return self.tokenizer.encode(self.prompt_text(prompt, tools))
-
     def prompt_text(self, prompt: str | list[dict], tools: list[dict] | None = None) -> str:
         """The text a prompt (a string, or chat messages through the chat template) is tokenized from."""
         if isinstance(prompt, str):

@@ -51,11 +51,5 @@ class Sequence:
         return len(self.prompt_ids) + len(self.output_ids)
 
     @property
-    def in_prefill(self) -> bool:
-        # More than one token waits to enter the cache: a (re)started prompt. In decode exactly
-        # one does: the last sampled token.
-        return self.num_tokens - self.num_computed > 1
-
-    @property
     def finished(self) -> bool:
         return self.status is SeqStatus.FINISHED

@@ -37,8 +37,6 @@ PHASES: dict[str, str] = {
 LLM_PHASES = ("waiting", "queued", "prefill", "decode", "preempted")
 TOOL_PHASES = ("waiting", "queued", "tool_running", "tool_retried", "tool_backoff", "tool_failed")
 WAIT_FOR_PHASES = ("waiting", "input_wait")
-# Stalls: time a node is not doing its own work.
-STALL_PHASES = ("waiting", "queued", "preempted", "tool_backoff", "input_wait")
 
 
 @dataclass
