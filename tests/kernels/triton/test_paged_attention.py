@@ -111,8 +111,8 @@ def test_split_kv_equals_unsplit(nq, nkv, d, block_size, dtype):
     scale = d**-0.5
     unsplit = batch.kernel(scale, num_splits=1)
     tol = TOLERANCE[dtype]
-    for splits in (2, 5):
-        torch.testing.assert_close(batch.kernel(scale, num_splits=splits), unsplit, atol=tol, rtol=tol)
+    # 3 slices of 64 positions: the short sequence's last two and the 97-long one's last are empty
+    torch.testing.assert_close(batch.kernel(scale, num_splits=3), unsplit, atol=tol, rtol=tol)
     torch.testing.assert_close(unsplit, batch.reference(scale), atol=tol, rtol=tol)
 
 
