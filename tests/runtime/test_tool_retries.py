@@ -31,12 +31,13 @@ def payment_tool(calls: list[str]):
     return pay
 
 
-async def test_each_failed_attempt_is_in_the_events_trace_store_and_inspect(scripted, tmp_path, capsys):
+async def test_each_failed_attempt_is_in_the_events_trace_store_and_inspect(scripted, tmp_path, capsys,
+                                                                           open_run_store):
     calls: list[str] = []
     pay = payment_tool(calls)
     p = Program("shop", inputs={}, tools=[pay])
     p.output(p.tool("charge", "pay", args={"amount": 5}, fallback="not charged"))
-    store = SQLiteRunStore(tmp_path / "runs.db")
+    store = open_run_store()  # SQLite and PostgreSQL
     rt = Runtime(scripted(), tools=[pay], store=store)
     events, shown = [], Console(file=io.StringIO(), width=300)
     rt.subscribe_events(events.append)
@@ -63,8 +64,8 @@ async def test_each_failed_attempt_is_in_the_events_trace_store_and_inspect(scri
     assert all(a["duration_s"] >= 0 for a in log)
 
     rows = store.tool_attempts("r1")
-    assert [(r["attempt"], r["status"], r["backoff_s"]) for r in rows] == [(1, "failed", 0.01), (2, "failed", None)]
-    assert "gateway down" in rows[0]["error"] and "does not cover" in rows[1]["not_retried"]
+    assert [(r.attempt, r.status, r.backoff_s) for r in rows] == [(1, "failed", 0.01), (2, "failed", None)]
+    assert "gateway down" in rows[0].error and "does not cover" in rows[1].not_retried
 
     verbose = shown.file.getvalue()
     assert "charge (tool) attempt 1 failed (tool_raised)" in verbose and "gateway down" in verbose
@@ -119,7 +120,7 @@ def test_a_version_1_store_gains_the_attempt_columns(tmp_path):
     store = SQLiteRunStore(path)
     assert store.db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
     [old] = store.tool_attempts("r")
-    assert old["error"] == "slow" and old["backoff_s"] is None and old["not_retried"] is None
+    assert old.error == "slow" and old.backoff_s is None and old.not_retried is None
     store.create_run(StoredRun("r2", "p", "h", {}))
     store.tool_attempt("r2", "n", 1, "failed", error="boom", backoff_s=0.5)
-    assert store.tool_attempts("r2")[0]["backoff_s"] == 0.5
+    assert store.tool_attempts("r2")[0].backoff_s == 0.5
