@@ -10,6 +10,7 @@ are in middleware.py, the shared state in state.py, the console's live feed in f
     GET  /v1/runs  /v1/runs/{id}  /v1/runs/{id}/events (SSE)  /v1/runs/{id}/wait
     POST /v1/runs/{id}/cancel  /v1/runs/{id}/input/{node}
     GET  /v1/runs/{id}/trace  /v1/runs/{id}/timeline
+    *    /mcp  the programs as MCP tools (Streamable HTTP: mcp_endpoint.py)
 """
 from __future__ import annotations
 
@@ -317,4 +318,7 @@ def create_app(config: ServerConfig, model: str, programs: Mapping[str, Example]
     app.router.add_post("/v1/runs/{run_id}/input/{node}", provide_input)
     app.router.add_get("/v1/runs/{run_id}/trace", run_trace)
     app.router.add_get("/v1/runs/{run_id}/timeline", run_timeline)
+    from agentrt.server.mcp_endpoint import mount_mcp  # the MCP SDK loads with the app, not with every import
+
+    mount_mcp(app)
     return app
