@@ -5,7 +5,8 @@ interpreter (numpy on CPU tensors), so the choice is made here, once, before any
 imported: with no CUDA device, or with TRITON_INTERPRET=1 in the environment, the interpreter runs
 them. That is how the kernels are tested on CPU-only machines: loads, stores, masks and `tl.dot`
 are exact in fp32 and fp16 there (`tl.dot` on bf16 inputs is not, so interpreter tests use fp32
-and fp16; bf16 is for the GPU).
+and fp16; bf16 is for the GPU). TRITON_INTERPRET=0 keeps the kernels compiled even without a
+device, for compiling them for a named GPU target ahead of time (tests/kernels/triton).
 """
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ import sys
 
 import torch
 
-INTERPRETED: bool = os.environ.get("TRITON_INTERPRET", "") == "1" or not torch.cuda.is_available()
+_ENV_INTERPRET = os.environ.get("TRITON_INTERPRET", "")
+INTERPRETED: bool = _ENV_INTERPRET == "1" or (_ENV_INTERPRET != "0" and not torch.cuda.is_available())
 if INTERPRETED:
     # Set before triton is first imported: triton.language's own @jit functions (tl.sum, tl.max,
     # tl.cumsum) are decorated at that import, and decorated for a GPU they fail when an

@@ -78,8 +78,8 @@ def sample_row(p_row_ptr, q_row_ptr, sub_q, zero_token, mask_row_ptr, n_words, r
     if FALLBACK_TO_P:
         total = tl.where(use_p, carry_p.to(tl.float32), total)
     target = tl.minimum(tl.maximum(uniform, 0.0), 1.0) * total
-    at_or_below = 0
-    below_total = 0
+    at_or_below = tl.full([], 0, tl.int32)
+    below_total = tl.full([], 0, tl.int32)
     carry = tl.full([], 0.0, tl.float64)
     for start in range(0, vocab, BLOCK):
         offs = start + lanes

@@ -124,7 +124,8 @@ def masked_sample(probs: torch.Tensor, uniform: torch.Tensor, mask: torch.Tensor
     if n:
         _masked_sample_kernel[(n,)](probs, probs.stride(0), mask_t, mask_stride, n_words, rows_t,
                                     uniform.to(device=probs.device, dtype=torch.float32).contiguous(), out, total,
-                                    probs.shape[1], HAS_MASK=mask is not None, BLOCK=_BLOCK_V)
+                                    probs.shape[1], HAS_MASK=mask is not None, BLOCK=_BLOCK_V,
+                                    enable_fp_fusion=False)  # each product rounded on its own, as on the CPU
     check_sampled_mass(total)
     return out
 

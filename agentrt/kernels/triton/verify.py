@@ -144,7 +144,8 @@ def verify_drafts(target_probs: torch.Tensor, draft_tokens: torch.Tensor, cu_num
             uniform_accept.to(device=device, dtype=torch.float32).contiguous(),
             uniform_sample.to(device=device, dtype=torch.float32).contiguous(),
             output_tokens, output_tokens.stride(0), num_accepted, total, vocab,
-            HAS_Q=has_q, BLOCK_K=triton.next_power_of_2(max(max_k, 1)), BLOCK_V=_BLOCK_V)
+            HAS_Q=has_q, BLOCK_K=triton.next_power_of_2(max(max_k, 1)), BLOCK_V=_BLOCK_V,
+            enable_fp_fusion=False)  # each product rounded on its own, as on the CPU
     check_sampled_mass(total)
     return VerifyOutput(num_accepted=num_accepted, output_tokens=output_tokens, num_emitted=num_accepted + 1)
 
