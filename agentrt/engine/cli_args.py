@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from agentrt.spec.tool_formats import FORMATS
+
 DTYPE_CHOICES = ("auto", "quantized", "bfloat16", "float32")
 
 
@@ -22,3 +24,10 @@ def add_dtype_argument(p: argparse.ArgumentParser) -> None:
                    help="auto: a GGUF model (the embedded one, a .gguf path) runs its quantized blocks in our "
                         "int8 kernels; other models bf16 where the hardware multiplies bf16 natively, else fp32. "
                         "quantized: require the GGUF's blocks. bfloat16/float32: dequantize a GGUF once, run in float")
+
+
+def add_tool_format_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tool-format", default="auto", choices=("auto", *FORMATS),
+                   help="the syntax tool calls are described, constrained and parsed in: auto reads it from the "
+                        "model's chat template and architecture (Qwen <tool_call> blocks, Llama 3 JSON, Gemma 3's "
+                        "JSON prompt, Mistral [TOOL_CALLS]; templates without tools: the house JSON format)")

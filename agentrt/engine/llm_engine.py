@@ -36,7 +36,8 @@ from agentrt.errors import RequestError
 from agentrt.spec.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
 from agentrt.engine.messages import normalize_messages
 from agentrt.spec.penalties import Penalties
-from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions
+from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions, with_syntax
+from agentrt.spec.tool_formats import ToolCallFormat, detect_tool_format, tool_format
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,9 @@ class EngineConfig:
     # on the rest of the batch: greedy output the same with and without speculation, alone or
     # batched (models/invariant.py; several times slower). The C kernels are invariant anyway.
     batch_invariant: bool = False
+    # the syntax tool calls are rendered, constrained and parsed in (spec.tool_formats): "auto"
+    # reads it from the chat template and architecture; a format's name forces it
+    tool_format: str = "auto"
 
 
 class LLMEngine:
@@ -84,6 +88,9 @@ class LLMEngine:
             self.blocks, step_cost=self._prefill_step_cost)
         self.max_model_len = min(config.max_model_len or self.model.cfg.max_position_embeddings, num_blocks * config.block_size)
         self.eos_ids = tuple(self.tokenizer.eos_token_ids)
+        self.tool_format: ToolCallFormat = (
+            detect_tool_format(self.tokenizer.chat_template, getattr(self.model.cfg, "architecture", None))
+            if config.tool_format == "auto" else tool_format(config.tool_format))
         self.constraints = Constraints(self.tokenizer, self.model.cfg.vocab_size, self.eos_ids,
                                        grammar_cache_bytes=config.grammar_cache_bytes)
         self.spec = SpecRunner(config.spec, build_drafter(config.spec.drafter, self) if config.spec.enabled else None,
@@ -134,7 +141,8 @@ class LLMEngine:
         format is encoded from: the format's instructions added (spec.structured.with_instructions)."""
         if not fmt.described:
             return messages, None
-        return with_instructions(messages, fmt, self.tokenizer.has_tools_template)
+        return with_instructions(messages, with_syntax(fmt, self.tool_format), self.tokenizer.has_tools_template,
+                                 "tool_calls" in (self.tokenizer.chat_template or ""))
 
     def prepare(
         self,
@@ -146,7 +154,7 @@ class LLMEngine:
         """Validate and tokenize a request without touching engine state (any thread may call it)."""
         if not isinstance(params, SamplingParams):
             raise RequestError(f"params must be SamplingParams, got {type(params).__name__}")
-        fmt = parse_response_format(params.response_format)
+        fmt = with_syntax(parse_response_format(params.response_format), self.tool_format)
         text = None
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)

@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from agentrt.errors import RequestError
 from agentrt.jsonutil import parse_json
+from agentrt.spec.tool_formats import ToolCallFormat
 from agentrt.runtime.backend import (EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, PromptRecord, StepCallback,
                                      Usage)
 
@@ -216,6 +217,11 @@ class EngineBackend:
             log.warning("counting the prompt's tokens by part failed", exc_info=True)
             parts = []
         return PromptRecord(tuple(sent), text, tuple(parts), None if tools is None else tuple(tools))
+
+    @property
+    def tool_format(self) -> ToolCallFormat:
+        """The syntax the model writes tool calls in (the server's chat API streams them by it)."""
+        return self.engine.engine.tool_format
 
     # -- KV holds --
     @property

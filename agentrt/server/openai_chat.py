@@ -9,6 +9,9 @@ What maps to what:
     response_format json_object / json_schema   grammar-constrained JSON
 Streaming sends chunks as OpenAI does: the role first, then content deltas or tool_call deltas
 (index, id and name, then argument fragments), the finish_reason, usage when asked, [DONE].
+Calls are read in the model family's own format (spec.tool_formats: the engine's tool_format);
+with one that lets text come before the calls (Qwen's <tool_call> blocks), that text is the
+message's content beside its tool_calls.
 """
 from __future__ import annotations
 
@@ -28,8 +31,10 @@ from agentrt.server.errors import ApiError
 from agentrt.server.schemas import (AssistantMessage, ChatCompletion, ChatCompletionChunk, ChatCompletionRequest,
                                     Choice, ChoiceLogprobs, ChunkChoice, TokenLogprobOut, Delta, FunctionCallDelta, FunctionCallOut,
                                     PromptTokensDetails, SpecStats, ToolCallDelta, ToolCallOut, UsageOut)
-from agentrt.server.tool_stream import ToolCallStream
+from agentrt.server.tool_stream import Delta as CallDelta, FamilyToolCallStream, ToolCallStream
 from agentrt.spec.structured import dumps
+from agentrt.spec.tool_formats import HOUSE, ToolCallFormat
+from agentrt.spec.tool_parse import parse_tool_calls
 
 TRUNCATED = "structured output truncated"
 
@@ -207,6 +212,7 @@ class ChatService:
     model: str
     limits: Limits
     on_response: Callable[[LLMResponse], None] | None = None  # metrics
+    tool_format: ToolCallFormat = HOUSE  # the syntax the model writes calls in (LLMEngine.tool_format)
     inflight: int = field(default=0, init=False)
 
     def _request(self, chat: PreparedChat, call_id: str, index: int) -> LLMRequest:
@@ -243,7 +249,9 @@ class ChatService:
         for i, r in enumerate(responses):
             calls = _calls(r.parsed) if chat.tools else None
             if calls:
-                message = AssistantMessage(content=None, tool_calls=[
+                # text the model wrote around its calls (a family format lets it) is the content
+                content = parse_tool_calls(self.tool_format, r.text).content if self.tool_format is not HOUSE else ""
+                message = AssistantMessage(content=content or None, tool_calls=[
                     ToolCallOut(id=f"call_{new_id(12)}", function=FunctionCallOut(name=c["name"], arguments=dumps(c["arguments"])))
                     for c in calls])
             else:
@@ -265,7 +273,7 @@ class ChatService:
             return ChatCompletionChunk(id=call_id, created=created, model=self.model, choices=choices, **extra)
 
         async def one(index: int) -> None:
-            deltas = _DeltaMaker(chat, lambda: f"call_{new_id(12)}")
+            deltas = _DeltaMaker(chat, lambda: f"call_{new_id(12)}", self.tool_format)
             pending: list[dict[str, Any]] = []  # logprobs of tokens whose text has not gone out yet
 
             def on_logprobs(entries: list[dict[str, Any]]) -> None:
@@ -329,14 +337,23 @@ class _DeltaMaker:
     """Turns one choice's generated text into OpenAI deltas: content, or (when the output may be
     tool calls and it starts like one) tool_call deltas."""
 
-    def __init__(self, chat: PreparedChat, new_call_id: Callable[[], str]) -> None:
+    def __init__(self, chat: PreparedChat, new_call_id: Callable[[], str], syntax: ToolCallFormat = HOUSE) -> None:
         self.tools, self.parallel = chat.tools, chat.parallel
         self.new_call_id = new_call_id
         self.mode: str | None = None if chat.tools else "text"  # decided by the first non-blank char
         self.pending = ""
         self.calls: ToolCallStream | None = None
+        self.family = FamilyToolCallStream(syntax, new_call_id) if chat.tools and syntax is not HOUSE else None
+
+    @staticmethod
+    def _call_delta(d: CallDelta) -> Delta:
+        i, cid, name, frag = d
+        return Delta(tool_calls=[ToolCallDelta(index=i, id=cid, type="function" if cid else None,
+                                               function=FunctionCallDelta(name=name, arguments=frag))])
 
     def feed(self, text: str) -> list[Delta]:
+        if self.family is not None:
+            return [Delta(content=d) if isinstance(d, str) else self._call_delta(d) for d in self.family.feed(text)]
         if self.mode is None:
             self.pending += text
             stripped = self.pending.lstrip()
@@ -350,11 +367,11 @@ class _DeltaMaker:
         if self.mode == "text":
             return [Delta(content=text)] if text else []
         assert self.calls is not None
-        return [Delta(tool_calls=[ToolCallDelta(index=i, id=cid, type="function" if cid else None,
-                                                function=FunctionCallDelta(name=name, arguments=frag))])
-                for i, cid, name, frag in self.calls.feed(text)]
+        return [self._call_delta(d) for d in self.calls.feed(text)]
 
     def end(self) -> list[Delta]:
+        if self.family is not None:
+            return [Delta(content=c) for c in self.family.end()]
         if self.mode is None and self.pending:  # only blanks were generated
             return [Delta(content=self.pending)]
         return []

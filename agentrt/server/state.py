@@ -21,6 +21,7 @@ from agentrt.server.metrics import ServerMetrics
 from agentrt.server.openai_chat import ChatService
 from agentrt.server.runs import RunManager, ServedRun
 from agentrt.server.schemas import InputWanted, RunError, RunInfo
+from agentrt.spec.tool_formats import HOUSE
 
 log = logging.getLogger("agentrt.server")
 
@@ -50,7 +51,8 @@ class ServerState:
                                allow_changed_programs=self.config.allow_changed_programs,
                                prune_after_s=self.config.prune_after_s, prune_keep=self.config.prune_keep,
                                store_retry_s=self.config.store_retry_s)
-        self.chat = ChatService(runtime, self.model, self.config.limits, on_response=self.metrics.on_response)
+        self.chat = ChatService(runtime, self.model, self.config.limits, on_response=self.metrics.on_response,
+                                tool_format=getattr(runtime.backend, "tool_format", HOUSE))  # no model: house
         runtime.backend.subscribe_steps(self.metrics.on_step)
         self.kv_blocks = runtime.backend.kv_blocks
         runs = self.runs
