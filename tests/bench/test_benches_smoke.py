@@ -59,10 +59,14 @@ def test_toolcall_bench_rows_and_summary(tiny, tiny_hf):
     assert [r["policy"] for r in rows] == [p.label for p in toolcall.POLICIES]
     nospec, spec = rows[0], rows[1]
     assert nospec["tok_per_pass"] == 1.0 and nospec["speedup"] == 1.0
-    assert spec["tok_per_pass"] >= 1.0 and 0 <= spec["valid"] <= len(chats)
+    assert spec["tok_per_pass"] >= 1.0
+    # greedy: the template drafts change no output, so both policies emit the same calls
+    detail = toolcall.per_request(best, toolcall.POLICIES, expected)
+    assert len(detail) == len(chats) and all(d["same_tokens"] for d in detail), detail
+    assert (spec["valid"], spec["tokens"]) == (nospec["valid"], nospec["tokens"])
     summary = toolcall.summarize(rows, len(chats))
     assert summary["total"] == len(chats) and set(summary) >= {"tokens_per_pass", "speedup", "valid"}
-    assert len(toolcall.per_request(best, toolcall.POLICIES, expected)) == len(chats)
+    assert summary["valid"] == summary["valid_nospec"] == spec["valid"]
 
 
 def test_toolcall_budget_sweep_is_valid_at_every_budget(tiny):

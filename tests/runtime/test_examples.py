@@ -36,7 +36,9 @@ async def run(name: str, engine, tmp_path, answers=None):
     nodes = {n["node"]: n for n in run_summary["nodes"]}
     text = buf.getvalue()
     for n in nodes.values():
-        assert n["status"] in ("ok", "error") and sum(n["phases"].values()) == pytest.approx(n["duration_s"], abs=1e-5)
+        # every node ended; only a tool may fail in a run that finished (its fallback stands in)
+        assert n["status"] == "ok" or (n["kind"] == "tool" and n["status"] == "error"), n
+        assert sum(n["phases"].values()) == pytest.approx(n["duration_s"], abs=1e-5)
         if n["kind"] == "llm":
             assert n["status"] == "ok" and n["steps"] >= 1 and n["usage"]["output_tokens"] >= 1
             assert n["phases"].get("prefill", 0) > 0 and n["spec"]["target_passes"] >= 1
@@ -59,8 +61,15 @@ async def test_trip_planner(engine, tmp_path):
     plan = result.values["plan"]
     assert set(plan) == {"city", "month", "days", "budget"}
     assert any(nodes[t]["status"] == "ok" for t in ("weather", "days"))  # tools read the shipped data
-    if nodes["weather"]["status"] == "ok":
-        assert result.values["weather"]["avg_high_c"] is not None
+    # the weather node's outcome is the tool's own on the plan's city and month: its climate
+    # normals, or an error (a city without data) that the run got past
+    (get_weather,) = [t for t in load_example(EXAMPLES / "trip_planner.py").tools if t.name == "get_weather"]
+    try:
+        expected = get_weather(city=plan["city"], month=plan["month"])
+    except ValueError:
+        assert nodes["weather"]["status"] == "error"
+    else:
+        assert nodes["weather"]["status"] == "ok" and result.values["weather"] == expected
     assert isinstance(result.output, str) and result.output
 
 
@@ -68,8 +77,14 @@ async def test_research(engine, tmp_path):
     result, nodes = await run("research", engine, tmp_path)
     queries = result.values["split"]
     assert 1 <= len(queries) <= 3
+    (search,) = load_example(EXAMPLES / "research.py").tools
     for i, q in enumerate(queries):
-        assert nodes[f"answers[{i}].search"]["status"] in ("ok", "error")  # error: a query without words
+        try:
+            search(query=q, k=2)
+        except ValueError:  # a query without searchable words: the node fails, its fallback stands in
+            assert nodes[f"answers[{i}].search"]["status"] == "error"
+        else:
+            assert nodes[f"answers[{i}].search"]["status"] == "ok"
         assert nodes[f"answers[{i}].summary"]["status"] == "ok"
     assert isinstance(result.output, str) and result.output
 
