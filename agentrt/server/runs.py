@@ -231,7 +231,10 @@ class RunManager:
             run.add_event("run_finished", {"status": status, "output": None, "error": error["message"],
                                            "failed_node": None})
         if self.store is not None and run.run_id not in self.runtime.programs:  # else the runtime recorded it
-            self.store.update_run(run.run_id, status=status, ended_at=run.ended_at, output=output, error=error)
+            try:
+                self.store.update_run(run.run_id, status=status, ended_at=run.ended_at, output=output, error=error)
+            except StoreUnavailable as e:  # it stays unfinished there: the next start takes it up again
+                log.error("run %s ended (%s) but its end is not recorded: %s", run.run_id, status, e)
         records = self.runtime.release(run.run_id) if run.run_id in self.runtime.programs else None
         if records is not None:
             run.summary = summarize(records)
