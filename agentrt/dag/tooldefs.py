@@ -13,7 +13,8 @@ import jsonschema
 
 from agentrt.retry import RetryPolicy
 
-_TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
+# OpenAI's rule for function names, plus '.' between parts (an MCP server's tools are `server.tool`)
+_TOOL_NAME = re.compile(r"^(?=.{1,64}$)[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
 @dataclass(frozen=True)
@@ -79,7 +80,7 @@ def to_tool_def(tool: Any) -> ToolDef:
         raise ValueError(f"{tool!r} is not a tool: give an object with name, description and parameters, "
                          f"or an OpenAI tool dict")
     if not isinstance(found.name, str) or not _TOOL_NAME.match(found.name):
-        raise ValueError(f"tool name {found.name!r} must be 1-64 letters, digits, '_' or '-'")
+        raise ValueError(f"tool name {found.name!r} must be 1-64 letters, digits, '_' or '-' (parts may be joined by '.')")
     for what, schema in (("parameters", found.parameters), ("output_schema", found.output_schema)):
         if schema is None:
             continue

@@ -11,6 +11,7 @@ tool module works with and without workers.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -52,10 +53,25 @@ class RemoteValue:
     finished: float | None = None
 
 
-_BUILTIN = ("inprocess", "http")  # created on first use
+@dataclass(frozen=True)
+class ToolProgress:
+    """A progress report from a running call (an MCP server's notifications/progress): `progress`
+    so far, of `total` when known, with the server's message; `time` is time.time()."""
+
+    progress: float
+    total: float | None
+    message: str | None
+    time: float
 
 
-def _default_executor(name: str) -> Any:
+# The on_progress of the call running in this task: executors that hear of progress report it here.
+CALL_PROGRESS: contextvars.ContextVar[Callable[[ToolProgress], None] | None] = contextvars.ContextVar(
+    "agentrt_tool_call_progress", default=None)
+
+_BUILTIN = ("inprocess", "http", "mcp")  # created on first use
+
+
+def _default_executor(name: str, registry: ToolRegistry) -> Any:
     if name == "inprocess":
         from agentrt.tools.inprocess import InProcessExecutor
 
@@ -64,6 +80,10 @@ def _default_executor(name: str) -> Any:
         from agentrt.tools.http import HttpExecutor
 
         return HttpExecutor()
+    if name == "mcp":  # it keeps the registry in step with its servers' tool lists
+        from agentrt.tools.mcp.executor import McpExecutor
+
+        return McpExecutor(registry)
     return None
 
 
@@ -81,6 +101,7 @@ class ToolRegistry:
         max_redispatches: int = 3,
     ) -> None:
         self._tools: dict[str, Tool] = {}
+        self._gone: dict[str, str] = {}  # tools their source withdrew -> why (for the unknown-tool error)
         self._executors: dict[str, Any] = dict(executors or {})
         self.max_args_bytes = max_args_bytes
         self.max_result_bytes = max_result_bytes
@@ -99,16 +120,23 @@ class ToolRegistry:
         if t.name in self._tools and not replace:
             raise ToolDefinitionError(f"tool '{t.name}' is already registered (pass replace=True to replace it)")
         self._tools[t.name] = t
+        self._gone.pop(t.name, None)
         return t
 
-    def unregister(self, name: str) -> None:
+    def unregister(self, name: str, *, reason: str | None = None) -> None:
+        """Remove a tool; `reason` (e.g. "MCP server 'files' no longer lists it") is what a later
+        call of it is told."""
         self.get(name)
         del self._tools[name]
+        if reason is not None:
+            self._gone[name] = reason
 
     def get(self, name: str) -> Tool:
         try:
             return self._tools[name]
         except KeyError:
+            if name in self._gone:
+                raise UnknownToolError(name, f"tool '{name}' is gone: {self._gone[name]}") from None
             known = ", ".join(sorted(self._tools)) or "none"
             raise UnknownToolError(name, f"unknown tool '{name}' (known tools: {known})") from None
 
@@ -138,7 +166,7 @@ class ToolRegistry:
         """The executor called `name` (inprocess and http are created on first use)."""
         ex = self._executors.get(name)
         if ex is None:
-            ex = _default_executor(name)
+            ex = _default_executor(name, self)
             if ex is None:
                 known = ", ".join(sorted(set(self._executors) | set(_BUILTIN)))
                 raise NoExecutorError(name, f"no executor named '{name}' (configured: {known}); add it with add_executor()")
@@ -168,11 +196,13 @@ class ToolRegistry:
         retries: int | None = None,
         retry: RetryPolicy | None = None,
         on_attempt: Callable[[ToolAttempt], None] | None = None,
+        on_progress: Callable[[ToolProgress], None] | None = None,
     ) -> ToolResult:
         """Validate `args` (a dict or the model's JSON text), then run the tool on its executor.
         timeout_s overrides the tool's timeout for this call; retry (a node's policy) is laid over
         the tool's own (Tool.retry_policy), and retries, if given, sets the attempts after the
-        first. on_attempt(attempt) is called as each attempt ends, the last one included."""
+        first. on_attempt(attempt) is called as each attempt ends, the last one included;
+        on_progress(ToolProgress) as the tool reports progress (executors that carry it: mcp)."""
         queued = time.time()
         call_id = call_id or uuid.uuid4().hex
         attempts: list[ToolAttempt] = []
@@ -199,7 +229,7 @@ class ToolRegistry:
         while True:
             started = time.time()
             try:
-                remote = await self._attempt(t, executor, args, timeout, len(attempts) + 1)
+                remote = await self._attempt(t, executor, args, timeout, len(attempts) + 1, on_progress)
             except ToolCallError as e:
                 failed = ToolAttempt(
                     index=len(attempts) + 1, executor=where, started=started, finished=time.time(), ok=False,
@@ -236,8 +266,10 @@ class ToolRegistry:
             return "inprocess", self.executor("inprocess")  # the embedded default, see the module docstring
         return t.executor, self.executor(t.executor)
 
-    async def _attempt(self, t: Tool, executor: Any, args: dict[str, Any], timeout: float | None, n: int) -> RemoteValue:
+    async def _attempt(self, t: Tool, executor: Any, args: dict[str, Any], timeout: float | None, n: int,
+                       on_progress: Callable[[ToolProgress], None] | None = None) -> RemoteValue:
         timer = asyncio.timeout(timeout)
+        progress = CALL_PROGRESS.set(on_progress)  # the executor, awaited in this task, reads it
         try:
             async with timer:
                 raw = await executor.execute(t, args, timeout=timeout)
@@ -249,6 +281,8 @@ class ToolRegistry:
             raise ToolRaisedError(t.name, f"tool '{t.name}' raised TimeoutError: {e}") from e
         except Exception as e:  # noqa: BLE001 - an executor that did not classify its error
             raise ToolRaisedError(t.name, f"tool '{t.name}' failed on executor '{t.executor}': {type(e).__name__}: {e}") from e
+        finally:
+            CALL_PROGRESS.reset(progress)
         remote = raw if isinstance(raw, RemoteValue) else RemoteValue(raw)
         self.check_output(t, remote.value)
         return remote

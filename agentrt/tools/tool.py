@@ -19,7 +19,9 @@ from agentrt.retry import RetryOn, RetryPolicy, retry_on_names, unsafe_retry
 from agentrt.tools.errors import ToolDefinitionError
 from agentrt.tools.schema import FunctionSchema, check_schema, function_schema
 
-_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule; also keeps MQTT topics clean
+# OpenAI's rule for function names, plus '.' between parts (an MCP server's tools are `server.tool`);
+# it also keeps MQTT topics clean
+_NAME = re.compile(r"^(?=.{1,64}$)[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 DEFAULT_TIMEOUT_S = 30.0
 
 
@@ -31,6 +33,17 @@ class HttpEndpoint:
     method: Literal["GET", "POST", "PUT", "PATCH", "DELETE"] = "POST"
     headers: tuple[tuple[str, str], ...] = ()
     max_response_bytes: int = 1 << 20
+
+
+@dataclass(frozen=True)
+class McpEndpoint:
+    """Where an MCP tool lives: its server (agentrt.tools.mcp.McpServerSpec) and its name there.
+    policy: what the program declared for the server's tools ((field, value) pairs: idempotent,
+    timeout_s, retries), applied again when the server's tool list changes."""
+
+    server: Any
+    tool: str
+    policy: tuple[tuple[str, Any], ...] = ()
 
 
 @dataclass(frozen=True, eq=False)
@@ -55,13 +68,15 @@ class Tool:
     executor: str = "inprocess"
     fn: Callable[..., Any] | None = field(default=None, repr=False)
     http: HttpEndpoint | None = None
+    mcp: McpEndpoint | None = None
     signature: FunctionSchema | None = field(default=None, repr=False)
     args_validator: jsonschema.protocols.Validator = field(init=False, repr=False)
     output_validator: jsonschema.protocols.Validator | None = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not _NAME.match(self.name):
-            raise ToolDefinitionError(f"tool name {self.name!r} must be 1-64 characters of letters, digits, '_' or '-'")
+            raise ToolDefinitionError(f"tool name {self.name!r} must be 1-64 characters of letters, digits, '_' or '-' "
+                                      "(parts may be joined by '.')")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ToolDefinitionError(f"tool '{self.name}': timeout_s must be > 0 or None, got {self.timeout_s}")
         if self.retries < 0 or self.backoff_s < 0 or self.backoff_max_s < 0:
