@@ -1,6 +1,6 @@
 """`agentrt run --db`, `agentrt resume` and `agentrt runs` as real processes on the embedded model:
 a run killed with SIGKILL inside a tool is resumed from the CLI and finishes without running its
-finished nodes again; bad resumes and prunes say what is wrong."""
+finished nodes again; bad resumes and prunes say what is wrong; `agentrt runs` on both stores."""
 from __future__ import annotations
 
 import os
@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from agentrt.runtime.store import SQLiteRunStore, StoredRun
+from agentrt.runtime.store_location import open_store
 
 ROOT = Path(__file__).parents[2]
 PROGRAM = ROOT / "tests" / "server" / "durable_program.py"
@@ -46,9 +47,9 @@ def test_a_killed_cli_run_resumes_where_it_stopped(tmp_path):
     assert again.returncode == 2 and f"run '{run_id}' already ended (status done)" in again.stderr
 
 
-def test_runs_list_and_prune(tmp_path):
-    db = tmp_path / "runs.db"
-    store = SQLiteRunStore(db)
+def test_runs_list_and_prune(store_location):
+    db = str(store_location)  # a path, or a PostgreSQL URL (the test cluster's has no password)
+    store = open_store(db)
     store.create_run(StoredRun("old", "calc", "h", {}, "done", created_at=1.0, ended_at=2.0))
     store.create_run(StoredRun("live", "calc", "h", {}, "running", created_at=3.0))
     store.close()
@@ -58,6 +59,8 @@ def test_runs_list_and_prune(tmp_path):
     assert bad.returncode == 2 and "duration 'soon'" in bad.stderr
     pruned = cli("runs", "prune", "--db", str(db), "--older-than", "1h")
     assert pruned.returncode == 0 and "deleted 1 ended run(s)" in pruned.stdout
-    assert [r.run_id for r in SQLiteRunStore(db).runs()] == ["live"]
+    store = open_store(db)
+    assert [r.run_id for r in store.runs()] == ["live"]
+    store.close()
     missing = cli("resume", "nope", "--db", str(db))
     assert missing.returncode == 2 and "run 'nope' is not in the run store" in missing.stderr
