@@ -53,6 +53,7 @@ log = logging.getLogger("agentrt.server")
 MCP_PATH = "/mcp"
 PROVIDE_INPUT = "agentrt.provide_input"  # a dot: no program name (a Python-style name) can take it
 _PROGRESS_KINDS = ("llm", "tool", "wait_for")
+FOLLOW_POLL_S = 1.0  # a call following its run looks at the server's state at least this often
 _WAITING_ITEM = {"type": "object", "properties": {"node": {"type": "string"}, "schema": {"type": "object"},
                                                   "prompt": {"type": ["string", "null"]}},
                  "required": ["node", "schema"]}
@@ -130,6 +131,7 @@ class McpEndpoint:
         self.sessions = StreamableHTTPSessionManager(self.server, security_settings=security,
                                                      max_request_body_size=state.config.limits.max_body_bytes)
         self.closing = False
+        self._following = 0  # calls in flight, following their runs
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -150,9 +152,14 @@ class McpEndpoint:
             self._task.result()  # the manager failed to start: say why
 
     async def stop(self, app: web.Application) -> None:
-        """Before aiohttp waits for open requests: ends every MCP session, so open streams close
-        (calls in flight are not cancelling their runs: with a store those resume at the next start)."""
+        """Before aiohttp waits for open requests (after the runs' shutdown grace): the calls in
+        flight answer, then every MCP session ends, so open streams close. Their runs are not
+        cancelled by this: with a run store they resume at the next start."""
         self.closing = True
+        for _ in range(int(2 * FOLLOW_POLL_S / 0.05)):  # each follower notices within FOLLOW_POLL_S
+            if not self._following:
+                break
+            await asyncio.sleep(0.05)
         self._stop.set()
         if self._task is not None:
             await self._task
@@ -219,6 +226,7 @@ class McpEndpoint:
         if after_waiting:  # answering: progress counts on from what had finished, waits are past
             after = len(run.events)
             finished = sum(1 for _, type, _ in run.events if type == "node_finished")
+        self._following += 1
         try:
             while True:
                 for event_id, type, data in run.events[after:]:
@@ -232,14 +240,16 @@ class McpEndpoint:
                 waiting = runs.waiting_for(run)
                 if run.status == "waiting" and waiting:
                     return self._waiting(run, waiting)
-                if self.state.stopping or self.closing:
-                    return _tool_error(f"the server is stopping; run '{run.run_id}' ({run.status}) resumes when "
-                                       f"it starts again (GET /v1/runs/{run.run_id} tells how it ended)")
-                await run.changed(after, timeout=1.0)
+                if self.closing:  # past the shutdown grace: runs still going were stopped to resume later
+                    resumes = "it resumes when the server starts again" if runs.store is not None else "it is lost"
+                    return _tool_error(f"the server stopped before run '{run.run_id}' ended ({run.status}): {resumes}")
+                await run.changed(after, timeout=FOLLOW_POLL_S)
         except asyncio.CancelledError:
-            if not (self.closing or self.state.stopping):  # the client cancelled the call: stop its run
+            if not self.closing:  # the client cancelled the call: stop its run
                 runs.cancel(run)
             raise
+        finally:
+            self._following -= 1
 
     def _ended(self, run: ServedRun) -> types.CallToolResult:
         envelope = {"run_id": run.run_id, "status": run.status}
@@ -279,10 +289,22 @@ def _version() -> str:
         return "0"
 
 
+async def _mcp_cors_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """A browser client of an allowed origin (the server's CORS headers are on the response
+    already) also sends MCP's headers, DELETEs its session, and reads the session id it got."""
+    if request.path == MCP_PATH and "Access-Control-Allow-Origin" in response.headers:
+        response.headers["Access-Control-Allow-Headers"] += ", Mcp-Session-Id, Mcp-Protocol-Version"
+        response.headers["Access-Control-Allow-Methods"] = "GET, POST, DELETE, OPTIONS"
+        response.headers["Access-Control-Expose-Headers"] = "Mcp-Session-Id"
+
+
 def mount_mcp(app: web.Application) -> McpEndpoint:
-    """Serve /mcp on the app (its state set): routes and the session manager's lifecycle."""
+    """Serve /mcp on the app (its state set, its CORS hook added): routes, the session manager's
+    lifecycle, MCP's CORS headers."""
     endpoint = McpEndpoint(app[STATE])
     app.router.add_route("*", MCP_PATH, endpoint.handle)
     app.on_startup.append(endpoint.start)
     app.on_shutdown.append(endpoint.stop)
+    if endpoint.state.config.cors_origins:
+        app.on_response_prepare.append(_mcp_cors_headers)
     return endpoint

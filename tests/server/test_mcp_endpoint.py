@@ -31,19 +31,28 @@ KEY, OTHER_KEY = "mcp-test-key", "another-key"
 REPLIES = {"plan": {"a": 2, "b": 3}, "answer": "The sum is five.", "draft": "Rain falls softly."}
 
 
-@pytest.fixture
-async def server(tmp_path) -> AsyncIterator[TestServer]:
+@contextlib.asynccontextmanager
+async def served(tmp_path: Path, **config) -> AsyncIterator[TestServer]:
+    """The app over a scripted engine and a SQLite run store, on a port (closed at the end)."""
     calc, review = load_example(HERE / "calc_program.py"), load_example(HERE / "review_program.py")
     store = SQLiteRunStore(tmp_path / "runs.db")
     runtime = Runtime(ScriptedBackend(REPLIES, step_s=0.002), tools=calc.tools, store=store)
     config = ServerConfig(runs_dir=tmp_path / "runs", db=tmp_path / "runs.db", access_log=False,
-                          api_keys=(KEY, OTHER_KEY))
+                          api_keys=(KEY, OTHER_KEY), **config)
     srv = TestServer(create_app(config, "scripted", {calc.name: calc, review.name: review}, runtime))
     await srv.start_server()
-    yield srv
-    await srv.close()
-    await runtime.aclose()
-    store.close()
+    try:
+        yield srv
+    finally:
+        await srv.close()
+        await runtime.aclose()
+        store.close()
+
+
+@pytest.fixture
+async def server(tmp_path) -> AsyncIterator[TestServer]:
+    async with served(tmp_path) as srv:
+        yield srv
 
 
 def mcp_url(srv: TestServer) -> str:
@@ -169,6 +178,43 @@ async def test_a_missing_or_wrong_key_gets_401_and_a_session_stays_with_its_key(
         r = await http.post(mcp_url(server), json=ping, headers={**accept, "Authorization": f"Bearer {OTHER_KEY}",
                                                                   "Mcp-Session-Id": session_id})
         assert r.status_code == 404  # another key cannot use the session: as if it did not exist
+
+
+async def test_a_server_that_stops_answers_the_call_in_flight_and_keeps_its_run(tmp_path):
+    async with served(tmp_path) as srv:
+        state = srv.app[STATE]
+        async with session(srv) as s:
+            call = asyncio.ensure_future(s.call_tool("calc", {"delay": 60.0}))
+            while not state.runs.running:
+                await asyncio.sleep(0.01)
+            (run,) = state.runs.runs.values()
+            state.stopping = True  # what SIGTERM does: no new work, the grace, then the app's shutdown
+            await state.runs.shutdown(0.05)
+            closing = asyncio.ensure_future(srv.close())
+            result = await asyncio.wait_for(call, 10)
+            await closing
+        assert run.status == "running" and state.runtime.store.get_run(run.run_id).status == "running"  # resumable
+    assert result.is_error and f"run '{run.run_id}'" in result.content[0].text
+    assert "resumes when the server starts again" in result.content[0].text
+
+
+async def test_an_allowed_browser_origin_may_send_mcp_headers_and_read_the_session_id(tmp_path):
+    origin = "http://localhost:5173"
+    async with served(tmp_path, cors_origins=(origin,)) as srv, httpx2.AsyncClient() as http:
+        r = await http.options(mcp_url(srv), headers={"Origin": origin, "Access-Control-Request-Method": "POST"})
+        assert r.status_code == 204 and r.headers["access-control-allow-origin"] == origin
+        assert "Mcp-Session-Id" in r.headers["access-control-allow-headers"]
+        assert "DELETE" in r.headers["access-control-allow-methods"]
+        async with session(srv) as s:
+            assert {t.name for t in (await s.list_tools()).tools} >= {"calc"}
+        r = await http.post(mcp_url(srv), json={"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "page", "version": "1"}}},
+            headers={"Origin": origin, "Authorization": f"Bearer {KEY}", "Accept": "application/json, text/event-stream"})
+        assert r.status_code == 200 and r.headers["access-control-expose-headers"] == "Mcp-Session-Id"
+        r = await http.post(mcp_url(srv), json={"jsonrpc": "2.0", "id": 1, "method": "ping"},
+                            headers={"Origin": "http://evil.example", "Authorization": f"Bearer {KEY}",
+                                     "Accept": "application/json, text/event-stream"})
+        assert r.status_code == 403  # not an allowed origin: the SDK's DNS-rebinding check says no
 
 
 def test_the_output_schema_follows_the_output_nodes():
