@@ -66,7 +66,7 @@ def completion_ids(seq: Sequence, encode: Encode, decode: Decode, after: list[in
         return g.completion_cache[1]
     text = decode(tokens)
     fmt = seq.output_format
-    if fmt.kind == "tool_call" and fmt.allow_text and not text.lstrip().startswith(fmt.json_start):
+    if fmt.is_text_answer(text):
         ids = None  # a text answer, or nothing yet: never completed into text
     else:
         found = g.completion(encode, text, list(after))

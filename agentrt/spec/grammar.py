@@ -7,6 +7,7 @@ masked distribution, for drafts and plain decoding alike.
 """
 from __future__ import annotations
 
+import json
 import threading
 import weakref
 from collections import OrderedDict
@@ -79,22 +80,24 @@ def strict_strings(grammar: xgr.Grammar) -> xgr.Grammar:
     return xgr.Grammar.from_ebnf(text.replace(LOOSE_STRING_CHAR, STRICT_STRING_CHAR))
 
 
-def _text_grammar(excluded_first: str) -> xgr.Grammar:
-    """Text that does not start with a blank or any of `excluded_first` (how a call starts)."""
+def _text_grammar(excluded_first: str, openers: tuple[str, ...] = ()) -> xgr.Grammar:
+    """Text that does not start with a blank or any of `excluded_first` (how a call starts), or
+    that starts with one of `openers` (ToolCallFormat.text_openers)."""
     chars = "".join("\\" + c if c in "[]\\^-" else c for c in excluded_first)
-    return xgr.Grammar.from_ebnf(f'root ::= [^{chars} \\t\\n] [^]*')
+    alternatives = [f"[^{chars} \\t\\n] [^]*"] + [f"{json.dumps(o)} [^]*" for o in openers]
+    return xgr.Grammar.from_ebnf("root ::= " + " | ".join(f"({a})" for a in alternatives))
 
 
 def family_grammar(fmt: OutputFormat, call_grammar: xgr.Grammar) -> xgr.Grammar:
     """A model family's call turn (spec.tool_formats) around the grammar of one call object: the
     turn alone (tool_choice required or named), or text that does not start like it (none), or
     either (auto)."""
-    excluded = fmt.syntax.first_chars(fmt.parallel)
+    text = _text_grammar(fmt.syntax.first_chars(fmt.parallel), fmt.syntax.text_openers)
     if fmt.tool_choice == "none":
-        return _text_grammar(excluded)
+        return text
     ebnf, root = fmt.syntax.grammar_ebnf(str(call_grammar), fmt.parallel)
     calls = xgr.Grammar.from_ebnf(ebnf, root_rule_name=root)
-    return xgr.Grammar.union(calls, _text_grammar(excluded)) if fmt.allow_text else calls
+    return xgr.Grammar.union(calls, text) if fmt.allow_text else calls
 
 
 GRAMMAR_CACHE_BYTES = 64 << 20  # compiled grammars kept, least recently used dropped past this

@@ -69,7 +69,11 @@ class OutputFormat:
 
     def is_text_answer(self, text: str) -> bool:
         """Whether a tool_call output that allows text is the text answer, not a call."""
-        return self.kind == "tool_call" and self.allow_text and not text.lstrip().startswith(self.json_start)
+        if self.kind != "tool_call" or not self.allow_text:
+            return False
+        if self.syntax is not None:
+            return not self.syntax.starts_call(text, self.parallel)
+        return not text.lstrip().startswith(self.json_start)
 
     @property
     def offers_text(self) -> bool:

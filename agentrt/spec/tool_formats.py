@@ -59,6 +59,9 @@ class ToolCallFormat:
     template_tools: bool = True  # the family's chat template renders the tools itself
     tool_results_as_user: bool = False  # the template has no tool role: results go in user turns
     single_call_turns: bool = False  # the template renders one call per assistant turn
+    # what a text answer may start with although it starts like a call (Qwen3 thinks first:
+    # "<think>" would otherwise be refused as the start of a <tool_call> where text is allowed)
+    text_openers: tuple[str, ...] = ()
 
     def _listed(self, parallel: bool) -> bool:
         return self.always_list or parallel
@@ -76,6 +79,11 @@ class ToolCallFormat:
         """The characters a call turn can start with: a text answer must start otherwise."""
         starts = {(self.list_open if self._listed(p) else "") + self.call_prefix + "{" for p in {parallel, False}}
         return "".join(sorted({s[0] for s in starts}))
+
+    def starts_call(self, text: str, parallel: bool) -> bool:
+        """Whether an output (so far) starts like a call turn rather than a text answer."""
+        stripped = text.lstrip()
+        return stripped[:1] in tuple(self.first_chars(parallel)) and not stripped.startswith(self.text_openers)
 
     def grammar_ebnf(self, call_ebnf: str, parallel: bool) -> tuple[str, str]:
         """(EBNF, root rule name) of a call turn, from the EBNF of one call object (its root rule
@@ -185,7 +193,7 @@ def mistral_call_id(call_id: str) -> str:
 
 HOUSE = ToolCallFormat("house", list_open="[", list_close="]", template_tools=True)
 QWEN = ToolCallFormat("qwen", call_prefix="<tool_call>\n", call_suffix="\n</tool_call>", separator="\n",
-                      markers=("<tool_call>",))
+                      markers=("<tool_call>",), text_openers=("<think>",))
 LLAMA3 = ToolCallFormat("llama3", arguments_key="parameters", separator="; ", markers=("<|python_tag|>",),
                         single_call_turns=True)
 GEMMA3 = ToolCallFormat("gemma3", arguments_key="parameters", list_open="[", list_close="]",

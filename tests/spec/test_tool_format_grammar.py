@@ -106,3 +106,14 @@ def test_template_drafter_forces_the_wrapper_as_the_vocabularys_own_tokens(vocab
     [draft] = drafter.propose([DraftRequest(1, prompt, 16)])
     assert draft.tokens[0] == tok.token_to_id("[TOOL_CALLS]")
     assert tok.decode(draft.tokens, skip_special_tokens=False).startswith('[TOOL_CALLS][{"name": "get_weather", "arguments": {"city":')
+
+
+def test_qwen_may_think_before_calling_where_text_is_allowed(vocab):
+    from agentrt.spec.structured import parse_output
+
+    thought = "<think>\nThe user wants Oslo's weather.\n</think>\n\n" + QWEN.calls_text([OSLO], False)
+    auto = fmt_of(QWEN, allow_text=True)
+    assert accepts(vocab, auto, thought) and not auto.is_text_answer(QWEN.calls_text([OSLO], False))
+    assert parse_output(auto, thought) == OSLO
+    assert not accepts(vocab, fmt_of(QWEN, tool_choice="required"), thought)
+    assert not accepts(vocab, auto, "<tool_cal>")  # a near miss of the wrapper is neither a call nor text
