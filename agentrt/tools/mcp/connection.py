@@ -81,15 +81,18 @@ async def _http(url: str, client: Any) -> AsyncIterator[Any]:
 
 
 class McpConnection:
-    """on_tools(listed tools): called with every listing, the first one and each after a change."""
+    """on_tools(listed tools): called with every listing, the first one and each after a change.
+    restart: make the connection again when it is lost or cannot be made (False: one attempt)."""
 
     def __init__(self, spec: McpServerSpec, on_tools: Callable[[list[types.Tool]], None], *,
-                 backoff_s: float = 0.1, backoff_max_s: float = 5.0, connect_timeout_s: float = 30.0) -> None:
+                 backoff_s: float = 0.1, backoff_max_s: float = 5.0, connect_timeout_s: float = 30.0,
+                 restart: bool = True) -> None:
         self.spec = spec
         self.on_tools = on_tools
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         self.connect_timeout_s = connect_timeout_s
+        self.restart = restart  # False: one attempt (listing the tools at declaration)
         self.client: Client | None = None
         self.starts = 0  # connections made (a restart after a crash counts)
         self.last_error: str | None = None
@@ -150,7 +153,8 @@ class McpConnection:
                 why = _describe(e)
                 self._settle(ServerUnavailable(why))
             self.client = None
-            if self._closing:
+            if self._closing or not self.restart:
+                self._settle(ServerUnavailable(why or "the connection was closed"))
                 return
             self.last_error = why
             wait = min(self.backoff_max_s, self.backoff_s * 2 ** max(0, failures - 1))

@@ -95,7 +95,7 @@ def _list_in_thread(spec: McpServerSpec, connect_timeout_s: float) -> list[Any]:
 
 async def _list_once(spec: McpServerSpec, connect_timeout_s: float) -> list[Any]:
     listed: list[Any] = []
-    conn = McpConnection(spec, listed.extend, backoff_s=0.0, connect_timeout_s=connect_timeout_s)
+    conn = McpConnection(spec, listed.extend, connect_timeout_s=connect_timeout_s, restart=False)
     try:
         await conn.ready()
     finally:
