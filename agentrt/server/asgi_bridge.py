@@ -52,8 +52,8 @@ async def serve_asgi(app: ASGIApp, request: web.Request, **scope_extra: Any) -> 
     starts a response raises here (the errors middleware answers); after, the response is ended."""
     response: web.StreamResponse | None = None
     body_read = complete = False
-    ended = asyncio.Event()  # the response is complete, or the app returned
-    gone = asyncio.Event()  # this handler was cancelled: the client went away
+    ended = asyncio.Event()  # the response is complete, the app returned, or the client went away
+    gone = asyncio.Event()  # the client went away (this handler was cancelled, or a write failed)
 
     async def receive() -> Message:
         nonlocal body_read
@@ -65,7 +65,7 @@ async def serve_asgi(app: ASGIApp, request: web.Request, **scope_extra: Any) -> 
         # an anyio cancel scope (the SDK's streams) sends to this task
         waiter = asyncio.ensure_future(ended.wait())
         try:
-            while not waiter.done() and not gone.is_set() and not _client_gone(request):
+            while not waiter.done() and not _client_gone(request):
                 await asyncio.wait({waiter}, timeout=DISCONNECT_POLL_S)
         finally:
             waiter.cancel()
@@ -95,6 +95,7 @@ async def serve_asgi(app: ASGIApp, request: web.Request, **scope_extra: Any) -> 
                     ended.set()
             except ConnectionError:  # as ASGI servers do: what is sent past a disconnect is dropped
                 gone.set()
+                ended.set()
 
     # aiohttp cancels a handler whose client closed the connection; an ASGI app is told through
     # receive() instead (a client closing a stream it has read is no reason to cut the app's work
@@ -110,6 +111,7 @@ async def serve_asgi(app: ASGIApp, request: web.Request, **scope_extra: Any) -> 
         if task.done():
             raise
         gone.set()  # the app's receive() answers http.disconnect now
+        ended.set()
         raise
     except Exception:
         if response is None:

@@ -13,6 +13,7 @@ from typing import AsyncIterator
 import httpx2
 import pytest
 from aiohttp.test_utils import TestServer
+from mcp import Client
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
@@ -126,6 +127,31 @@ async def test_cancelling_the_call_cancels_its_run(server):
     assert after.structured_content["status"] == "done"
 
 
+async def test_a_2026_client_calls_with_progress_and_cancels_by_closing_its_stream(server):
+    """mcp.Client probes server/discover and speaks 2026-07-28: one stateless request per call,
+    cancelled by closing its response stream."""
+    runs, progress, planned = server.app[STATE].runs, [], asyncio.Event()
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(message)
+        if message == "plan ok" and len(progress) > 3:  # the second call's plan
+            planned.set()
+
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as http:
+        async with Client(streamable_http_client(mcp_url(server), http_client=http)) as client:
+            assert client.protocol_version == "2026-07-28"
+            result = await client.call_tool("calc", {}, progress_callback=on_progress)
+            assert result.structured_content["output"] == "The sum is five." and progress[-1] == "answer ok"
+            call = asyncio.ensure_future(client.call_tool("calc", {"delay": 60.0}, progress_callback=on_progress))
+            await asyncio.wait_for(planned.wait(), 10)  # the run is in its slow tool now
+            (run,) = [r for r in runs.runs.values() if not r.ended]
+            call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            await asyncio.wait_for(run.changed(after=1 << 62), 10)
+    assert run.status == "cancelled"
+
+
 async def test_a_waiting_program_returns_its_run_and_node_and_takes_the_answer(server):
     async with session(server) as s:
         waiting = await asyncio.wait_for(s.call_tool("review", {"topic": "rain"}), 10)
@@ -185,7 +211,9 @@ async def test_a_server_that_stops_answers_the_call_in_flight_and_keeps_its_run(
         state = srv.app[STATE]
         async with session(srv) as s:
             call = asyncio.ensure_future(s.call_tool("calc", {"delay": 60.0}))
-            while not state.runs.running:
+            for _ in range(1000):
+                if state.runs.running:
+                    break
                 await asyncio.sleep(0.01)
             (run,) = state.runs.runs.values()
             state.stopping = True  # what SIGTERM does: no new work, the grace, then the app's shutdown
