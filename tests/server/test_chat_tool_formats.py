@@ -136,3 +136,34 @@ async def test_chat_completion_with_tools_in_a_family_format(loaded, tool_format
         assert {"qwen": "<tools>", "mistral": "[AVAILABLE_TOOLS]"}[tool_format] in raw.prompt.messages[0]["content"]
     finally:
         await client.close()
+
+
+async def test_a_programs_tool_call_node_in_a_family_format(loaded):
+    """A program's LLM node that calls a tool, on an engine writing Llama 3's format: the node's
+    value and the tool call it feeds are what they are in the house format."""
+    from agentrt.dag import Program, ToolCall
+    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine
+    from agentrt.runtime import EngineBackend, Runtime
+    from agentrt.tools import tool
+
+    @tool
+    def weather(city: str) -> dict:
+        """The weather in a city."""
+        return {"city": city, "sky": "clear"}
+
+    p = Program("forecast", inputs={"request": str}, tools=[weather])
+    pick = p.llm("pick", prompt="{request}", output=ToolCall(["weather"]), max_tokens=40)
+    p.output(p.tool("run", "weather", args={"city": pick["arguments"]["city"]}))
+    engine = AsyncEngine(LLMEngine(EngineConfig(tool_format="llama3", kv_cache_tokens=4096), loaded=loaded))
+    rt = Runtime(EngineBackend(engine), tools=[weather])
+    try:
+        result = await rt.run(p, {"request": "Is it warm in 'Lisbon' today?"})
+    finally:
+        await rt.aclose()
+        engine.close()
+    assert result.status == "done", result.error
+    assert result.output["sky"] == "clear" and isinstance(result.output["city"], str)
+    [span] = [r for r in rt.trace.records() if r["type"] == "span" and r["attributes"].get("agentrt.node") == "pick"
+              and r["parent_id"] is None]
+    system = span["attributes"]["agentrt.prompt.messages"][0]["content"]
+    assert system.startswith("Given the following functions") and '"parameters": dictionary' in system  # Llama 3's words
