@@ -15,6 +15,7 @@ happened; `Runtime.subscribe_events(fn)` returns the unsubscribe function.
                    the node took part in
     node_retried   node, attempt, error_kind, error, duration_s, backoff_s: a tool attempt failed
                    and is tried again after backoff_s
+    tool_progress  node, progress, total, message: a running tool reported progress (MCP tools)
     input_wanted   node, schema, prompt: a wait_for node waits for a value (Runtime.provide_input)
     input_given    node, by (who answered, if they said), via (http | terminal | stdin | --answer |
                    python), at (unix seconds): the value came; the run goes on

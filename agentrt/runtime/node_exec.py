@@ -428,9 +428,17 @@ async def run_tool(rt: Runtime, ps: ProgramState, ns: NodeState) -> Outcome:
             rt.emit(ps.run_id, "node_retried", node=ns.node, attempt=attempt.index, error_kind=attempt.error_kind,
                     error=error, duration_s=round(attempt.duration_s, 6), backoff_s=attempt.backoff_s)
 
+    def on_progress(p: Any) -> None:  # an event of the running phase's span, the last one on the node
+        shown = {"progress": p.progress, "total": p.total, "message": p.message}
+        ns.log.event(trace.at_wall(p.time), {f"agentrt.tool.progress{'' if k == 'progress' else '_' + k}": v
+                                             for k, v in shown.items() if v is not None})
+        ns.attributes["agentrt.tool.progress"] = shown
+        rt.emit(ps.run_id, "tool_progress", node=ns.node, **shown)
+
     try:
         result = await rt.tools.call(spec.tool, args, call_id=call_id, retry=spec.retry,
-                                     on_attempt=on_attempt if rt.watched or rt.store is not None else None)
+                                     on_attempt=on_attempt if rt.watched or rt.store is not None else None,
+                                     on_progress=on_progress)
     finally:
         ps.stats.tools_in_flight -= 1
     ps.stats.tool_s += result.duration_s

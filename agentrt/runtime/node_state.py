@@ -99,7 +99,8 @@ class NodeState:
                          self.status, self.error, attrs)
         out = [node_span]
         for phase, t0, t1 in phases:
-            events = tuple({"name": "engine_step", "time": round(t, 6), "attributes": a}
+            events = tuple({"name": "tool_progress" if "agentrt.tool.progress" in a else "engine_step",
+                            "time": round(t, 6), "attributes": a}
                            for t, a in self.log.events if t0 <= t < t1 or (t == t1 == self.end))
             phase_attrs: dict[str, Any] = {"agentrt.phase": phase, "agentrt.node": self.node}
             if phase == "waiting" and self.waited_on is not None:
