@@ -250,7 +250,8 @@ class ChatService:
             calls = _calls(r.parsed) if chat.tools else None
             if calls:
                 # text the model wrote around its calls (a family format lets it) is the content
-                content = parse_tool_calls(self.tool_format, r.text).content if self.tool_format is not HOUSE else ""
+                family = self.tool_format.name != HOUSE.name
+                content = parse_tool_calls(self.tool_format, r.text).content if family else ""
                 message = AssistantMessage(content=content or None, tool_calls=[
                     ToolCallOut(id=f"call_{new_id(12)}", function=FunctionCallOut(name=c["name"], arguments=dumps(c["arguments"])))
                     for c in calls])
@@ -343,7 +344,8 @@ class _DeltaMaker:
         self.mode: str | None = None if chat.tools else "text"  # decided by the first non-blank char
         self.pending = ""
         self.calls: ToolCallStream | None = None
-        self.family = FamilyToolCallStream(syntax, new_call_id) if chat.tools and syntax is not HOUSE else None
+        self.family = (FamilyToolCallStream(syntax, new_call_id, chat.parallel)
+                       if chat.tools and syntax.name != HOUSE.name else None)
 
     @staticmethod
     def _call_delta(d: CallDelta) -> Delta:

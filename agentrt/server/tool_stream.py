@@ -111,9 +111,9 @@ class FamilyToolCallStream:
     [(0, 'call_1', 'f', ''), (0, None, None, '{"a": 1}')]
     """
 
-    def __init__(self, fmt: ToolCallFormat, new_id: Callable[[], str]) -> None:
-        self.fmt = fmt
-        self.wrappers = call_wrappers(fmt)
+    def __init__(self, fmt: ToolCallFormat, new_id: Callable[[], str], parallel: bool = True) -> None:
+        self.fmt, self.parallel = fmt, parallel
+        self.wrappers = call_wrappers(fmt) + [o for o in fmt.text_openers]
         self.calls = ToolCallStream(parallel=True, new_id=new_id, arguments_key=fmt.arguments_key)
         self.calls.feed("[")  # every call object then sits one level in, as in a parallel list
         self.mode: str | None = None  # None: only blanks so far; "text"; "calls"
@@ -138,11 +138,15 @@ class FamilyToolCallStream:
             stripped = self.pending.lstrip()
             if not stripped:
                 return []
-            if calls_start(self.fmt, self.pending) == len(self.pending) - len(stripped):
+            # a bare JSON value opens calls only where this turn's calls start so: text the grammar
+            # let through ("[1] First, ...") must not vanish into a call that never comes
+            json_opens = stripped[0] in "{[" and self.fmt.starts_call(stripped, self.parallel)
+            if json_opens or (not stripped.startswith(self.fmt.text_openers)
+                              and calls_start(self.fmt, stripped) == 0 and stripped[0] not in "{["):
                 self.mode, self.pending = "calls", stripped
                 return []
-            if any(w.startswith(stripped) for w in self.wrappers if w != "```"):
-                return []  # may still open a call
+            if any(w.startswith(stripped) and w != stripped for w in self.wrappers if w != "```"):
+                return []  # may still open a call (or be a text opener)
             self.mode = "text"
         found = [i for i in (self.pending.find(m) for m in self.fmt.markers) if i >= 0]
         if found:

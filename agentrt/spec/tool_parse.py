@@ -126,4 +126,6 @@ def parse_tool_calls(fmt: ToolCallFormat, text: str, names: Collection[str] | No
             break
         calls.append(call)
         i = builtin.end()
+    if not calls:  # nothing read as a call: the text as it was written
+        return ParsedCalls(text.strip(), ())
     return ParsedCalls("\n".join(c.strip() for c in content if c.strip()), tuple(calls))

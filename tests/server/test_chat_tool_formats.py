@@ -167,3 +167,15 @@ async def test_a_programs_tool_call_node_in_a_family_format(loaded):
               and r["parent_id"] is None]
     system = span["attributes"]["agentrt.prompt.messages"][0]["content"]
     assert system.startswith("Given the following functions") and '"parameters": dictionary' in system  # Llama 3's words
+
+
+@pytest.mark.parametrize("syntax, parallel, text", [
+    (GEMMA3, False, "[1] Pack light. [2] Bring water."),  # starts like a list, and the turn writes one call
+    (QWEN, True, "<think>\nNo tool needed.\n</think>\n\nIt is sunny."),
+    (QWEN, True, "a <b>bold</b> claim"),
+    (LLAMA3, False, "Sunny, 21 C."),
+])
+def test_a_streamed_text_answer_comes_through_whole(syntax, parallel, text):
+    stream = FamilyToolCallStream(syntax, lambda: "call_0", parallel)
+    items = [d for ch in text for d in stream.feed(ch)] + stream.end()
+    assert all(isinstance(d, str) for d in items) and "".join(items) == text

@@ -146,7 +146,8 @@ def test_well_formed_and_parallel_calls_parse_back(syntax):
 @pytest.mark.parametrize("syntax, text, calls, content", [
     (QWEN, 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>',
      [OSLO], "Let me check."),
-    (QWEN, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', [], '{"name": "get_weather", "arguments": {"city": "Os'),
+    (QWEN, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os', [],
+     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Os'),  # no call read: the text as written
     (QWEN, '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n<tool_call>\n{"name": "x",',
      [OSLO], '{"name": "x",'),
     (QWEN, "<b>bold</b> text", [], "<b>bold</b> text"),
