@@ -38,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
         path = args.program or stored.metadata.get("path")
         if not path:
             raise RunConfigError(f"run '{args.run_id}' does not record its program file; give it with --program")
+        from agentrt.tools.mcp.spec import configure_from_flags
+
+        configure_from_flags(args.mcp)  # before the program file's mcp_tools(...) run
         example = load_example(path)
         if file_hash(example.path) != stored.program_hash and not args.allow_changed_program:
             raise RunConfigError(f"run '{args.run_id}': the program file {path} changed since the run started; "

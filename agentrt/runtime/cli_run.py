@@ -64,6 +64,9 @@ def add_engine_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--verbose", "-v", action="store_true", help="print each node's value (or error) as it finishes")
     p.add_argument("--redact", action="store_true",
                    help="keep prompts, outputs, tool arguments and results out of the trace (only their sizes)")
+    from agentrt.tools.mcp.spec import add_mcp_argument
+
+    add_mcp_argument(p)
     p.add_argument("--answer", action="append", default=[], metavar="NODE=JSON",
                    help="the value a wait_for node asks for (repeatable). Without it: on a terminal the value is "
                         "asked field by field (yes/no, text within its length, a numbered choice, a number within "
@@ -160,6 +163,9 @@ def check_writable(path: str | Path, flag: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from agentrt.tools.mcp.spec import configure_from_flags
+
+    configure_from_flags(args.mcp)  # before the program file's mcp_tools(...) run
     example = load_example(args.program)
     inputs = resolve_inputs(example, args.input)
     if args.trace:

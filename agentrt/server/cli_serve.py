@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_memory_arguments(p)
     p.add_argument("--tools", action="append", default=[], metavar="MODULE",
                    help="a module (dotted name or .py file) whose TOOLS (or @tool functions) programs may call")
+    from agentrt.tools.mcp.spec import add_mcp_argument
+
+    add_mcp_argument(p)  # started with the server: its tools are in the registry from the start
     p.add_argument("--broker", default=None, metavar="URL",
                    help="an MQTT broker (mqtt://HOST:PORT) for tools bound to the mqtt executor")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
@@ -142,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
     from agentrt.runtime.loader import load_example
 
     config = server_config(args)
+    from agentrt.tools.mcp.spec import configure_from_flags
+
+    args.mcp_servers = configure_from_flags(args.mcp)  # before the program files' mcp_tools(...) run
     examples = [load_example(p) for p in args.programs]
     programs = {}
     for ex in examples:
@@ -251,7 +257,20 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
         from agentrt.tools.mqtt_protocol import MqttConfig
 
         registry.add_executor("mqtt", await MqttDispatcher(MqttConfig.from_url(args.broker)).start())
+    await _start_mcp_servers(registry, getattr(args, "mcp_servers", []))
     trace = Trace(name="serve", meta={"model": model, "precision": engine.engine.loaded.precision, "device": args.device,
                                       "drafter": args.spec, "policy": args.policy})
     return engine, backend, Runtime(backend, tools=registry, trace=trace, policy=args.policy,
                                     max_tokens=args.program_max_tokens, store=store)
+
+
+async def _start_mcp_servers(registry: Any, specs: list) -> None:
+    """--mcp servers start with the server, their tools registered. One that cannot start is
+    reported and started again on first use; the server comes up without it."""
+    for spec in specs:
+        try:
+            started = await registry.executor("mcp").start(spec)
+        except Exception as e:  # noqa: BLE001 - a ToolCallError naming the server
+            print(f"agentrt serve: MCP server '{spec.name}' did not start: {e}", flush=True)
+            continue
+        print(f"agentrt serve: MCP server '{spec.name}': {', '.join(t.name for t in started) or 'no tools'}", flush=True)

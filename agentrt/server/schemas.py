@@ -48,7 +48,8 @@ class ChatMessage(_Open):
 
 
 class FunctionDef(_Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+    # OpenAI's rule, plus '.' between parts: the registry's MCP tools are `server.tool`
+    name: str = Field(pattern=r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$", max_length=64)
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None

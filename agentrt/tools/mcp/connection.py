@@ -71,7 +71,17 @@ def _transport(spec: McpServerSpec) -> Any:
         return _http(spec.url, client)
     params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
                                    env=dict(spec.env) or None, cwd=spec.cwd)
-    return stdio_client(params, errlog=sys.stderr)  # the server's own log lines go to ours
+    return stdio_client(params, errlog=_stderr())  # the server's own log lines go to ours
+
+
+def _stderr() -> Any:
+    """This process's stderr as a file the child can write to (a captured or replaced sys.stderr
+    has no file descriptor: the original one then)."""
+    try:
+        sys.stderr.fileno()
+        return sys.stderr
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both OSError and ValueError
+        return sys.__stderr__
 
 
 @asynccontextmanager
