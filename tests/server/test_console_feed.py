@@ -8,6 +8,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 from agentrt.runtime.trace import read_trace
 from agentrt.server.feed import generated_tokens
 
@@ -80,9 +82,9 @@ async def test_the_feed_tells_of_runs_and_engine_steps(tmp_path):
         assert steps and all(s["end"] >= s["start"] and len(s["ks"]) == s["batch_size"] for s in steps)
         # the engine steps of the feed are those the run's trace recorded, on the same clock
         saved = {r["step"]: r for r in read_trace(tmp_path / "runs" / f"{run_id}.jsonl") if r["type"] == "engine_step"}
+        assert {s["step"] for s in steps} <= set(saved)
         for s in steps:
-            if s["step"] in saved:
-                assert s == saved[s["step"]]
+            assert s == saved[s["step"]]
         feed.close()
     finally:
         await client.close()
@@ -118,8 +120,13 @@ async def test_run_events_and_trace_carry_the_graph(tmp_path):
         started = json.loads(next(e["data"] for e in events if e["event"] == "run_started"))
         assert {n["id"] for n in started["graph"]["nodes"]} >= {"plan", "sum", "answer"}
         step = json.loads(next(e["data"] for e in events if e["event"] == "step"))
-        assert step["duration_s"] >= 0 and step["start"] <= step["time"]
-        [program] = [r for r in read_trace(tmp_path / "runs" / f"{run_id}.jsonl") if r["type"] == "program"]
+        records = read_trace(tmp_path / "runs" / f"{run_id}.jsonl")
+        # the node's step event is the engine step the trace recorded, told once that step ended
+        [engine_step] = [r for r in records if r["type"] == "engine_step" and r["step"] == step["step"]]
+        assert step["start"] == engine_step["start"] and step["time"] >= engine_step["end"]
+        assert step["duration_s"] == pytest.approx(engine_step["end"] - engine_step["start"], abs=2e-6)
+        assert (step["batch_size"], step["num_new"]) == (engine_step["batch_size"], engine_step["num_tokens"])
+        [program] = [r for r in records if r["type"] == "program"]
         assert {n["id"]: n.get("state") for n in program["graph"]["nodes"]}["answer"] == "done"
     finally:
         await client.close()
