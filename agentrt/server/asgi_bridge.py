@@ -99,27 +99,41 @@ async def serve_asgi(app: ASGIApp, request: web.Request, **scope_extra: Any) -> 
 
     # aiohttp cancels a handler whose client closed the connection; an ASGI app is told through
     # receive() instead (a client closing a stream it has read is no reason to cut the app's work
-    # short), so the app runs in its own task that this handler's cancellation does not reach
+    # short), so the app runs in its own task that this handler's cancellation does not reach.
+    # The handler returns once the response is complete, as ASGI servers do: what the app does
+    # after it (its clean-up) is not the request's.
     task = asyncio.get_running_loop().create_task(app(asgi_scope(request, **scope_extra), receive, send),
                                                   name=f"asgi:{request.method} {request.path}")
     _running.add(task)
     task.add_done_callback(_running.discard)
-    task.add_done_callback(lambda _: ended.set())  # a receive still waiting returns
+
+    def app_ended(t: asyncio.Task) -> None:
+        ended.set()  # a receive() still waiting returns, the handler answers
+        if not t.cancelled() and t.exception() is not None and response is not None:  # else the handler raises it
+            log.error("the ASGI app failed on %s %s after it started its response", request.method, request.path,
+                      exc_info=t.exception())
+
+    task.add_done_callback(app_ended)
+    answered = asyncio.ensure_future(ended.wait())
     try:
-        await asyncio.shield(task)
+        await asyncio.wait({task, answered}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:
-        if task.done():
-            raise
         gone.set()  # the app's receive() answers http.disconnect now
         ended.set()
-        raise
-    except Exception:
         if response is None:
             raise
-        log.exception("the ASGI app failed after starting its response to %s %s", request.method, request.path)
+        # its status went out: an SSE client that closes as soon as it has read its answer
+        # (before the last chunk) is logged with that status, as ASGI servers log it, not as 499
+        asyncio.current_task().uncancel()
+        return response
+    finally:
+        answered.cancel()
+    if task.done() and not task.cancelled() and task.exception() is not None and response is None:
+        raise task.exception()  # failed before answering: the errors middleware answers
     if response is None:
         raise RuntimeError(f"the ASGI app sent no response to {request.method} {request.path}")
     if not complete:  # the app returned (or failed) mid-stream: end the body the client reads
         with contextlib.suppress(ConnectionError):
             await response.write_eof()
     return response
+

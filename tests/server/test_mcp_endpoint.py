@@ -29,6 +29,7 @@ from agentrt.server.mcp_endpoint import PROVIDE_INPUT, output_schema
 
 HERE = Path(__file__).parent
 KEY, OTHER_KEY = "mcp-test-key", "another-key"
+SSE_TIMEOUT = httpx2.Timeout(30, read=300)  # the SDK's own: its event streams stay open between events
 REPLIES = {"plan": {"a": 2, "b": 3}, "answer": "The sum is five.", "draft": "Rain falls softly."}
 
 
@@ -62,7 +63,7 @@ def mcp_url(srv: TestServer) -> str:
 
 @contextlib.asynccontextmanager
 async def session(srv: TestServer, key: str = KEY) -> AsyncIterator[ClientSession]:
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as http:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {key}"}, timeout=SSE_TIMEOUT) as http:
         async with streamable_http_client(mcp_url(srv), http_client=http) as (read, write, *_):
             async with ClientSession(read, write) as s:
                 await s.initialize()
@@ -137,7 +138,7 @@ async def test_a_2026_client_calls_with_progress_and_cancels_by_closing_its_stre
         if message == "plan ok" and len(progress) > 3:  # the second call's plan
             planned.set()
 
-    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}) as http:
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {KEY}"}, timeout=SSE_TIMEOUT) as http:
         async with Client(streamable_http_client(mcp_url(server), http_client=http)) as client:
             assert client.protocol_version == "2026-07-28"
             result = await client.call_tool("calc", {}, progress_callback=on_progress)
