@@ -1,4 +1,5 @@
-"""Convert a llama-architecture GGUF file into an ordinary Hugging Face model directory.
+"""Convert a GGUF file (architectures llama, qwen3, gemma3) into an ordinary Hugging Face model
+directory.
 
 The engine has one loader, for HF directories (config.json, model.safetensors, tokenizer.json,
 tokenizer_config.json). A GGUF is converted once into such a directory and cached, so reading a
@@ -49,6 +50,18 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+_QK_NORM_NAMES = {"attn_q_norm.weight": "self_attn.q_norm.weight", "attn_k_norm.weight": "self_attn.k_norm.weight"}
+# Gemma 3: ffn_norm is the MLP's input norm (HF pre_feedforward_layernorm); the attention and MLP
+# outputs have norms of their own
+_GEMMA3_NAMES = {"ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                 "post_attention_norm.weight": "post_attention_layernorm.weight",
+                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+_LAYER_NAMES_BY_ARCH = {"llama": _LAYER_NAMES, "qwen3": _LAYER_NAMES | _QK_NORM_NAMES,
+                        "gemma3": _LAYER_NAMES | _QK_NORM_NAMES | _GEMMA3_NAMES}
+_HF_ARCHITECTURES = {"llama": ("LlamaForCausalLM", "llama"), "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+                     "gemma3": ("Gemma3ForCausalLM", "gemma3_text")}
+# Read into the configuration, not weights: Llama 3.x's per-frequency rotary divisors
+ROPE_FREQS = "rope_freqs.weight"
 _GLOBAL_NAMES = {
     "token_embd.weight": "model.embed_tokens.weight",
     "output_norm.weight": "model.norm.weight",
@@ -61,13 +74,29 @@ _DIGIT_SPLIT_PRE = {"smollm", "starcoder", "refact", "codeshell"}
 _PLAIN_BYTE_LEVEL_PRE = {None, "default", "gpt2", "gpt-2"}
 
 
-def hf_tensor_name(gguf_name: str) -> str:
+def hf_tensor_name(gguf_name: str, arch: str = "llama") -> str:
+    """The HF name of a GGUF tensor of a model of architecture `arch` (GGUF's spelling; ModelConfig's
+    families llama/mistral/qwen2 all read as "llama")."""
+    layer_names = _LAYER_NAMES_BY_ARCH.get(arch, _LAYER_NAMES)
     if gguf_name in _GLOBAL_NAMES:
         return _GLOBAL_NAMES[gguf_name]
     parts = gguf_name.split(".", 2)
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
-    raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no Llama equivalent (unsupported model variant)")
+    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in layer_names:
+        return f"model.layers.{parts[1]}.{layer_names[parts[2]]}"
+    raise ModelLoadError(f"GGUF tensor {gguf_name!r} has no {arch} equivalent (unsupported model variant)")
+
+
+def hf_float_tensor(hf_name: str, w: np.ndarray, arch: str, n_heads: int, n_kv_heads: int) -> np.ndarray:
+    """A GGUF tensor's values as the HF checkpoint holds them: llama.cpp permuted Llama's Q/K rows
+    for its interleaved rotary (Qwen3 and Gemma 3 use the rotate-half layout, unpermuted), and
+    stored Gemma's norms with the 1 of its (1 + weight) scaling added."""
+    if arch == "llama" and hf_name.endswith("self_attn.q_proj.weight"):
+        return unpermute_rotary(w, n_heads)
+    if arch == "llama" and hf_name.endswith("self_attn.k_proj.weight"):
+        return unpermute_rotary(w, n_kv_heads)
+    if arch == "gemma3" and hf_name.endswith("norm.weight"):
+        return w - np.float32(1.0)
+    return w
 
 
 def unpermute_rotary(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -93,10 +122,11 @@ def _f32(x: Any) -> float:
 
 
 def hf_config_from_gguf(reader: Any, tensor_names: set[str]) -> dict[str, Any]:
-    """config.json contents (LlamaForCausalLM) from the GGUF metadata."""
+    """config.json contents (LlamaForCausalLM, Qwen3ForCausalLM or Gemma3ForCausalLM) from the GGUF
+    metadata."""
     arch = _field(reader, "general.architecture")
-    if arch != "llama":
-        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (supported: 'llama')")
+    if arch not in _HF_ARCHITECTURES:
+        raise ModelLoadError(f"GGUF architecture {arch!r} is not supported (supported: {sorted(_HF_ARCHITECTURES)})")
 
     def meta(key: str, default: Any = None) -> Any:
         value = _field(reader, f"{arch}.{key}", default)
@@ -109,14 +139,15 @@ def hf_config_from_gguf(reader: Any, tensor_names: set[str]) -> dict[str, Any]:
     rope_dim = int(meta("rope.dimension_count", head_dim))
     if rope_dim != head_dim:
         raise ModelLoadError(f"GGUF rope.dimension_count {rope_dim} != head dim {head_dim}: partial rotary is not supported")
-    scaling = _field(reader, f"{arch}.rope.scaling.type")
-    if scaling not in (None, "none"):
-        raise ModelLoadError(f"GGUF rope scaling {scaling!r} is not supported")
+    theta = _f32(meta("rope.freq_base", 10000.0))
+    context = int(meta("context_length", 2048))
+    scaling = _rope_scaling(reader, arch, theta, head_dim)
     tokens = _field(reader, "tokenizer.ggml.tokens") or []
     eos = _field(reader, "tokenizer.ggml.eos_token_id")
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+    hf_arch, model_type = _HF_ARCHITECTURES[arch]
+    config = {
+        "architectures": [hf_arch],
+        "model_type": model_type,
         "vocab_size": int(meta("vocab_size", len(tokens))),
         "hidden_size": hidden,
         "intermediate_size": int(meta("feed_forward_length")),
@@ -125,10 +156,10 @@ def hf_config_from_gguf(reader: Any, tensor_names: set[str]) -> dict[str, Any]:
         "num_key_value_heads": int(meta("attention.head_count_kv", heads)),
         "head_dim": head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": int(meta("context_length", 2048)),
+        "max_position_embeddings": context,
         "rms_norm_eps": _f32(meta("attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": _f32(meta("rope.freq_base", 10000.0)),
-        "rope_scaling": None,
+        "rope_theta": theta,
+        "rope_scaling": scaling,
         "attention_bias": False,
         "mlp_bias": False,
         "tie_word_embeddings": "output.weight" not in tensor_names,
@@ -137,22 +168,106 @@ def hf_config_from_gguf(reader: Any, tensor_names: set[str]) -> dict[str, Any]:
         "pad_token_id": _field(reader, "tokenizer.ggml.padding_token_id"),
         "torch_dtype": "float32",
     }
+    if arch == "gemma3":
+        config |= _gemma3_config(reader, meta, config)
+        if "<end_of_turn>" in tokens and eos is not None:  # what its chat turns end with (llama.cpp stops there too)
+            config["eos_token_id"] = [eos, list(tokens).index("<end_of_turn>")]
+    return config
 
 
-def build_gguf_tokenizer(reader: Any) -> tuple[Any, dict[str, Any]]:
-    """(tokenizers.Tokenizer, tokenizer_config dict) from the GGUF's byte-level BPE vocabulary."""
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+def _gemma3_config(reader: Any, meta: Any, config: dict[str, Any]) -> dict[str, Any]:
+    """What a Gemma 3 GGUF adds, read as llama.cpp reads it: the sliding layers' pattern (the
+    metadata's, else every 6th layer global), their rotary base (10000, fixed in llama.cpp), the
+    attention scale (`attention.scale` if given, else llama.cpp's rule: head_dim ** -0.5, the
+    27B model's hidden / heads)."""
+    layers = config["num_hidden_layers"]
+    pattern = _field(reader, "gemma3.attention.sliding_window_pattern", 6)
+    if isinstance(pattern, list):
+        sliding = [bool(p) for p in pattern]
+        if len(sliding) != layers:
+            raise ModelLoadError(f"GGUF gemma3.attention.sliding_window_pattern lists {len(sliding)} layers, not {layers}")
+    else:
+        sliding = [bool((i + 1) % int(pattern)) for i in range(layers)]
+    scale = _field(reader, "gemma3.attention.scale")
+    if scale is not None:
+        scalar = float(scale) ** -2
+    else:
+        scalar = config["hidden_size"] / config["num_attention_heads"] if layers == 62 else config["head_dim"]
+    softcap = _field(reader, "gemma3.final_logit_softcapping")
+    full = {"rope_type": "default", "rope_theta": config["rope_theta"]} | (config["rope_scaling"] or {})
+    return {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": round(scalar, 4),
+        "sliding_window": int(meta("attention.sliding_window")),
+        "layer_types": ["sliding_attention" if s else "full_attention" for s in sliding],
+        "rope_parameters": {"full_attention": full,
+                            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}},
+        "rope_scaling": None,
+        "final_logit_softcapping": _f32(softcap) if softcap is not None else None,
+    }
 
-    model = _field(reader, "tokenizer.ggml.model")
-    if model != "gpt2":
-        raise ModelLoadError(f"GGUF tokenizer model {model!r} is not supported (supported: byte-level BPE 'gpt2')")
-    pre = _field(reader, "tokenizer.ggml.pre")
-    if pre not in _DIGIT_SPLIT_PRE | _PLAIN_BYTE_LEVEL_PRE:
-        raise ModelLoadError(
-            f"GGUF pre-tokenizer {pre!r} is not supported (supported: {sorted(str(p) for p in _DIGIT_SPLIT_PRE | _PLAIN_BYTE_LEVEL_PRE)})"
-        )
-    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
-    types: list[int] = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
+
+def _rope_scaling(reader: Any, arch: str, theta: float, head_dim: int) -> dict[str, Any] | None:
+    """The HF rope_scaling of a GGUF: "linear" from rope.scaling.type/factor, or Llama 3's, which
+    llama.cpp stores as a rope_freqs tensor (each frequency's divisor, not its parameters)."""
+    kind = _field(reader, f"{arch}.rope.scaling.type")
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": _f32(_field(reader, f"{arch}.rope.scaling.factor", 1.0))}
+    if kind not in (None, "none"):
+        raise ModelLoadError(f"GGUF rope scaling {kind!r} is not supported (supported: linear, llama3 rope_freqs)")
+    freqs = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if freqs is None:
+        return None
+    return llama3_scaling_from_factors(np.asarray(freqs.data, dtype=np.float64).reshape(-1), theta, head_dim)
+
+
+def llama3_scaling_from_factors(factors: np.ndarray, theta: float, head_dim: int) -> dict[str, Any]:
+    """Llama 3 rope_scaling parameters that reproduce llama.cpp's per-frequency divisors.
+
+    For a frequency of wavelength w the divisor is 1 (w < original / high_freq_factor), `factor`
+    (w > original / low_freq_factor), or in between 1 / ((1 - s) / factor + s) with
+    s = (original / w - low) / (high - low), linear in 1 / w: 1 at the shortest wavelength that is
+    not scaled, 0 at the longest fully scaled one. The frequencies in between fix that line (any
+    two do); with fewer, a line through them and the longest fully scaled (s = 0) or the shortest
+    unscaled (s = 1) frequency that keeps the others on their sides gives the same divisors at the
+    model's frequencies. The line fixes the curve for any `original`; 8192 (every Llama 3.x) is kept."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if factors.shape != inv_freq.shape:
+        raise ModelLoadError(f"GGUF {ROPE_FREQS} has {factors.size} values, expected head_dim / 2 = {inv_freq.size}")
+    x = inv_freq / (2 * np.pi)  # 1 / wavelength
+    factor = float(factors.max())
+    if factor <= 1:
+        raise ModelLoadError(f"GGUF {ROPE_FREQS} scales no frequency (all divisors <= 1)")
+    ones, scaled = factors <= 1 + 1e-6, factors >= factor * (1 - 1e-6)
+    between = ~ones & ~scaled
+    xs, ss = list(x[between]), list((1 / factors[between] - 1 / factor) / (1 - 1 / factor))
+    anchors = [([x[scaled].max()], [0.0])] if scaled.any() else []
+    anchors += [([x[ones].min()], [1.0])] if ones.any() else []
+    candidates = [(xs, ss)] + [(xs + ax, ss + a_s) for ax, a_s in anchors]
+    if len(anchors) == 2:
+        candidates.append((xs + anchors[0][0] + anchors[1][0], ss + [0.0, 1.0]))
+    original, worst = 8192, np.inf
+    for cx, cs in candidates:
+        if len(cx) < 2:
+            continue
+        a, b = np.polyfit(np.asarray(cx), np.asarray(cs), 1)  # a = original / (high - low), b = -low / (high - low)
+        low = -b * original / a
+        high = low + original / a
+        if not (a > 0 and 0 < low < high):
+            continue
+        smooth = (original * x - low) / (high - low)
+        got = np.where(x > high / original, 1.0, np.where(x < low / original, factor, 1 / ((1 - smooth) / factor + smooth)))
+        worst = min(worst, float(np.abs(got / factors - 1).max()))
+        if np.allclose(got, factors, rtol=1e-4):
+            return {"rope_type": "llama3", "factor": factor, "low_freq_factor": float(low), "high_freq_factor": float(high),
+                    "original_max_position_embeddings": original}
+    raise ModelLoadError(f"GGUF {ROPE_FREQS} does not follow Llama 3's rope scaling (closest fit off by {worst:.2g}); "
+                         "other rotary frequency factors are not supported")
+
+
+def _byte_level_tokenizer(reader: Any, tokens: list[str], types: list[int], pre: str | None) -> Any:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
     merges = [tuple(m.split(" ", 1)) for m in _field(reader, "tokenizer.ggml.merges", [])]
     vocab = {tok: i for i, tok in enumerate(tokens)}
     if len(vocab) != len(tokens):
@@ -173,6 +288,32 @@ def build_gguf_tokenizer(reader: Any) -> tuple[Any, dict[str, Any]]:
     tok.add_tokens(
         [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == _GGUF_TYPE_USER_DEFINED]
     )
+    return tok
+
+
+def build_gguf_tokenizer(reader: Any) -> tuple[Any, dict[str, Any]]:
+    """(tokenizers.Tokenizer, tokenizer_config dict) from the GGUF's byte-level BPE vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    model = _field(reader, "tokenizer.ggml.model")
+    if model not in ("gpt2", "llama"):
+        raise ModelLoadError(f"GGUF tokenizer model {model!r} is not supported (supported: byte-level BPE 'gpt2', "
+                             "SentencePiece 'llama' for gemma3)")
+    pre = _field(reader, "tokenizer.ggml.pre")
+    if model == "gpt2" and pre not in _DIGIT_SPLIT_PRE | _PLAIN_BYTE_LEVEL_PRE:
+        raise ModelLoadError(
+            f"GGUF pre-tokenizer {pre!r} is not supported (supported: {sorted(str(p) for p in _DIGIT_SPLIT_PRE | _PLAIN_BYTE_LEVEL_PRE)})"
+        )
+    tokens: list[str] = list(_field(reader, "tokenizer.ggml.tokens"))
+    types: list[int] = list(_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
+    arch = _field(reader, "general.architecture")
+    if model == "llama":
+        from agentrt.engine.gguf_spm_tokenizer import build_spm_tokenizer
+
+        tok = build_spm_tokenizer(tokens, types, arch)
+    else:
+        tok = _byte_level_tokenizer(reader, tokens, types, pre)
+    vocab = {t: i for i, t in enumerate(tokens)}
 
     def token_at(key: str) -> str | None:
         i = _field(reader, f"tokenizer.ggml.{key}")
@@ -196,24 +337,28 @@ def build_gguf_tokenizer(reader: Any) -> tuple[Any, dict[str, Any]]:
         "model_max_length": int(_field(reader, f"{_field(reader, 'general.architecture')}.context_length", 2048)),
     }
     template = _field(reader, "tokenizer.chat_template")
+    if template is None and arch == "gemma3":  # llama.cpp's Gemma 3 files carry none
+        from agentrt.engine.gguf_spm_tokenizer import GEMMA3_CHAT_TEMPLATE
+
+        template = GEMMA3_CHAT_TEMPLATE
     if template is not None:
         tokenizer_config["chat_template"] = template
     return tok, tokenizer_config
 
 
 def dequantized_tensors(reader: Any, config: dict[str, Any], on_tensor: Any = None) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, float32 array) for every tensor, with llama.cpp's Q/K row permutation undone."""
+    """(HF name, float32 array) for every tensor, as the HF checkpoint holds it (hf_float_tensor)."""
     from gguf.quants import dequantize
 
+    arch = _field(reader, "general.architecture")
     n_heads, n_kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     for t in reader.tensors:
-        name = hf_tensor_name(t.name)
+        if t.name == ROPE_FREQS:  # in the configuration (rope_scaling)
+            continue
+        name = hf_tensor_name(t.name, arch)
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists dims innermost-first
         w = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-        if name.endswith("self_attn.q_proj.weight"):
-            w = unpermute_rotary(w, n_heads)
-        elif name.endswith("self_attn.k_proj.weight"):
-            w = unpermute_rotary(w, n_kv_heads)
+        w = hf_float_tensor(name, w, arch, n_heads, n_kv_heads)
         if on_tensor is not None:
             on_tensor(t.name)
         yield name, np.ascontiguousarray(w)

@@ -108,3 +108,101 @@ def test_greedy_same_with_speculation_and_in_a_batch(family, tiny_loaded, make_e
     for spec in [SpecConfig(drafter="suffix", k=4), SpecConfig(drafter="layerskip:1", k=3)]:
         engine = make_engine(loaded, spec=spec)
         assert [r.token_ids for r in engine.generate(PROMPTS, params)] == alone, spec.drafter
+
+
+# ---------------------------------------------------------------- from GGUF (written as llama.cpp writes them)
+
+
+@pytest.fixture(scope="module")
+def family_gguf(tmp_path_factory):
+    """family_gguf(family, projections) -> (GGUF path, the HF directory it was written from)."""
+    from tiny_models import save_tiny_gguf
+
+    made = {}
+
+    def make(family: str, projections: str):
+        if (family, projections) not in made:
+            d = tmp_path_factory.mktemp(f"gguf-{family}-{projections}")
+            made[family, projections] = save_tiny_gguf(d / f"{family}.gguf", hf_dir=d / "hf", variant=family,
+                                                       projections=projections), d / "hf"
+        return made[family, projections]
+
+    return make
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("AGENTRT_CACHE", str(tmp_path / "cache"))  # GGUF conversions go here
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_gguf_float_weights_match_transformers(family, family_gguf):
+    """F32 tensors in the GGUF: the converted model's logits are transformers' on the source
+    checkpoint (names, Gemma's norm offset, Llama 3's rope_freqs, the sliding pattern and scale)."""
+    from agentrt.engine.model_loader import load_model
+
+    path, hf_dir = family_gguf(family, "F32")
+    loaded = load_model(str(path), "float32", progress=False)
+    source = load_model(str(hf_dir), "float32", progress=False).model
+    ours_cfg = loaded.model.cfg
+    # Llama 3's parameters come back as other, equivalent ones (llama3_scaling_from_factors): same tables
+    assert torch.allclose(loaded.model.rope.cos, source.rope.cos[: loaded.model.rope.cos.shape[0]], atol=1e-6)
+    same = dict(eos_token_ids=(), bos_token_id=None, max_position_embeddings=0, rope_scaling=None)
+    assert dataclasses.replace(ours_cfg, **same) == dataclasses.replace(source.cfg, **same)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32).eval()
+    g = torch.Generator().manual_seed(2)
+    seqs = [torch.randint(0, ours_cfg.vocab_size, (n + DECODE_STEPS,), generator=g).tolist() for n in LENGTHS]
+    with torch.no_grad():
+        ref = [hf(torch.tensor([s])).logits[0] for s in seqs]
+    for mine, theirs in zip(_ours(loaded.model, seqs, False), ref):
+        assert (mine - theirs).abs().max().item() < ATOL
+
+
+def test_llama31_rope_freqs_give_back_its_scaling():
+    """Llama 3.1 8B's scaling as llama.cpp stores it (128 divisors) reads back to the same curve."""
+    from tiny_models import _llama3_rope_freqs
+
+    from agentrt.engine.config import RopeScaling
+    from agentrt.engine.gguf_convert import llama3_scaling_from_factors
+    from agentrt.engine.models.layers import _llama3_inv_freq
+
+    params = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    factors = _llama3_rope_freqs({"hidden_size": 4096, "num_attention_heads": 32, "rope_parameters": params})
+    got = llama3_scaling_from_factors(factors.astype("float64"), 500000.0, 128)
+    assert got["factor"] == 8.0 and abs(got["low_freq_factor"] - 1.0) < 1e-3 and abs(got["high_freq_factor"] - 4.0) < 1e-3
+    inv = 1.0 / 500000.0 ** (torch.arange(0, 128, 2, dtype=torch.float64) / 128)
+    kw = {k: got[k] for k in ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    assert torch.allclose(_llama3_inv_freq(inv, RopeScaling("llama3", **kw)), inv / torch.from_numpy(factors).double(),
+                          rtol=1e-6)
+    with pytest.raises(ModelLoadError, match="rope_freqs"):
+        llama3_scaling_from_factors(factors[::-1].astype("float64"), 500000.0, 128)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "gemma3"])
+def test_gguf_quantized_blocks_run_the_same_model(family, family_gguf, monkeypatch):
+    """Q8_0 projections kept as blocks: with float activations (the reference linear) the logits are
+    the dequantized fp32 model's; on the int8 kernels greedy output is the same with speculation."""
+    from agentrt.engine.model_loader import load_model
+    from agentrt.kernels import quant_linear as quant_kernels
+    from agentrt.kernels.quant_build import unsupported_reason
+    from agentrt.kernels.quant_formats import quant_linear_reference
+
+    path, _ = family_gguf(family, "Q8_0")
+    quant = load_model(str(path), "quantized", progress=False)
+    assert quant.model.layers[0].qkv.formats == ["Q8_0"] and not quant.model.quant_fused
+    fp32 = load_model(str(path), "float32", progress=False)
+    seqs = [list(range(10, 30)), list(range(40, 47))]
+    with monkeypatch.context() as m:
+        m.setattr(quant_kernels, "quant_linear", lambda x, w, out=None: quant_linear_reference(x, w) if out is None
+                  else out.copy_(quant_linear_reference(x, w)))
+        for a, b in zip(_ours(quant.model, seqs, False), _ours(fp32.model, seqs, False)):
+            assert (a - b).abs().max().item() < 1e-3
+    if unsupported_reason() is not None:
+        return
+    from agentrt.engine import EngineConfig, LLMEngine
+
+    params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    runs = [LLMEngine(EngineConfig(model=str(path), dtype="quantized", kv_cache_tokens=1024, spec=spec), loaded=quant)
+            .generate(PROMPTS, params) for spec in (SpecConfig(), SpecConfig(drafter="suffix", k=4))]
+    assert [r.token_ids for r in runs[0]] == [r.token_ids for r in runs[1]]

@@ -186,9 +186,37 @@ def _llama_cpp_permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def save_tiny_gguf(path: Path | str, seed: int = 0, hf_dir: Path | None = None) -> Path:
-    """Write the "smollm" tiny model as a GGUF the way llama.cpp does: Q/K rows permuted, projections
-    Q4_1, embeddings Q8_0, norms F32, tokenizer vocab/merges/types and chat template in metadata.
+_GGUF_ARCH = {"smollm": "llama", "llama3": "llama", "qwen3": "qwen3", "gemma3": "gemma3"}
+
+
+def _llama3_rope_freqs(cfg: dict) -> np.ndarray:
+    """llama.cpp's rope_freqs tensor for a Llama 3 rope_scaling (convert_hf_to_gguf's formula)."""
+    rs = cfg.get("rope_parameters") or cfg["rope_scaling"]
+    d = cfg["hidden_size"] // cfg["num_attention_heads"]
+    freqs = 1.0 / rs["rope_theta"] ** (np.arange(0, d, 2, dtype=np.float64) / d)
+    low_wavelen = rs["original_max_position_embeddings"] / rs["low_freq_factor"]
+    high_wavelen = rs["original_max_position_embeddings"] / rs["high_freq_factor"]
+    out = []
+    for f in freqs:
+        wavelen = 2 * np.pi / f
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(rs["factor"])
+        else:
+            smooth = (rs["original_max_position_embeddings"] / wavelen - rs["low_freq_factor"]) / (
+                rs["high_freq_factor"] - rs["low_freq_factor"])
+            out.append(1 / ((1 - smooth) / rs["factor"] + smooth))
+    return np.asarray(out, dtype=np.float32)
+
+
+def save_tiny_gguf(path: Path | str, seed: int = 0, hf_dir: Path | None = None, variant: str = "smollm",
+                   projections: str = "Q4_1") -> Path:
+    """Write a tiny model (`variant`: smollm, llama3, qwen3 or gemma3) as a GGUF the way llama.cpp
+    does: Llama's Q/K rows permuted, Gemma's norms stored as 1 + weight, Llama 3's rope scaling as
+    a rope_freqs tensor, projections in `projections` (a GGML type name: Q4_1, Q8_0, F32),
+    embeddings Q8_0 (F32 with F32 projections), norms F32, the tokenizer's vocab/merges/types and
+    chat template in metadata (the smollm tokenizer settings for every variant).
     hf_dir: where to save the source HF model (kept for comparisons); a sibling dir by default."""
     import gguf
     from gguf.quants import quantize
@@ -196,24 +224,36 @@ def save_tiny_gguf(path: Path | str, seed: int = 0, hf_dir: Path | None = None) 
 
     path = Path(path)
     hf_dir = Path(hf_dir) if hf_dir is not None else path.with_suffix(".hf")
-    save_tiny_model(hf_dir, "smollm", seed=seed)
+    save_tiny_model(hf_dir, variant, seed=seed)
     cfg = json.loads((hf_dir / "config.json").read_text())
     sd = load_file(str(hf_dir / "model.safetensors"))
     tokens, merges = tiny_vocab()
+    arch = _GGUF_ARCH[variant]
     n_heads, n_kv = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // n_heads
+    rope = cfg.get("rope_parameters") or {"rope_theta": cfg.get("rope_theta")}
 
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_name("tiny-smollm")
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_name(f"tiny-{variant}")
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
     w.add_embedding_length(cfg["hidden_size"])
     w.add_feed_forward_length(cfg["intermediate_size"])
     w.add_head_count(n_heads)
     w.add_head_count_kv(n_kv)
-    w.add_rope_freq_base(cfg["rope_parameters"]["rope_theta"] if "rope_parameters" in cfg else cfg["rope_theta"])
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(rope["full_attention"]["rope_theta"] if arch == "gemma3" else rope["rope_theta"])
     w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_dimension_count(cfg["hidden_size"] // n_heads)
+    w.add_rope_dimension_count(head_dim)
     w.add_vocab_size(len(tokens))
+    if arch == "gemma3":
+        w.add_sliding_window(cfg["sliding_window"])
+        w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg["layer_types"]])
+        w.add_attention_scale(cfg["query_pre_attn_scalar"] ** -0.5)
+        w.add_final_logit_softcapping(cfg["final_logit_softcapping"])
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["full_attention"]["factor"])
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("smollm")
     w.add_token_list(tokens)
@@ -225,27 +265,38 @@ def save_tiny_gguf(path: Path | str, seed: int = 0, hf_dir: Path | None = None) 
     w.add_add_bos_token(False)
     w.add_chat_template(CHATML_TEMPLATE)
 
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight"}
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
     layer_names = {
         "input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
         "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
         "self_attn.o_proj.weight": "attn_output.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
         "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+        "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     }
+    if arch == "gemma3":
+        layer_names |= {"post_attention_layernorm.weight": "post_attention_norm.weight",
+                        "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                        "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
+    qtype = getattr(gguf.GGMLQuantizationType, projections)
+    F32 = gguf.GGMLQuantizationType.F32
     for hf_name, t in sd.items():
         if hf_name in names:
             name = names[hf_name]
         else:
             _, _, layer, rest = hf_name.split(".", 3)
             name = f"blk.{layer}.{layer_names[rest]}"
-        if name.endswith("attn_q.weight"):
+        if arch == "llama" and name.endswith("attn_q.weight"):
             t = _llama_cpp_permute(t, n_heads)
-        elif name.endswith("attn_k.weight"):
+        elif arch == "llama" and name.endswith("attn_k.weight"):
             t = _llama_cpp_permute(t, n_kv)
-        qtype = (gguf.GGMLQuantizationType.F32 if t.ndim == 1 else
-                 gguf.GGMLQuantizationType.Q8_0 if name == "token_embd.weight" else gguf.GGMLQuantizationType.Q4_1)
-        data = t.astype(np.float32) if qtype == gguf.GGMLQuantizationType.F32 else quantize(t.astype(np.float32), qtype)
-        w.add_tensor(name, data, raw_dtype=None if qtype == gguf.GGMLQuantizationType.F32 else qtype)
+        if arch == "gemma3" and name.endswith("norm.weight"):
+            t = t + np.float32(1.0)
+        tt = F32 if t.ndim == 1 else gguf.GGMLQuantizationType.Q8_0 if name == "token_embd.weight" and qtype != F32 else qtype
+        data = t.astype(np.float32) if tt == F32 else quantize(t.astype(np.float32), tt)
+        w.add_tensor(name, data, raw_dtype=None if tt == F32 else tt)
+    if variant == "llama3":
+        w.add_tensor("rope_freqs.weight", _llama3_rope_freqs(cfg))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -29,13 +29,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrt.engine.gguf_convert import hf_tensor_name, unpermute_rotary
+from agentrt.engine.gguf_convert import ROPE_FREQS, hf_float_tensor, hf_tensor_name, unpermute_rotary
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.quant_formats import FORMAT_BY_GGML_TYPE, QuantWeight, quant_weight_from_gguf
 
 
+def gguf_arch(cfg) -> str:
+    """The GGUF architecture a ModelConfig's family is stored as (Mistral and Qwen2 GGUFs convert
+    to the llama layout here)."""
+    return cfg.architecture if cfg.architecture in ("qwen3", "gemma3") else "llama"
+
+
 def _rotary_heads(name: str, cfg) -> int | None:
-    """Heads whose rows llama.cpp permuted for its rotary layout (q and k), else None."""
+    """Heads whose rows llama.cpp permuted for its rotary layout (Llama's q and k), else None."""
+    if gguf_arch(cfg) != "llama":
+        return None
     return {"self_attn.q_proj.weight": cfg.num_attention_heads,
             "self_attn.k_proj.weight": cfg.num_key_value_heads}.get(name.split(".", 3)[-1])
 
@@ -84,8 +92,11 @@ def read_gguf_weights(gguf_path: Path | str, cfg, table: dict) -> dict[str, Quan
     from gguf.quants import dequantize
 
     out: dict[str, QuantWeight | torch.Tensor] = {}
+    arch = gguf_arch(cfg)
     for t in mapped_tensors(gguf_path, table):
-        name = hf_tensor_name(t.name)
+        if t.name == ROPE_FREQS:  # read into the configuration (rope_scaling)
+            continue
+        name = hf_tensor_name(t.name, arch)
         heads = _rotary_heads(name, cfg)
         if int(t.tensor_type) in FORMAT_BY_GGML_TYPE and len(t.shape) == 2:
             w = quant_weight_from_gguf(t)
@@ -95,8 +106,7 @@ def read_gguf_weights(gguf_path: Path | str, cfg, table: dict) -> dict[str, Quan
             continue
         shape = tuple(int(s) for s in reversed(t.shape.tolist()))  # GGUF lists dims innermost first
         a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape)
-        if heads is not None:
-            a = unpermute_rotary(a, heads)
+        a = hf_float_tensor(name, a, arch, cfg.num_attention_heads, cfg.num_key_value_heads)
         out[name] = torch.from_numpy(np.ascontiguousarray(a))
     return out
 
