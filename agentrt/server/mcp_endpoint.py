@@ -51,7 +51,7 @@ from agentrt.server.state import STATE, ServerState
 
 log = logging.getLogger("agentrt.server")
 MCP_PATH = "/mcp"
-PROVIDE_INPUT = "agentrt.provide_input"  # a dot: no program name (a Python-style name) can take it
+PROVIDE_INPUT = "agentrt.provide_input"  # a dot: program names are identifiers in practice
 _PROGRESS_KINDS = ("llm", "tool", "wait_for")
 FOLLOW_POLL_S = 1.0  # a call following its run looks at the server's state at least this often
 _WAITING_ITEM = {"type": "object", "properties": {"node": {"type": "string"}, "schema": {"type": "object"},
@@ -130,6 +130,8 @@ class McpEndpoint:
                                  *state.config.cors_origins])
         self.sessions = StreamableHTTPSessionManager(self.server, security_settings=security,
                                                      max_request_body_size=state.config.limits.max_body_bytes)
+        if PROVIDE_INPUT in state.programs:
+            log.warning("program '%s' is not served over MCP: the tool of that name answers waiting runs", PROVIDE_INPUT)
         self.closing = False
         self._following = 0  # calls in flight, following their runs
         self._stop = asyncio.Event()
@@ -177,7 +179,7 @@ class McpEndpoint:
     # -- MCP handlers --
     async def _list_tools(self, ctx: ServerRequestContext, params: types.PaginatedRequestParams | None
                           ) -> types.ListToolsResult:
-        tools = [program_tool(ex) for _, ex in sorted(self.state.programs.items())]
+        tools = [program_tool(ex) for name, ex in sorted(self.state.programs.items()) if name != PROVIDE_INPUT]
         return types.ListToolsResult(tools=[*tools, provide_input_tool()])
 
     async def _call_tool(self, ctx: ServerRequestContext, params: types.CallToolRequestParams) -> types.CallToolResult:
