@@ -16,7 +16,7 @@ from engine_runs import forward_step
 from agentrt.engine.block_manager import BlockManager
 from agentrt.engine.gguf_convert import CONVERSION_MARKER, TENSOR_TABLE, WEIGHTS_FILE, tensor_table
 from agentrt.engine.kv_cache import KVCache
-from agentrt.engine.model_loader import load_model, parse_dtype
+from agentrt.engine.model_loader import default_dtype, load_model, parse_dtype
 from agentrt.engine.models.quantized import mapped_tensors
 from agentrt.engine.registry import gguf_cache_dir
 from agentrt.errors import ModelLoadError
@@ -80,8 +80,9 @@ def test_quantized_needs_a_gguf(tiny_model_dir):
         load_model(str(tiny_model_dir("smollm")), "quantized", progress=False)
     with pytest.raises(ModelLoadError, match="not a tensor dtype"):
         parse_dtype("quantized")
-    # auto on an HF directory: the float path, as before
-    assert load_model(str(tiny_model_dir("smollm")), progress=False).weights in ("float32", "bfloat16")
+    # auto on an HF directory: the float path in this CPU's float dtype (bf16 where oneDNN has bf16 paths)
+    assert load_model(str(tiny_model_dir("smollm")), progress=False).weights == {torch.bfloat16: "bfloat16",
+                                                                              torch.float32: "float32"}[default_dtype()]
 
 
 def test_a_truncated_gguf_is_named(embedded_gguf, tmp_path, monkeypatch):

@@ -48,7 +48,8 @@ async def test_the_value_posted_keeps_who_gave_it(tmp_path):
         await status_of(client, run_id, "waiting")
         await asyncio.sleep(0.05)  # the person reads the question
         r = await client.post(f"/v1/runs/{run_id}/input/approval", json={"value": {"approved": True}, "by": ""})
-        assert r.status in (400, 422) and "by" in (await r.json())["error"]["message"]
+        assert r.status == 400 and (await r.json())["error"]["param"] == "by"
+        assert (await r.json())["error"]["message"].startswith("by: ") and "at least 1 character" in await r.text()
         r = await client.post(f"/v1/runs/{run_id}/input/approval", json={"value": {"approved": True}, "by": "maria"})
         assert r.status == 200, await r.text()
         await status_of(client, run_id, "done")
