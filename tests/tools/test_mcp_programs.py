@@ -112,3 +112,36 @@ async def test_on_the_embedded_model_a_tool_call_is_constrained_by_the_mcp_input
     tool_span = spans(rt)["agent#1.tool"][0]
     assert tool_span["status"] == "ok"  # the server ran it: the grammar kept the arguments valid
     assert tool_span["attributes"]["agentrt.tool.attempt_log"][0]["executor"] == "mcp"
+
+
+@pytest.mark.parametrize("idempotent", [None, ["slow"]], ids=["by-annotations", "declared-idempotent"])
+async def test_resume_runs_an_interrupted_mcp_tool_again_only_when_it_is_idempotent(fx, scripted, tmp_path, idempotent):
+    from agentrt.runtime.store import SQLiteRunStore
+
+    # as mcp_tools("fx", ..., idempotent=["slow"]) declares it (tested in test_mcp_stdio.py)
+    tools = [t.bind("mcp", idempotent=True) if idempotent and t.mcp.tool in idempotent else t for t in fx]
+    p = Program("durable", inputs={"n": int}, tools=tools)
+    p.output(p.tool("count", "fx.slow", args={"steps": p.input("n")}))
+    store = SQLiteRunStore(tmp_path / "runs.db")
+    try:
+        rt = Runtime(scripted({}), tools=tools, store=store)
+        running = asyncio.Event()
+        rt.subscribe_events(lambda ev: running.set() if ev.type == "tool_progress" else None)
+        handle = rt.submit(p, {"n": 12}, run_id="r1")
+        await asyncio.wait_for(running.wait(), 20)
+        rt.interrupt("r1")  # as a crash would: the call was in flight
+        await handle.wait()
+        await rt.aclose()
+        await rt.tools.aclose()
+        assert store.recorded("r1").interrupted == {"count"}
+        rt = Runtime(scripted({}), tools=tools, store=store)
+        try:
+            result = await rt.run(p, {"n": 12}, run_id="r1", resume=store.recorded("r1"))
+        finally:
+            await rt.tools.aclose()
+    finally:
+        store.close()
+    if idempotent is None:  # fx.slow has no idempotentHint: it may or may not have run
+        assert result.status == "failed" and "may or may not have run" in result.error and "fx.slow" in result.error
+    else:
+        assert result.status == "done" and result.output == {"result": "counted to 12"}

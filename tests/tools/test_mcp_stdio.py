@@ -146,3 +146,29 @@ def test_server_specs_are_checked():
         McpServerSpec.of("a.b", command=["x"])
     with pytest.raises(ToolDefinitionError, match="headers= only apply"):
         McpServerSpec.of("x", command=["x"], headers={"a": "b"})
+
+
+def test_a_process_that_dies_without_closing_leaves_no_server_behind(tmp_path):
+    """The parent is killed (no aclose, no cleanup): the server sees its stdin close and exits."""
+    import subprocess
+    import time
+
+    start_log = tmp_path / "starts.log"
+    script = f"""
+import asyncio, os, sys
+from agentrt.tools import ToolRegistry
+from agentrt.tools.mcp import mcp_tools
+fx = mcp_tools("fx", command=[sys.executable, {FIXTURE!r}], env={{"MCP_FIXTURE_START_LOG": {str(start_log)!r}}})
+async def main():
+    reg = ToolRegistry(fx)
+    assert (await reg.call("fx.add", {{"a": 1, "b": 1}})).ok
+    os._exit(0)
+asyncio.run(main())
+"""
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
+    pids = [int(p) for p in start_log.read_text().split()]
+    assert len(pids) == 2  # the listing's server, then the registry's
+    deadline = time.monotonic() + 10
+    while any(alive(p) for p in pids):
+        assert time.monotonic() < deadline, f"servers still running: {[p for p in pids if alive(p)]}"
+        time.sleep(0.05)
