@@ -28,12 +28,16 @@ _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*):")
 
 @dataclass(frozen=True)
 class PostgresLocation:
-    """A PostgreSQL database by its URL; str() is the URL without its password."""
+    """A PostgreSQL database by its URL; str() and repr() show it without its password (a
+    logged config or a traceback must not leak it)."""
 
     url: str
 
     def __str__(self) -> str:
         return redact_url(self.url)
+
+    def __repr__(self) -> str:
+        return f"PostgresLocation({redact_url(self.url)!r})"
 
 
 def redact_url(url: str) -> str:

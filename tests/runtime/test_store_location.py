@@ -56,6 +56,7 @@ def test_every_command_refuses_a_database_url_at_start(command, tmp_path, monkey
 def test_postgresql_urls_name_a_database_shown_without_the_password(value, shown):
     location = store_location(value)
     assert location == PostgresLocation(value) and str(location) == shown
+    assert repr(location) == f"PostgresLocation({shown!r})"  # a logged config shows no password either
 
 
 @pytest.mark.parametrize("value, reason", [
