@@ -200,7 +200,7 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
         state.attach(runtime)
         resumed = state.resumed
         print(f"agentrt serve: ready at {url}\n  model: {model} ({state.precision}; {args.device}, spec {args.spec}, "
-              f"policy {args.policy})\n  programs: {', '.join(sorted(programs)) or 'none'}\n"
+              f"policy {args.policy})\n  programs: {', '.join(sorted(programs)) or 'none'} (as MCP tools at {url}/mcp)\n"
               f"  runs stored in: {config.db or 'memory only'} (traces in {config.runs_dir}/)"
               + (f", {len(resumed)} resumed" if resumed else "")
               + f"\n  API keys: {len(config.api_keys) or 'none (loopback only)'}", flush=True)
