@@ -133,7 +133,11 @@ class LLMEngine:
         raise RequestError("prompt must be a non-empty string or a non-empty list of chat messages")
 
     def _render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
-        """Messages already normalized (engine.messages) through the chat template."""
+        """Messages already normalized (engine.messages) through the chat template. Earlier tool
+        calls and results are put as the family's template renders them (ToolCallFormat.history;
+        a request without tools too: Gemma 3's template refuses a tool turn)."""
+        if self.tool_format.name != "house":
+            messages = self.tool_format.history(messages, "tool_calls" in (self.tokenizer.chat_template or ""))
         return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tools=tools)
 
     def format_messages(self, messages: list[dict], fmt: OutputFormat) -> tuple[list[dict], list[dict] | None]:

@@ -179,3 +179,18 @@ def test_a_streamed_text_answer_comes_through_whole(syntax, parallel, text):
     stream = FamilyToolCallStream(syntax, lambda: "call_0", parallel)
     items = [d for ch in text for d in stream.feed(ch)] + stream.end()
     assert all(isinstance(d, str) for d in items) and "".join(items) == text
+
+
+def test_a_conversation_with_tool_turns_renders_without_tools_too(loaded):
+    """The last request of an agent loop may come without tools: the earlier calls and results
+    are still put as the family's template takes them."""
+    from agentrt.engine import EngineConfig, LLMEngine, SamplingParams
+
+    engine = LLMEngine(EngineConfig(tool_format="gemma3", kv_cache_tokens=2048), loaded=loaded)
+    messages = [{"role": "user", "content": "Weather in Oslo?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+                    "name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+                {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}]
+    text = engine.prepare(messages, SamplingParams(max_tokens=4)).prompt_text
+    assert '<|im_start|>assistant\n{"name": "get_weather", "parameters": {"city": "Oslo"}}<|im_end|>' in text
+    assert "<|im_start|>user\n```tool_output\nSunny\n```<|im_end|>" in text
