@@ -160,8 +160,6 @@ class SQLiteRunStore:
                      started: float | None = None, finished: float | None = None, error_kind: str | None = None,
                      error: str | None = None, backoff_s: float | None = None,
                      not_retried: str | None = None) -> None:
-        """One attempt of a tool call as it ended: "finished" or "failed"; a failed one tried
-        again has backoff_s (the wait before the next), the one that ended the call not_retried."""
         with self._tx():
             self.db.execute("INSERT OR REPLACE INTO tool_attempts (run_id, node, attempt, status, args_hash, started, "
                             "finished, error_kind, error, backoff_s, not_retried) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",

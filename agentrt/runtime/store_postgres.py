@@ -256,8 +256,6 @@ class PostgresRunStore:
                      started: float | None = None, finished: float | None = None, error_kind: str | None = None,
                      error: str | None = None, backoff_s: float | None = None,
                      not_retried: str | None = None) -> None:
-        """One attempt of a tool call as it ended: "finished" or "failed"; a failed one tried
-        again has backoff_s (the wait before the next), the one that ended the call not_retried."""
         cols = ", ".join(_TOOL_ATTEMPT_FIELDS)
         updates = ", ".join(f"{c} = excluded.{c}" for c in _TOOL_ATTEMPT_FIELDS[3:])
         self._execute(f"INSERT INTO tool_attempts (run_id, {cols}) VALUES ({', '.join(['%s'] * 11)}) "
