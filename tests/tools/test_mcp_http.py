@@ -48,7 +48,8 @@ def http_url():
 def test_a_url_server_is_listed_with_its_headers(http_url):
     db = mcp_tools("db", url=http_url, headers={"Authorization": f"Bearer {TOKEN}"})
     assert "db.add" in db.names() and db["add"].mcp.server.url == http_url
-    with pytest.raises(ToolDefinitionError, match=r"MCP server 'db' \(http://127\.0\.0\.1:\d+/mcp\): cannot list"):
+    with pytest.raises(ToolDefinitionError, match=r"MCP server 'db' \(http://127\.0\.0\.1:\d+/mcp\): cannot list .*"
+                                                  r"\(HTTP 401 Unauthorized\)"):
         mcp_tools("db", url=http_url, headers={"Authorization": "Bearer wrong"})
 
 

@@ -63,11 +63,16 @@ async def _watched(transport: Any, lost: asyncio.Event) -> AsyncIterator[Any]:
                 tg.cancel_scope.cancel()
 
 
-def _transport(spec: McpServerSpec) -> Any:
+def _transport(spec: McpServerSpec, on_http_error: Callable[[str], None]) -> Any:
     if spec.url is not None:
         import httpx2  # the SDK's HTTP client; headers (auth) go on every request
 
-        client = httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0))
+        async def note(response: Any) -> None:  # the SDK's error for a 4xx/5xx does not say which
+            if response.status_code >= 400:
+                on_http_error(f"HTTP {response.status_code} {response.reason_phrase}".strip())
+
+        client = httpx2.AsyncClient(headers=dict(spec.headers), timeout=httpx2.Timeout(30.0, read=300.0),
+                                    event_hooks={"response": [note]})
         return _http(spec.url, client)
     params = StdioServerParameters(command=spec.command[0], args=list(spec.command[1:]),
                                    env=dict(spec.env) or None, cwd=spec.cwd)
@@ -106,6 +111,7 @@ class McpConnection:
         self.client: Client | None = None
         self.starts = 0  # connections made (a restart after a crash counts)
         self.last_error: str | None = None
+        self._http_error: str | None = None  # the last 4xx/5xx answer of an HTTP server, for errors
         self._task: asyncio.Task | None = None
         self._next: asyncio.Future | None = None  # the outcome of the next connection attempt
         self._lost = asyncio.Event()
@@ -160,7 +166,8 @@ class McpConnection:
             except BaseException as e:  # noqa: BLE001 - anyio groups wrap the transport's errors
                 log.debug("MCP server %s: connection ended", self.spec.name, exc_info=e)
                 failures += 1
-                why = _describe(e)
+                why = _describe(e) + (f" ({self._http_error})" if self._http_error else "")
+                self._http_error = None
                 self._settle(ServerUnavailable(why))
             self.client = None
             if self._closing or not self.restart:
@@ -181,7 +188,7 @@ class McpConnection:
             raise TimeoutError("handshake")
 
     async def _session(self, handshake: anyio.CancelScope) -> None:
-        async with _watched(_transport(self.spec), self._lost) as streams, \
+        async with _watched(_transport(self.spec, self._note_http_error), self._lost) as streams, \
                 Client(_StreamPair(streams), message_handler=self._on_message, cache=None) as client:
             try:
                 async with anyio.create_task_group() as tg:
@@ -197,6 +204,14 @@ class McpConnection:
                     tg.cancel_scope.cancel()
             finally:
                 self.client = None
+
+    def _note_http_error(self, status: str) -> None:
+        self._http_error = status
+
+    def take_http_error(self) -> str | None:
+        """The last 4xx/5xx answer of an HTTP server since the last call of this (None: none)."""
+        status, self._http_error = self._http_error, None
+        return status
 
     def _settle(self, error: Exception | None) -> None:
         """Resolve the outcome callers wait for, and arm the next one."""

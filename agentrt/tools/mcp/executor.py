@@ -87,8 +87,9 @@ class McpExecutor:
                 conn.connection_lost()
                 raise WorkerLostError(tool.name, f"{where}: the server closed the connection during the call "
                                                  "(it is started again)") from None
-            raise ToolRaisedError(tool.name, f"{where}: the server answered error {e.code}: {e.error.message}",
-                                  retryable=False) from None
+            status = conn.take_http_error()
+            raise ToolRaisedError(tool.name, f"{where}: the server answered error {e.code}: {e.error.message}"
+                                             + (f" ({status})" if status else ""), retryable=False) from None
         except RuntimeError as e:  # the SDK's own check of structured content against the output schema
             if "structured content" in str(e):
                 raise ToolOutputError(tool.name, f"{where} returned a value that breaks its output schema: {e}") from None
