@@ -119,7 +119,8 @@ def test_async_engine_serves_after_bad_request_and_streams(tiny_loaded, make_eng
         assert sum(len(e.token_ids) for e in events) == 24
         assert ticks > 0  # the event loop kept running while the engine computed
         results = await asyncio.gather(*[engine.generate(f"prompt {i}", SamplingParams(max_tokens=8, temperature=0)) for i in range(5)])
-        assert all(r.finish_reason in ("length", "stop") for r in results)
+        # "length" only for the results that used their whole max_tokens
+        assert all(r.finish_reason == "stop" or (r.finish_reason == "length" and len(r.token_ids) == 8) for r in results)
 
     try:
         asyncio.run(main())

@@ -27,7 +27,9 @@ async def test_steps_usage_and_alpha_reach_the_caller(engine):
     finally:
         unsubscribe()
         backend.close()
-    assert resp.finish_reason in ("stop", "length") and resp.error is None and resp.text
+    assert resp.error is None and resp.text
+    # "length" only when the call used its whole max_tokens
+    assert resp.finish_reason == "stop" or (resp.finish_reason == "length" and resp.usage.output_tokens == 12)
     assert handles == [resp.request_id]
     assert 0 < resp.usage.output_tokens <= 12 and resp.usage.input_tokens > 0
     # one prefill step (the prompt fits the token budget), less what the prefix cache held

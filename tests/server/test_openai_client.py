@@ -61,7 +61,8 @@ def test_plain_chat_stream_and_usage(client):
     r = client.chat.completions.create(model=MODEL, messages=ask("Name a color."), max_tokens=12, temperature=0)
     [choice] = r.choices
     assert choice.message.role == "assistant" and choice.message.content
-    assert choice.finish_reason in ("stop", "length")
+    # "length" only when the reply used its whole max_tokens
+    assert choice.finish_reason == "stop" or (choice.finish_reason == "length" and r.usage.completion_tokens == 12)
     assert r.usage.prompt_tokens > 0 and 0 < r.usage.completion_tokens <= 12
     assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
     assert {"drafted", "accepted", "alpha", "tokens_per_pass"} <= set(r.model_extra["agentrt"])
