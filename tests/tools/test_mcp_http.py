@@ -80,3 +80,36 @@ def test_the_mcp_flag_names_a_command_or_a_url_and_wins_over_the_program(http_ur
         configure_servers([])
     with pytest.raises(ToolDefinitionError, match=r"mcp_tools\('fx'\): no command= or url= given, and no --mcp fx"):
         mcp_tools("fx")
+
+
+def start_fixture(port: int) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, FIXTURE, "--http", str(port)])
+    deadline = time.monotonic() + 20
+    while True:
+        assert proc.poll() is None, "the fixture server exited"
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            assert time.monotonic() < deadline, "the fixture server did not open its port"
+            time.sleep(0.05)
+
+
+async def test_a_restarted_http_server_gets_a_new_session():
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/mcp"
+    proc = start_fixture(port)
+    try:
+        db = mcp_tools("db", url=url)
+        async with ToolRegistry(db) as reg:
+            assert (await reg.call("db.add", {"a": 1, "b": 2})).ok
+            proc.kill()  # a crash (a graceful stop would wait for the client's open event stream)
+            proc.wait(timeout=10)
+            proc = start_fixture(port)
+            first = await reg.call("db.add", {"a": 2, "b": 2})
+            if not first.ok:  # the old session is unknown to the new process: the call names why
+                assert "MCP server 'db' tool 'add'" in first.error.message, first.error.message
+            assert (await reg.call("db.add", {"a": 3, "b": 2})).value == {"total": 5}
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)

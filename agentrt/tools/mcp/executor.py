@@ -2,7 +2,8 @@
 the registry in step with each server's tool list.
 
 Failures, each naming the server and the tool: a server that cannot start or be reached
-(NoWorkerError: retryable, the call was never sent), a server that went away during the call
+(NoWorkerError: retryable, the call was never sent; also an HTTP server that restarted and no
+longer knows the session), a server that went away or a transport that failed during the call
 (WorkerLostError: lost, so an idempotent tool is sent again once the server is back), a tool
 the server no longer lists (UnknownToolError), a result with isError (ToolRaisedError), and
 structured content that breaks the tool's output schema (ToolOutputError). Cancelling a call
@@ -87,6 +88,10 @@ class McpExecutor:
                 conn.connection_lost()
                 raise WorkerLostError(tool.name, f"{where}: the server closed the connection during the call "
                                                  "(it is started again)") from None
+            if e.error.message == "Session terminated":  # an HTTP server that restarted: the call never ran
+                conn.connection_lost()
+                raise NoWorkerError(tool.name, f"{where}: the server no longer knows this session (it restarted); "
+                                               "a new one is made") from None
             status = conn.take_http_error()
             raise ToolRaisedError(tool.name, f"{where}: the server answered error {e.code}: {e.error.message}"
                                              + (f" ({status})" if status else ""), retryable=False) from None
@@ -94,6 +99,10 @@ class McpExecutor:
             if "structured content" in str(e):
                 raise ToolOutputError(tool.name, f"{where} returned a value that breaks its output schema: {e}") from None
             raise ToolRaisedError(tool.name, f"{where}: {e}") from e
+        except Exception as e:  # noqa: BLE001 - the transport failed (an HTTP server gone): connect anew next time
+            conn.connection_lost()
+            raise WorkerLostError(tool.name, f"{where}: the connection failed during the call: "
+                                             f"{type(e).__name__}: {e}") from e
         if result.is_error:
             raise ToolRaisedError(tool.name, f"{where} failed: {error_text(result)}")
         return result_value(result)
