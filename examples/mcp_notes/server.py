@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field
 
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import ToolAnnotations
 
 NOTES = {
@@ -58,10 +59,13 @@ def search_notes(query: Annotated[str, Field(min_length=1, description="words to
 
 
 @server.tool(annotations=ToolAnnotations(read_only_hint=True))
-def read_note(id: Annotated[str, Field(description="a note id from search_notes")]) -> Note:
+def read_note(id: Annotated[Literal["standup-rules", "release-checklist", "oncall"],
+                            Field(description="a note id from search_notes")]) -> Note:
     """The full text of one note."""
+    # the schema lists the ids, so a client that constrains its calls by it (agentrt does) cannot
+    # ask for another; a client that does not is told which ones there are
     if id not in NOTES:
-        raise ValueError(f"no note '{id}' (notes: {', '.join(NOTES)})")
+        raise ToolError(f"no note '{id}' (notes: {', '.join(NOTES)})")
     title, text = NOTES[id]
     return Note(id=id, title=title, text=text)
 
