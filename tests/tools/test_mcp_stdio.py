@@ -172,3 +172,18 @@ asyncio.run(main())
     while any(alive(p) for p in pids):
         assert time.monotonic() < deadline, f"servers still running: {[p for p in pids if alive(p)]}"
         time.sleep(0.05)
+
+
+async def test_a_server_that_keeps_failing_is_left_alone_until_the_next_call(tmp_path):
+    from agentrt.tools.mcp.connection import McpConnection, ServerUnavailable
+
+    conn = McpConnection(McpServerSpec.of("gone", command=[str(tmp_path / "missing")]), lambda tools: None,
+                         backoff_s=0.01, give_up_after=3)
+    try:
+        with pytest.raises(ServerUnavailable, match="cannot run the command"):
+            await conn.ready()
+        await until(lambda: conn._task.done())  # three attempts, then nobody waits: it stops trying
+        with pytest.raises(ServerUnavailable, match="cannot run the command"):
+            await conn.ready()  # a call tries again
+    finally:
+        await conn.aclose()

@@ -97,17 +97,22 @@ async def _http(url: str, client: Any) -> AsyncIterator[Any]:
 
 class McpConnection:
     """on_tools(listed tools): called with every listing, the first one and each after a change.
-    restart: make the connection again when it is lost or cannot be made (False: one attempt)."""
+    restart: make the connection again when it is lost or cannot be made (False: one attempt).
+    give_up_after: consecutive failed attempts after which, while no call waits, the supervisor
+    stops trying (a command that cannot start is not spawned every few seconds for ever); the
+    next call starts it again."""
 
     def __init__(self, spec: McpServerSpec, on_tools: Callable[[list[types.Tool]], None], *,
                  backoff_s: float = 0.1, backoff_max_s: float = 5.0, connect_timeout_s: float = 30.0,
-                 restart: bool = True) -> None:
+                 restart: bool = True, give_up_after: int = 5) -> None:
         self.spec = spec
         self.on_tools = on_tools
         self.backoff_s = backoff_s
         self.backoff_max_s = backoff_max_s
         self.connect_timeout_s = connect_timeout_s
         self.restart = restart  # False: one attempt (listing the tools at declaration)
+        self.give_up_after = give_up_after
+        self._waiting = 0  # calls waiting in ready()
         self.client: Client | None = None
         self.starts = 0  # connections made (a restart after a crash counts)
         self.last_error: str | None = None
@@ -124,14 +129,18 @@ class McpConnection:
         Raises ServerUnavailable when the attempt it waits for fails."""
         if self._closing:
             raise ServerUnavailable("the connection is closed")
-        if self._task is None:
+        if self._task is None or self._task.done():
             self._next = asyncio.get_running_loop().create_future()
             self._task = asyncio.get_running_loop().create_task(self._supervise(), name=f"agentrt-mcp:{self.spec.name}")
         if self.client is not None and not self._lost.is_set():
             return self.client
         if self._next is None:
             raise ServerUnavailable("the connection is closed")
-        await asyncio.shield(self._next)
+        self._waiting += 1
+        try:
+            await asyncio.shield(self._next)
+        finally:
+            self._waiting -= 1
         if self.client is None:  # it connected and was lost again at once
             raise ServerUnavailable(self.last_error or "the connection was lost")
         return self.client
@@ -163,7 +172,7 @@ class McpConnection:
                 why = "the connection was lost" if not self._closing else None
             except asyncio.CancelledError:
                 raise
-            except BaseException as e:  # noqa: BLE001 - anyio groups wrap the transport's errors
+            except Exception as e:  # noqa: BLE001 - anyio groups wrap the transport's errors
                 log.debug("MCP server %s: connection ended", self.spec.name, exc_info=e)
                 failures += 1
                 why = _describe(e) + (f" ({self._http_error})" if self._http_error else "")
@@ -174,6 +183,10 @@ class McpConnection:
                 self._settle(ServerUnavailable(why or "the connection was closed"))
                 return
             self.last_error = why
+            if failures >= self.give_up_after and not self._waiting:
+                log.warning("MCP server '%s' (%s): %s; %d attempts failed, the next call tries again",
+                            self.spec.name, self.spec.where, why, failures)
+                return
             wait = min(self.backoff_max_s, self.backoff_s * 2 ** max(0, failures - 1))
             log.warning("MCP server '%s' (%s): %s; starting it again in %.2f s", self.spec.name, self.spec.where,
                         why, wait)
