@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -165,8 +166,12 @@ def check_writable(path: str | Path, flag: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from agentrt.tools.mcp.spec import configure_from_flags
 
-    configure_from_flags(args.mcp)  # before the program file's mcp_tools(...) run
+    servers = configure_from_flags(args.mcp)  # before the program file's mcp_tools(...) run
     example = load_example(args.program)
+    for spec in servers:
+        if not any(getattr(t, "mcp", None) is not None and t.mcp.server == spec for t in example.tools):
+            print(f"warning: --mcp {spec.name}: {example.path.name} declares no mcp_tools('{spec.name}'), so no "
+                  "node can call its tools", file=sys.stderr)
     inputs = resolve_inputs(example, args.input)
     if args.trace:
         check_writable(args.trace, "--trace")

@@ -85,3 +85,11 @@ async def test_a_chat_request_may_name_mcp_tools():
     finally:
         await client.close()
         await backend.aclose()
+
+
+def test_run_warns_of_an_mcp_server_the_program_does_not_declare():
+    proc = subprocess.run([sys.executable, "-m", "agentrt.cli", "run", str(ROOT / "examples" / "notes_desk.py"),
+                           "--mcp", f"other={sys.executable} {NOTES_SERVER}", "--input", "nope=1"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert "--mcp other: notes_desk.py declares no mcp_tools('other')" in proc.stderr
+    assert proc.returncode != 0 and "nope" in proc.stderr + proc.stdout  # stopped before the model loads
