@@ -122,7 +122,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     state = _state(request)
     _, chat_service = state.ready()
     body = await read_body(request, ChatCompletionRequest)
-    chat = prepare_chat(body, state.model, state.config.limits)
+    chat = prepare_chat(body, state.model, state.config.limits,
+                        state.runtime.tools if state.runtime is not None else None)
     if not body.stream:
         return _json(await chat_service.create(chat))
     include_usage = bool(body.stream_options and body.stream_options.include_usage)

@@ -129,7 +129,27 @@ def _response_format(req: ChatCompletionRequest, limits: Limits) -> tuple[dict[s
     return {"type": "json_schema", "json_schema": {"name": rf.json_schema.name, "schema": rf.json_schema.schema_}}, False, False
 
 
-def prepare_chat(req: ChatCompletionRequest, model: str, limits: Limits) -> PreparedChat:
+def with_registry_schemas(req: ChatCompletionRequest, registry: Any = None) -> ChatCompletionRequest:
+    """A tool the request names without parameters that the server's tool registry has (an MCP
+    server's `files.read_file`, a --tools module's tool) takes the registry's schema, and its
+    description when the request gives none."""
+    if registry is None or not req.tools:
+        return req
+    tools, changed = [], False
+    for t in req.tools:
+        f = t.function
+        if f.parameters is None and f.name in registry:
+            known = registry.get(f.name)
+            t = t.model_copy(update={"function": f.model_copy(update={
+                "description": f.description or known.description, "parameters": dict(known.parameters)})})
+            changed = True
+        tools.append(t)
+    return req.model_copy(update={"tools": tools}) if changed else req
+
+
+def prepare_chat(req: ChatCompletionRequest, model: str, limits: Limits, registry: Any = None) -> PreparedChat:
+    """registry: the runtime's tools, whose schemas fill in tools the request names alone."""
+    req = with_registry_schemas(req, registry)
     if req.model != model:
         raise ApiError(404, f"the model '{req.model}' does not exist here (this server serves '{model}')",
                        param="model", code="model_not_found")

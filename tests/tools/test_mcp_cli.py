@@ -93,3 +93,28 @@ def test_run_warns_of_an_mcp_server_the_program_does_not_declare():
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert "--mcp other: notes_desk.py declares no mcp_tools('other')" in proc.stderr
     assert proc.returncode != 0 and "nope" in proc.stderr + proc.stdout  # stopped before the model loads
+
+
+async def test_a_chat_tool_named_alone_takes_the_registry_schema():
+    from aiohttp.test_utils import TestClient, TestServer
+
+    from agentrt.runtime.runtime import Runtime
+    from agentrt.server.app import create_app
+    from agentrt.server.config import ServerConfig
+    from agentrt.tools.mcp import mcp_tools
+
+    notes = mcp_tools("notes", command=[sys.executable, str(NOTES_SERVER)])
+    backend = ScriptedBackend(lambda req: "fine", step_s=0.001)
+    client = TestClient(TestServer(create_app(ServerConfig(access_log=False), "m", {}, Runtime(backend, tools=notes))))
+    await client.start_server()
+    try:
+        r = await client.post("/v1/chat/completions", json={
+            "model": "m", "messages": [{"role": "user", "content": "on-call?"}],
+            "tools": [{"type": "function", "function": {"name": "notes.read_note"}}]})
+        assert r.status == 200, await r.text()
+        (sent,) = backend.requests[-1].response_format["tools"]
+        assert sent["function"]["parameters"] == notes["read_note"].parameters
+        assert sent["function"]["description"] == "The full text of one note."
+    finally:
+        await client.close()
+        await backend.aclose()
