@@ -3,6 +3,7 @@ SDK's MCPServer) started as a child process by the registry's "mcp" executor."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 from agentrt.tools import ToolRegistry
 from agentrt.tools.errors import NoWorkerError, ToolDefinitionError
 from agentrt.tools.mcp import McpServerSpec, mcp_tools
+from agentrt.tools.tool import McpEndpoint
 
 FIXTURE = str(Path(__file__).parent / "mcp_server_fixture.py")
 
@@ -129,12 +131,17 @@ async def test_list_changes_update_the_registry(fx):
         assert r.error.message == "tool 'fx.extra' is gone: MCP server 'fx' no longer lists tool 'extra'"
 
 
-async def test_a_server_that_cannot_start_fails_its_calls_naming_it(tmp_path):
+async def test_a_server_that_cannot_start_fails_its_calls_naming_it(fx, tmp_path):
     with pytest.raises(ToolDefinitionError, match=r"MCP server 'nope' \(.*no-such-server.*\): cannot list its tools"):
         mcp_tools("nope", command=[str(tmp_path / "no-such-server")])
     # declared while it worked, gone at run time: the call fails, retryable, naming the server
     spec = McpServerSpec.of("gone", command=[str(tmp_path / "no-such-server")])
-    async with ToolRegistry() as reg:
+    moved = dataclasses.replace(fx["add"], name="gone.add", mcp=McpEndpoint(server=spec, tool="add"))
+    async with ToolRegistry([moved]) as reg:
+        r = await reg.call("gone.add", {"a": 1, "b": 2})
+        assert r.error.kind == "no_worker" and r.error.retryable
+        assert "MCP server 'gone'" in r.error.message and "tool 'add'" in r.error.message
+        assert "cannot run the command" in r.error.message
         with pytest.raises(NoWorkerError, match="MCP server 'gone'.*cannot be started.*cannot run the command"):
             await reg.executor("mcp").start(spec)
 
