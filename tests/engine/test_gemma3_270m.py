@@ -44,3 +44,19 @@ def test_greedy_continuation_is_right_and_the_same_with_speculation(gemma):
     assert "return" in first[1] or "if" in first[1], first[1]
     for other in runs[1:]:
         assert [r.token_ids for r in other] == [r.token_ids for r in runs[0]]
+
+
+def test_tokenizer_rebuilt_from_the_gguf_matches_llama_cpp(gemma):
+    """The SentencePiece vocabulary rebuilt as a BPE (engine/gguf_spm_tokenizer.py) splits text as
+    llama.cpp splits it from the same file: spaces, runs of spaces and newlines, bytes, CJK, emoji."""
+    from agentrt.bench.llamacpp import import_llama_cpp
+
+    llama_cpp = import_llama_cpp()
+    if llama_cpp is None:
+        pytest.skip("llama-cpp-python is not installed (make peers)")
+    vocab = llama_cpp.Llama(str(gemma.source.gguf), vocab_only=True, verbose=False)
+    texts = ["Hello world!  Two  spaces\n\nnewlines\tand ünïcödé 😀 1234", " leading space", "   x", "a\n\n\n b",
+             "def fib(n):\n    return fib(n-1) + fib(n-2)", "日本語のテキスト、中文文本。", "<start_of_turn>user\nhi"]
+    for text in texts:
+        assert gemma.tokenizer.encode(text) == vocab.tokenize(text.encode(), add_bos=False, special=True), text
+        assert gemma.tokenizer.decode(gemma.tokenizer.encode(text), skip_special_tokens=False) == text

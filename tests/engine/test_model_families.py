@@ -208,3 +208,32 @@ def test_gguf_quantized_blocks_run_the_same_model(family, family_gguf, monkeypat
     runs = [LLMEngine(EngineConfig(model=str(path), dtype="quantized", kv_cache_tokens=1024, spec=spec), loaded=quant)
             .generate(PROMPTS, params) for spec in (SpecConfig(), SpecConfig(drafter="suffix", k=4))]
     assert [r.token_ids for r in runs[0]] == [r.token_ids for r in runs[1]]
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"layer_types": ["sliding_attention", "full_attention"]}, "layer_types must list 3 entries"),
+    ({"layer_types": ["sliding_attention", "chunked_attention", "full_attention"]}, "layer_types must list"),
+    ({"sliding_window": None}, "sliding layers need a positive integer sliding_window"),
+    ({"attn_logit_softcapping": 50.0}, "attention logit soft-capping"),
+    ({"hidden_activation": "relu"}, "unsupported activation 'relu'"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "yarn", "factor": 4.0}}}, "unsupported rope_scaling type 'yarn'"),
+])
+def test_gemma3_config_errors_name_the_field(change, message, tiny_model_dir):
+    import json
+
+    from agentrt.engine.config import ModelConfig
+
+    d = json.loads((tiny_model_dir("gemma3") / "config.json").read_text()) | change
+    with pytest.raises(ModelLoadError, match=message):
+        ModelConfig.from_hf_dict(d)
+
+
+def test_qwen3_sliding_window_is_refused(tiny_model_dir):
+    import json
+
+    from agentrt.engine.config import ModelConfig
+
+    d = json.loads((tiny_model_dir("qwen3") / "config.json").read_text()) | {"use_sliding_window": True,
+                                                                             "sliding_window": 4}
+    with pytest.raises(ModelLoadError, match="use_sliding_window"):
+        ModelConfig.from_hf_dict(d)
