@@ -46,8 +46,9 @@ def linear(layer, x: torch.Tensor) -> torch.Tensor:
     return _blocks(x, layer)
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    return _blocks(x, lambda b: rms_norm_reference(b, weight, eps))
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, norm=rms_norm_reference) -> torch.Tensor:
+    """norm (Llama's RMSNorm, or layers.gemma_rms_norm) row-block by row-block."""
+    return _blocks(x, lambda b: norm(b, weight, eps))
 
 
 def attention(

@@ -79,7 +79,7 @@ class _TorchOps:
         norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
         eps = cfg.rms_norm_eps
         if batch_invariant:
-            self.norm = lambda x, w: invariant._blocks(x, lambda b: norm(b, w, eps))  # noqa: E731
+            self.norm = lambda x, w: invariant.rms_norm(x, w, eps, norm)  # noqa: E731
             self.linear, self.attention = invariant.linear, invariant.attention
         else:
             self.norm = lambda x, w: norm(x, w, eps)  # noqa: E731
