@@ -64,6 +64,26 @@ def average(rows: list[dict[str, Any]], details: list[dict[str, Any]]) -> dict[s
     return out
 
 
+def post_tool_ttft(records: list[dict[str, Any]]) -> list[float]:
+    """Per LLM node that waited on a tool last (agentrt.waited_on): seconds from that tool's end
+    to the node's first generated token (the start of its decode phase): what a tool return costs
+    before the program moves on."""
+    spans = [r for r in records if r.get("type") == "span"]
+    nodes = {(s["run_id"], s["attributes"]["agentrt.node"]): s for s in spans
+             if s["parent_id"] is None and "agentrt.node" in s["attributes"]}
+    decode = {}
+    for s in spans:
+        if s["parent_id"] is not None and s["attributes"].get("agentrt.phase") == "decode":
+            decode.setdefault(s["parent_id"], s["start"])
+    out = []
+    for (run_id, _), s in nodes.items():
+        waited = nodes.get((run_id, s["attributes"].get("agentrt.waited_on")))
+        if (s["attributes"].get("agentrt.node.kind") == "llm" and waited is not None and s["span_id"] in decode
+                and waited["attributes"].get("agentrt.node.kind") == "tool"):
+            out.append(max(0.0, decode[s["span_id"]] - waited["end"]))
+    return out
+
+
 def critical_path_split(records: list[dict[str, Any]]) -> tuple[float, float]:
     """Mean over the program runs of a trace of the tool time and the LLM time on each run's
     critical path: from the node that ended last, back through the input each node waited on
@@ -74,7 +94,7 @@ def critical_path_split(records: list[dict[str, Any]]) -> tuple[float, float]:
     spans = [r for r in records if r.get("type") == "span"]
     waiting: dict[str, float] = {}
     for s in spans:
-        if s["parent_id"] is not None and s["attributes"].get("agentrt.phase") == "waiting":
+        if s["parent_id"] is not None and s["attributes"].get("agentrt.phase") in ("waiting", "prefill_ahead"):
             waiting[s["parent_id"]] = waiting.get(s["parent_id"], 0.0) + s["end"] - s["start"]
     nodes: dict[str, dict[str, dict[str, Any]]] = {}
     for s in spans:

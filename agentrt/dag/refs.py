@@ -117,14 +117,29 @@ class Template:
         return placeholders(self.text)
 
     def render(self, values: Mapping[str, Any]) -> str:
+        return self._render(values, stop_at_missing=False)[0]
+
+    def render_known(self, values: Mapping[str, Any]) -> tuple[str, bool]:
+        """The text up to the first placeholder whose node has no value yet, and whether the whole
+        template rendered (a call's prompt start is known before all its inputs are).
+
+        >>> Template("In {city}: {weather}", refs=(Ref("city"), Ref("weather"))).render_known({"city": "Oslo"})
+        ('In Oslo: ', False)
+        """
+        return self._render(values, stop_at_missing=True)
+
+    def _render(self, values: Mapping[str, Any], stop_at_missing: bool) -> tuple[str, bool]:
         if self.refs is None:
             raise ValueError(f"template {self.text!r} is not compiled: its placeholders are not resolved")
         out, refs = [], iter(self.refs)
         for literal, field, _, _ in string.Formatter().parse(self.text):
             out.append(literal)
             if field is not None:
-                out.append(as_text(resolve(next(refs), values)))
-        return "".join(out)
+                ref = next(refs)
+                if stop_at_missing and ref.node not in values:
+                    return "".join(out), False
+                out.append(as_text(resolve(ref, values)))
+        return "".join(out), True
 
     def renamed(self, rename: Callable[[str], str]) -> Template:
         if self.refs is None:

@@ -29,17 +29,66 @@ def render_prompt(spec: LLMSpec, values: Mapping[str, Any], spec_of: Callable[[s
         else:
             messages = [{"role": "system", "content": spec.system.render(values)}] if spec.system else []
         messages.append({"role": "user", "content": spec.prompt.render(values)})
-        for step, (llm_id, tool_id) in enumerate(spec.history, 1):
-            call, result = resolve(Ref(llm_id), values), resolve(Ref(tool_id), values)
-            call_id = f"call_{step}"
-            messages.append({"role": "assistant", "content": None, "tool_calls": [{
-                "id": call_id, "type": "function",
-                "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]})
-            messages.append({"role": "tool", "tool_call_id": call_id, "name": call["name"],
-                             "content": as_text(result)})
+        messages += _history_messages(spec.history, values)
     except ProgramRunError as e:
         raise ProgramRunError(spec.id, f"cannot render the prompt: {e}") from e
     return messages
+
+
+def _history_messages(history: Sequence[tuple[str, str]], values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An agent-loop step's earlier tool calls and their results, as chat messages."""
+    messages = []
+    for step, (llm_id, tool_id) in enumerate(history, 1):
+        call, result = resolve(Ref(llm_id), values), resolve(Ref(tool_id), values)
+        call_id = f"call_{step}"
+        messages.append({"role": "assistant", "content": None, "tool_calls": [{
+            "id": call_id, "type": "function",
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]})
+        messages.append({"role": "tool", "tool_call_id": call_id, "name": call["name"], "content": as_text(result)})
+    return messages
+
+
+def render_prompt_prefix(spec: LLMSpec, values: Mapping[str, Any], marker: str,
+                         spec_of: Callable[[str], LLMSpec] | None = None,
+                         sent: Mapping[str, Sequence[Mapping[str, Any]]] | None = None) -> list[dict[str, Any]] | None:
+    """An LLM node's messages as far as `values` determine them, for a call that waits on inputs:
+    render_prompt's messages up to the first value that is missing, the message it falls in cut
+    there and ended with `marker` (where the unknown text would start). None: every value is
+    known (render_prompt applies), or nothing before the first missing one is.
+
+    >>> from agentrt.dag import Program
+    >>> p = Program("demo", inputs={"city": str}, tools=[{"name": "weather", "parameters": {"type": "object"}}])
+    >>> w = p.tool("w", "weather", args={})
+    >>> p.output(p.llm("tip", prompt="Weather in {city}: {w}. One tip.", system="Be brief."))
+    >>> render_prompt_prefix(p.compile().spec("tip"), {"city": "Oslo"}, "<?>")
+    [{'role': 'system', 'content': 'Be brief.'}, {'role': 'user', 'content': 'Weather in Oslo: <?>'}]
+    """
+    try:
+        if spec.continues:
+            if spec.continues not in values:
+                return None
+            messages = _conversation(spec, values, spec_of, sent)
+        elif spec.system:
+            text, whole = spec.system.render_known(values)
+            messages = [{"role": "system", "content": text if whole else text + marker}]
+            if not whole:
+                return messages
+        else:
+            messages = []
+        text, whole = spec.prompt.render_known(values)
+        messages.append({"role": "user", "content": text if whole else text + marker})
+        if not whole:
+            return messages
+        known = 0
+        while known < len(spec.history) and all(n in values for n in spec.history[known]):
+            known += 1
+        if known == len(spec.history):
+            return None
+        messages += _history_messages(spec.history[:known], values)
+        messages.append({"role": "assistant", "content": marker})
+        return messages
+    except ProgramRunError:
+        return None
 
 
 def _conversation(spec: LLMSpec, values: Mapping[str, Any], spec_of: Callable[[str], LLMSpec] | None,

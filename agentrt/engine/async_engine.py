@@ -12,6 +12,7 @@ from agentrt.engine.calibration import fit_cost_model_when_idle
 from agentrt.engine.llm_engine import EngineConfig, LLMEngine
 from agentrt.engine.outputs import GenerationResult, TokenEvent
 from agentrt.engine.sampling_params import SamplingParams
+from agentrt.engine.sequence import Sequence
 
 T = TypeVar("T")
 
@@ -90,6 +91,12 @@ class AsyncEngine:
         """Yield TokenEvents as the engine emits them; the last one has finished=True.
         Invalid requests raise RequestError here, before anything is queued."""
         seq = self.engine.prepare(prompt, params, priority, meta)
+        async for ev in self._events(seq, on_start):
+            yield ev
+
+    async def _events(self, seq: Sequence, on_start: Callable[[int], None] | None) -> AsyncIterator[TokenEvent]:
+        """Admit a prepared sequence and yield its events to the finished one; abort it if the
+        caller stops listening first (cancelled or abandoned)."""
         q: asyncio.Queue[TokenEvent] = asyncio.Queue()
         self._streams[seq.seq_id] = (asyncio.get_running_loop(), q)
         self.submit(lambda: self.engine.add(seq))
@@ -102,9 +109,24 @@ class AsyncEngine:
                 if ev.finished:
                     return
         finally:
-            if seq.seq_id in self._streams:  # cancelled or abandoned mid-stream
+            if seq.seq_id in self._streams:
                 self._streams.pop(seq.seq_id, None)
                 self.abort(seq.seq_id)
+
+    async def prefill_ahead(self, messages: list[dict], params: SamplingParams, cut_at: str, ttl_s: float,
+                            meta: dict | None = None,
+                            on_start: Callable[[int], None] | None = None) -> GenerationResult | None:
+        """Compute, cache and pin the KV of a call's known prompt start (LLMEngine.prepare_ahead)
+        while the engine has nothing else to run. The result's finish_reason is "prefilled", or
+        "dropped" (no room), or "abort" (cancelled: cancelling the awaiting task aborts it); None:
+        nothing to compute."""
+        seq = self.engine.prepare_ahead(messages, params, cut_at, ttl_s, meta)
+        if seq is None:
+            return None
+        async for ev in self._events(seq, on_start):
+            if ev.finished:
+                return ev.result
+        raise RuntimeError("prefill-ahead ended without a final event")
 
     async def generate(
         self, prompt: str | list[dict] | list[int], params: SamplingParams = SamplingParams(), priority: float = 0.0, meta: dict | None = None

@@ -188,6 +188,34 @@ class LLMEngine:
             seq.grammar = self.constraints.state(fmt)
         return seq
 
+    def prepare_ahead(self, messages: list[dict], params: SamplingParams, cut_at: str, ttl_s: float,
+                      meta: dict | None = None) -> Sequence | None:
+        """A prefill-ahead request for the part of a call's prompt that is already known: the chat
+        messages as the call will send them, with `cut_at` (a marker string) where the first
+        unknown value starts. The prompt text is rendered exactly as prepare() renders the call,
+        cut before the marker and tokenized; its full blocks (all but the last token's block) are
+        what the request computes, caches and pins for ttl_s seconds. A later call whose tokens
+        start the same way adopts them from the prefix cache, so its output is unchanged (the
+        tokens at the cut may tokenize differently in the full prompt: only the blocks before the
+        first difference are reused). None: prefix caching is off, or the known part fills no
+        block beyond what the cache holds."""
+        if self.blocks.prefix is None:
+            return None
+        if not (isinstance(messages, list) and messages and all(isinstance(m, dict) for m in messages)):
+            raise RequestError("a prefill-ahead prompt must be a non-empty list of chat messages")
+        fmt = parse_response_format(params.response_format)
+        text = self._render_chat(*self.format_messages(normalize_messages(messages), fmt))
+        cut = text.find(cut_at)
+        if cut < 0:
+            raise RequestError("the prefill-ahead marker is not in the rendered prompt")
+        ids = self.tokenizer.encode(text[:cut])
+        keep = (len(ids) - 1) // self.block_size * self.block_size  # the last token's block may change
+        if keep == 0 or keep >= self.max_model_len or self.blocks.prefix.cached_tokens(ids[:keep], keep) >= keep:
+            return None
+        seq = Sequence(next(self._ids), ids[:keep], SamplingParams(max_tokens=1), priority=float("inf"),
+                       meta=meta or {}, prompt_text=text[:cut], ahead_ttl_s=float(ttl_s))
+        return seq
+
     def _penalties(self, params: SamplingParams, fmt: OutputFormat) -> Penalties | None:
         if params.min_tokens and fmt.constrained:
             raise RequestError("min_tokens cannot be combined with a constrained response_format: the grammar "
@@ -247,8 +275,9 @@ class LLMEngine:
         scheduled sequence (docs/architecture.md, "Data flow of one engine step")."""
         t0 = time.monotonic()
         batch = self.scheduler.schedule()
+        ended = [self._finish(seq, reason) for seq, reason in batch.ahead_done]
         if not batch.seqs:
-            return []
+            return ended
         rows = rows_of(batch.seqs, batch.num_new)
         limit_drafts(rows, self.blocks, self.max_model_len)
         plan_closings(rows, self.tokenizer.encode, self.tokenizer.decode)
@@ -265,7 +294,7 @@ class LLMEngine:
         duration = time.monotonic() - t0
         events = [ev for r in rows if (ev := self._advance_or_fail(r)) is not None]
         self._record(rows, batch.preempted, drafting, t0, duration)
-        return events
+        return ended + events
 
     def _advance_or_fail(self, row: StepRow) -> TokenEvent | None:
         """_advance, with an error of this request's own (its grammar, its stop checks, its output
@@ -288,10 +317,12 @@ class LLMEngine:
         seq = row.seq
         if seq.finished:  # aborted while the step ran
             return None
-        if not row.emitted:  # a prefill chunk that did not reach the prompt's end
+        if not row.emitted:  # a prefill chunk that did not reach the prompt's end (or prefill-ahead)
             seq.num_computed += row.num_new
             self.blocks.truncate(seq.seq_id, seq.num_computed)
             self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
+            if seq.prefill_only and seq.num_computed >= seq.num_tokens:
+                return self._finish(seq, "prefilled")
             return None
         closing = None
         if seq.grammar is not None:  # cut back to what can still be completed within max_tokens
@@ -353,11 +384,13 @@ class LLMEngine:
 
     def unfinished(self) -> list[Sequence]:
         """Every admitted request that has not finished, running ones first."""
-        return list(self.scheduler.running) + list(self.scheduler.waiting)
+        return list(self.scheduler.running) + list(self.scheduler.waiting) + list(self.scheduler.ahead)
 
     def _finish(self, seq: Sequence, reason: str, kept: list[int] = (), text: str = "", error: str | None = None,
                 logprobs: list[TokenLogprob] | None = None) -> TokenEvent:
         self.scheduler.finish(seq)
+        if reason == "prefilled" and self.blocks.prefix is not None:
+            self.blocks.prefix.pin(seq.prompt_ids, seq.ahead_ttl_s)
         seq.finish_reason = reason
         stop = self._stops.pop(seq.seq_id)
         parsed, error = self._structured(seq, reason, stop.text, error)

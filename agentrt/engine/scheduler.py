@@ -10,6 +10,12 @@ layer writes the K/V of every token of the step before any attention reads the c
 shared positions are in place when its own tokens attend to them. Agents of one kind arrive
 together with the same system prompt, tools and context; without this a step that prefills them
 side by side computes the shared part once per copy (SGLang defers such requests a step instead).
+
+Prefill-ahead requests (Sequence.prefill_only: the determined start of a call that waits on a
+tool) run only in steps that have nothing else to run, one chunk of at most ahead_chunk_tokens at
+a time, so a request that becomes ready waits at most for that one chunk's step; when blocks run
+short they give theirs up (computed full blocks to the prefix cache) before any request is
+preempted or refused.
 """
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ class SchedulerConfig:
     group_prefills: bool = False
     # under "shortest", a request waiting this long goes before shorter ones (no starvation)
     shortest_first_max_wait_s: float = 1.0
+    # prompt tokens a prefill-ahead request feeds per step (the longest a ready request waits for it)
+    ahead_chunk_tokens: int = 128
 
     def __post_init__(self) -> None:
         if self.prefill_order not in PREFILL_ORDERS:
@@ -54,6 +62,9 @@ class ScheduledBatch:
     seqs: list[Sequence] = field(default_factory=list)
     num_new: list[int] = field(default_factory=list)  # tokens of all_ids fed this step, per seq
     preempted: list[Sequence] = field(default_factory=list)
+    # prefill-ahead requests to end now: all computed ("prefilled"), or no blocks for them with
+    # nothing else running ("dropped": they would otherwise wait on pinned KV)
+    ahead_done: list[tuple[Sequence, str]] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.seqs)
@@ -70,14 +81,15 @@ class Scheduler:
         self.step_cost = step_cost
         self.waiting: list[Sequence] = []
         self.running: list[Sequence] = []
+        self.ahead: list[Sequence] = []  # prefill-ahead requests, in arrival order
         self.shared_prefill_tokens = 0  # prompt tokens taken from a prefill of the same step
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
-        self.waiting.append(seq)
+        (self.ahead if seq.prefill_only else self.waiting).append(seq)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.ahead)
 
     @staticmethod
     def _rank(seq: Sequence) -> tuple[float, float]:
@@ -94,8 +106,11 @@ class Scheduler:
             if n <= 0:
                 i += 1
                 continue
-            # Make room by preempting from the back of the ranking, never a better-ranked one.
+            # Make room: prefill-ahead blocks first, then by preempting from the back of the
+            # ranking, never a better-ranked one.
             while self.blocks.blocks_needed(seq.seq_id, seq.num_computed + n) > self.blocks.num_free:
+                if self._release_ahead():
+                    continue
                 victim = self.running[-1]
                 self._preempt(victim)
                 batch.preempted.append(victim)
@@ -109,7 +124,40 @@ class Scheduler:
             budget -= n
             i += 1
         self._admit(batch, budget)
+        if not batch.seqs and self.ahead:
+            self._schedule_ahead(batch, budget)
         return batch
+
+    def _schedule_ahead(self, batch: ScheduledBatch, budget: int) -> None:
+        """One chunk of the first prefill-ahead request that has blocks for it (nothing else runs)."""
+        for seq in self.ahead:
+            if seq.num_computed == 0:
+                seq.num_computed = self.blocks.adopt_prefix(seq.seq_id, seq.all_ids)
+                seq.cached_tokens = seq.num_computed
+            n = min(seq.num_tokens - seq.num_computed, budget, self.cfg.ahead_chunk_tokens)
+            if n <= 0:
+                batch.ahead_done.append((seq, "prefilled"))
+                continue
+            if self.blocks.blocks_needed(seq.seq_id, seq.num_computed + n) > self.blocks.num_free:
+                batch.ahead_done.append((seq, "dropped"))  # it never evicts anything
+                continue
+            self.blocks.grow(seq.seq_id, seq.num_computed + n)
+            seq.status = SeqStatus.RUNNING
+            batch.seqs.append(seq)
+            batch.num_new.append(n)
+            return
+
+    def _release_ahead(self) -> bool:
+        """Free the blocks of the newest prefill-ahead request that holds any (its computed full
+        blocks go to the prefix cache; it starts over when the engine is idle again)."""
+        for seq in reversed(self.ahead):
+            if self.blocks.tables.get(seq.seq_id):
+                self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
+                self.blocks.free(seq.seq_id)
+                seq.num_computed = 0
+                seq.status = SeqStatus.WAITING
+                return True
+        return False
 
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         if not self.waiting:
@@ -140,6 +188,9 @@ class Scheduler:
                 shared = self._share_prefill(seq, batch)
                 adopted = seq.num_computed = shared or self.blocks.adopt_prefix(seq.seq_id, seq.all_ids)
             n = min(seq.num_tokens - seq.num_computed, budget)
+            while self.blocks.blocks_needed(seq.seq_id, seq.num_computed + n) > self.blocks.num_free:
+                if not self._release_ahead():
+                    break
             if self.blocks.blocks_needed(seq.seq_id, seq.num_computed + n) > self.blocks.num_free:
                 if adopted:  # a waiting sequence must not sit on blocks others could use
                     self.blocks.free(seq.seq_id)
@@ -256,6 +307,8 @@ class Scheduler:
             self.running.remove(seq)
         if seq in self.waiting:
             self.waiting.remove(seq)
+        if seq in self.ahead:
+            self.ahead.remove(seq)
         self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
         self.blocks.free(seq.seq_id)
         seq.status = SeqStatus.FINISHED

@@ -41,6 +41,13 @@ class Sequence:
     penalties: Any = None  # agentrt.spec.penalties.Penalties when the request asks for any
     logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked for
     prompt_text: str | None = None  # the text prompt_ids were encoded from (None: given as token ids)
+    # a prefill-ahead request (LLMEngine.prepare_ahead): its prompt's KV is computed while the engine
+    # has nothing else to run, then cached and pinned this many seconds; nothing is sampled
+    ahead_ttl_s: float | None = None
+
+    @property
+    def prefill_only(self) -> bool:
+        return self.ahead_ttl_s is not None
 
     @property
     def all_ids(self) -> list[int]:

@@ -67,7 +67,8 @@ class StepRow:
 
 
 def rows_of(seqs: list[Sequence], num_new: list[int]) -> list[StepRow]:
-    return [StepRow(s, s.num_computed, n, samples=s.num_computed + n == s.num_tokens) for s, n in zip(seqs, num_new)]
+    return [StepRow(s, s.num_computed, n, samples=s.num_computed + n == s.num_tokens and not s.prefill_only)
+            for s, n in zip(seqs, num_new)]
 
 
 def limit_drafts(rows: list[StepRow], blocks: BlockManager, max_model_len: int) -> None:

@@ -137,6 +137,16 @@ class KVPin:
     blocks: int | None = None
 
 
+@dataclass(frozen=True)
+class AheadResult:
+    """How a prefill-ahead request ended: the known prompt tokens, those it computed (the rest
+    were cached already), and "prefilled" (cached and pinned), "dropped" (no KV room) or "abort"."""
+
+    tokens: int
+    computed: int
+    finish_reason: str
+
+
 StepCallback = Callable[[LLMStepEvent], None]
 
 

@@ -13,16 +13,17 @@ queue) to keep the cached KV of that call's prompt and output for ttl_s seconds;
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from agentrt.errors import RequestError
 from agentrt.jsonutil import parse_json
 from agentrt.spec.tool_formats import ToolCallFormat
-from agentrt.runtime.backend import (EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, PromptRecord, StepCallback,
+from agentrt.runtime.backend import (AheadResult, EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, PromptRecord, StepCallback,
                                      Usage)
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,41 @@ class _LoopState:
     @property
     def idle(self) -> bool:
         return not self.requests and not self.lanes
+
+
+@dataclass
+class _Started:
+    """Called by the engine with a request's id once it is queued (AsyncEngine on_start)."""
+
+    state: _LoopState
+    on_step: StepCallback | None
+    on_start: Callable[[Any], None] | None
+    request_id: int | None = None
+
+    def __call__(self, seq_id: int) -> None:
+        self.request_id = seq_id
+        if self.on_step is not None:
+            self.state.requests[seq_id] = self.on_step
+        if self.on_start is not None:
+            self.on_start(seq_id)
+
+
+def _params(request: LLMRequest) -> Any:
+    """The engine's SamplingParams for a runtime request."""
+    from agentrt.engine.sampling_params import SamplingParams
+
+    rf = dict(request.response_format)
+    fixed = {"max_tokens", "temperature", "response_format"}
+    unknown = sorted(set(request.sampling) - set(SamplingParams.__dataclass_fields__) | (set(request.sampling) & fixed))
+    if unknown:
+        raise RequestError(f"sampling: unknown or reserved field(s) {', '.join(unknown)}")
+    return SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
+                          response_format=None if rf.get("type", "text") == "text" else rf, **request.sampling)
+
+
+def _meta(request: LLMRequest) -> dict[str, Any]:
+    return {"run_id": request.node.run_id, "program": request.node.program, "node": request.node.node,
+            **request.hints}
 
 
 def _at(values: list, i: int, default: Any) -> Any:
@@ -132,37 +168,29 @@ class EngineBackend:
                     if s is state:
                         del self._loops[loop]
 
+    @contextlib.contextmanager
+    def _listening(self, on_step: StepCallback | None, on_start: Callable[[Any], None] | None) -> Iterator[_Started]:
+        """The on_start hook of one engine request: it routes the request's steps to on_step on
+        this loop until the block ends."""
+        state = self._state()
+        started = _Started(state, on_step, on_start)
+        try:
+            yield started
+        finally:
+            if started.request_id is not None:
+                state.requests.pop(started.request_id, None)
+            self._release(state)
+
     async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
                        on_start: Callable[[Any], None] | None = None,
                        on_text: Callable[[str], None] | None = None,
                        on_logprobs: Callable[[list[dict[str, Any]]], None] | None = None) -> LLMResponse:
         """on_logprobs (when sampling asked for logprobs): each engine event's token logprobs,
         in LLMResponse.logprobs' shape, before on_text gets that event's text."""
-        from agentrt.engine.sampling_params import SamplingParams
-
-        rf = dict(request.response_format)
-        fixed = {"max_tokens", "temperature", "response_format"}
-        unknown = sorted(set(request.sampling) - set(SamplingParams.__dataclass_fields__) | (set(request.sampling) & fixed))
-        if unknown:
-            raise RequestError(f"sampling: unknown or reserved field(s) {', '.join(unknown)}")
-        params = SamplingParams(max_tokens=request.max_tokens, temperature=request.temperature,
-                                response_format=None if rf.get("type", "text") == "text" else rf, **request.sampling)
-        meta = {"run_id": request.node.run_id, "program": request.node.program, "node": request.node.node,
-                **request.hints}
-        state = self._state()
-        rid: int | None = None
-
-        def started(seq_id: int) -> None:
-            nonlocal rid
-            rid = seq_id
-            if on_step is not None:
-                state.requests[seq_id] = on_step
-            if on_start is not None:
-                on_start(seq_id)
-
+        params, meta = _params(request), _meta(request)
         result = None
         messages = chat_messages(request.messages)
-        try:
+        with self._listening(on_step, on_start) as started:
             async for ev in self.engine.stream(messages, params, priority=request.priority,
                                                meta=meta, on_start=started):
                 if on_logprobs is not None and ev.logprobs:
@@ -171,12 +199,8 @@ class EngineBackend:
                     on_text(ev.text)
                 if ev.finished:
                     result = ev.result
-        finally:
-            if rid is not None:
-                state.requests.pop(rid, None)
-            self._release(state)
         if result is None:
-            return LLMResponse("", None, "error", Usage(0, 0), request_id=rid,
+            return LLMResponse("", None, "error", Usage(0, 0), request_id=started.request_id,
                                error="the engine ended the stream without a result")
         prompt = self._prompt_record(messages, params.response_format, result.prompt_text)
         return EngineResponse(
@@ -191,6 +215,19 @@ class EngineBackend:
             logprobs=None if result.logprobs is None else tuple(self._logprob_entry(lp) for lp in result.logprobs),
             prompt=prompt,
         )
+
+    async def prefill_ahead(self, request: LLMRequest, marker: str, ttl_s: float, *,
+                            on_step: StepCallback | None = None) -> AheadResult | None:
+        """Compute, cache and pin (ttl_s seconds) the KV of the known start of a call that waits on
+        inputs: request.messages as the call will send them, with `marker` where the first unknown
+        value starts (AsyncEngine.prefill_ahead). Runs only while the engine has nothing else to
+        run; cancelling the awaiting task aborts it. None: nothing to compute (all cached)."""
+        with self._listening(on_step, None) as started:
+            result = await self.engine.prefill_ahead(chat_messages(request.messages), _params(request), marker, ttl_s,
+                                                     meta=_meta(request), on_start=started)
+        if result is None:
+            return None
+        return AheadResult(result.prompt_tokens, result.prompt_tokens - result.cached_tokens, result.finish_reason)
 
     def _token(self, token_id: int, logprob: float) -> dict[str, Any]:
         # one token decoded alone: a piece of a multi-byte character comes out as U+FFFD

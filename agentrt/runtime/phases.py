@@ -6,6 +6,8 @@ it: back to back, no gaps, no overlap, from the node's creation to its end.
                   input that finished last, i.e. what the node was stalled on)
     queued        ready and handed over, not started yet: an LLM request in the engine's queue
                   before its first step; a tool call before its first attempt
+    prefill_ahead LLM, inside its wait: engine steps computing the known start of its prompt
+                  while the program waits on a tool (runtime/prefill_ahead.py)
     prefill       LLM: engine steps feeding the prompt (chunked prefill: several steps)
     decode        LLM: from the first generated token to the end; one event per engine step
                   (agentrt.step, k drafts, accepted, batch size)
@@ -25,6 +27,7 @@ from typing import Any
 PHASES: dict[str, str] = {
     "waiting": "inputs not done yet",
     "queued": "ready, not started (engine queue / before the first attempt)",
+    "prefill_ahead": "computing the known start of the prompt while inputs are not done",
     "prefill": "feeding the prompt",
     "decode": "generating",
     "preempted": "evicted from the batch, to be prefilled again",
@@ -34,7 +37,7 @@ PHASES: dict[str, str] = {
     "tool_failed": "last tool attempt, failed",
     "input_wait": "waiting for a value from outside the program",
 }
-LLM_PHASES = ("waiting", "queued", "prefill", "decode", "preempted")
+LLM_PHASES = ("waiting", "prefill_ahead", "queued", "prefill", "decode", "preempted")
 TOOL_PHASES = ("waiting", "queued", "tool_running", "tool_retried", "tool_backoff", "tool_failed")
 WAIT_FOR_PHASES = ("waiting", "input_wait")
 

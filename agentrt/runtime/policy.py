@@ -51,6 +51,7 @@ class ProgramStats:
     kv_hold_hits: int = 0
     kv_hold_misses: int = 0
     kv_hold_unused: int = 0
+    prefill_ahead_tokens: int = 0  # prompt tokens computed while the program waited on tools
     node_service_s: dict[str, float] = field(default_factory=dict)
     node_tokens: dict[str, int] = field(default_factory=dict)
 
@@ -59,7 +60,8 @@ class ProgramStats:
                 "tool_s": round(self.tool_s, 6), "llm_calls": self.llm_calls, "tool_calls": self.tool_calls,
                 "prefill_saved_tokens": self.cached_tokens, "kv_holds": self.kv_holds,
                 "kv_held_blocks": self.kv_held_blocks, "kv_hold_hits": self.kv_hold_hits,
-                "kv_hold_misses": self.kv_hold_misses, "kv_hold_unused": self.kv_hold_unused}
+                "kv_hold_misses": self.kv_hold_misses, "kv_hold_unused": self.kv_hold_unused,
+                "prefill_ahead_tokens": self.prefill_ahead_tokens}
 
 
 @dataclass(frozen=True)

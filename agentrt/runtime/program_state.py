@@ -57,6 +57,7 @@ class ProgramState:
     task: asyncio.Task | None = None
     priority: float = 0.0  # added to every priority the policy gives the run's LLM calls
     holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
+    ahead: dict[str, asyncio.Task] = field(default_factory=dict)  # LLM node -> its prefill-ahead (prefill_ahead.py)
     sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
     recorded: Recorded | None = None  # a resumed run: what the store recorded of it
     waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value

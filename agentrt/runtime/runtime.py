@@ -31,6 +31,7 @@ from agentrt.runtime.events import RunEvent, RunEventListener
 from agentrt.runtime.node_exec import InputAnswer, InputWait, charge, run_input, run_llm, run_recorded, run_tool
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.program_state import ProgramHandle, ProgramState, RunResult, loop_attributes, task_outcome
+from agentrt.runtime.prefill_ahead import cancel_prefill_ahead, start_prefill_ahead
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
 from agentrt.runtime.store import Recorded, RunStore, StoredRun, StoreUnavailable
@@ -59,12 +60,16 @@ class Runtime:
     (its handle says `interrupted`): nothing after its last recorded write counts, and a resume
     goes on from there once the store is back.
     trace_content: what of each node's prompt, output, arguments and result the trace keeps
-    (TraceContent: all of it up to a size by default, or only sizes with redact=True)."""
+    (TraceContent: all of it up to a size by default, or only sizes with redact=True).
+    prefill_ahead: while a program waits on a tool, let the engine compute the known start of the
+    next call's prompt when it has nothing else to run (prefill_ahead.py; backends without it
+    ignore it)."""
 
     def __init__(self, backend: LLMBackend, tools: ToolRegistry | Iterable[Tool | Any] = (), *,
                  policy: SchedulingPolicy | str | None = None, kv_hold: KVHoldPolicy | bool | None = True,
                  trace: Trace | None = None, max_tokens: int | None = None, stream_outputs: bool = True,
-                 store: RunStore | None = None, trace_content: TraceContent | None = None) -> None:
+                 store: RunStore | None = None, trace_content: TraceContent | None = None,
+                 prefill_ahead: bool = True) -> None:
         if max_tokens is not None and (not isinstance(max_tokens, int) or max_tokens < 1):
             raise RunConfigError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         self.backend = backend
@@ -76,6 +81,7 @@ class Runtime:
         self.stream_outputs = stream_outputs
         self.store = store
         self.trace_content = trace_content or TraceContent()
+        self.prefill_ahead = prefill_ahead
         self.programs: dict[str, ProgramState] = {}
         self.calls: dict[str, ProgramStats] = {}  # single LLM calls in flight (complete()), by call id
         self._unsubscribe = None
@@ -384,6 +390,7 @@ class Runtime:
                     continue
                 ns.attributes["agentrt.started_early"] = True
             ps.run.begin(node)
+            cancel_prefill_ahead(ps, node)
             ns.status, ns.waited_on = "running", cause
             replayed = ps.recorded is not None and node in ps.recorded.outcomes
             self.emit(ps.run_id, "node_started", node=node, kind=ns.kind,
@@ -399,6 +406,7 @@ class Runtime:
             task = asyncio.get_running_loop().create_task(runner(self, ps, ns), name=f"agentrt:{ps.run_id}:{node}")
             ps.inflight[task] = node
             task.add_done_callback(ps.ended.put_nowait)
+        start_prefill_ahead(self, ps)
 
     def _sync_nodes(self, ps: ProgramState) -> None:
         """Track the run's LLM, tool and wait_for nodes: new ones (fan-out branches, loop steps)
@@ -434,6 +442,7 @@ class Runtime:
     async def _cancel_inflight(self, ps: ProgramState) -> None:
         """Cancel the run's nodes in flight and wait for them; nodes that had ended but were not
         reported (the run failed first) keep their own outcome."""
+        cancel_prefill_ahead(ps)
         now = self.trace.now()
         for task, node in ps.inflight.items():
             if task.done() and not task.cancelled():

@@ -36,7 +36,7 @@ STALL_KEYS = ("waiting_on_llm_s", "waiting_on_tool_s", "waiting_on_input_s", "wa
               "queued_tool_s", "preempted_s", "tool_backoff_s", "llm_active_s", "tool_only_s", "waiting_for_input_s",
               "neither_s")
 WAITED_ON_KEYS = {"llm": "waiting_on_llm_s", "tool": "waiting_on_tool_s", "wait_for": "waiting_on_input_s"}
-LLM_ACTIVE = ("queued", "prefill", "decode", "preempted")
+LLM_ACTIVE = ("queued", "prefill", "decode", "preempted", "prefill_ahead")
 TOOL_ACTIVE = ("tool_running", "tool_retried", "tool_backoff", "tool_failed")
 
 
@@ -153,7 +153,7 @@ def run_stalls(nodes: list[dict[str, Any]], phase_spans: list[dict[str, Any]], s
     for n in nodes:
         ph = n["phases"]
         waited = kinds.get(n["waited_on"] or "")
-        st[WAITED_ON_KEYS.get(waited or "", "waiting_other_s")] += ph.get("waiting", 0.0)
+        st[WAITED_ON_KEYS.get(waited or "", "waiting_other_s")] += ph.get("waiting", 0.0) + ph.get("prefill_ahead", 0.0)
         st["queued_llm_s" if n["kind"] == "llm" else "queued_tool_s"] += ph.get("queued", 0.0)
         st["preempted_s"] += ph.get("preempted", 0.0)
         st["tool_backoff_s"] += ph.get("tool_backoff", 0.0)

@@ -16,6 +16,7 @@ from agentrt.runtime.summary import LLM_ACTIVE, TOOL_ACTIVE
 PHASE_STYLE: dict[str, tuple[str, str]] = {
     "waiting": ("·", "grey50"),
     "queued": ("q", "yellow"),
+    "prefill_ahead": ("a", "magenta"),
     "prefill": ("p", "bold magenta"),
     "decode": ("█", "green"),
     "preempted": ("!", "bold red"),

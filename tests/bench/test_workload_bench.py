@@ -147,6 +147,30 @@ def test_critical_path_split_follows_the_inputs_waited_on_last():
     assert llm == pytest.approx((1.0 + 1.0 + 2.0) / 2)  # r: plan and answer; s: only
 
 
+def test_post_tool_ttft_runs_from_the_tool_end_to_the_first_decode_step():
+    def span(run, sid, parent, start, end, **attrs):
+        return {"type": "span", "run_id": run, "span_id": sid, "parent_id": parent, "start": start, "end": end,
+                "attributes": attrs}
+
+    records = [
+        span("r", "t", None, 0.0, 2.0, **{"agentrt.node": "fetch", "agentrt.node.kind": "tool"}),
+        span("r", "a", None, 0.0, 3.0, **{"agentrt.node": "answer", "agentrt.node.kind": "llm",
+                                          "agentrt.waited_on": "fetch"}),
+        span("r", "a/w", "a", 0.0, 1.0, **{"agentrt.phase": "waiting"}),
+        span("r", "a/x", "a", 1.0, 1.5, **{"agentrt.phase": "prefill_ahead"}),
+        span("r", "a/v", "a", 1.5, 2.0, **{"agentrt.phase": "waiting"}),
+        span("r", "a/p", "a", 2.0, 2.25, **{"agentrt.phase": "prefill"}),
+        span("r", "a/d", "a", 2.25, 3.0, **{"agentrt.phase": "decode"}),
+        # an LLM node that waited on another LLM node is not counted
+        span("r", "b", None, 3.0, 4.0, **{"agentrt.node": "again", "agentrt.node.kind": "llm",
+                                          "agentrt.waited_on": "answer"}),
+        span("r", "b/d", "b", 3.5, 4.0, **{"agentrt.phase": "decode"}),
+    ]
+    assert workload_stats.post_tool_ttft(records) == [0.25]
+    # the prefill-ahead phase is part of the wait, not of the LLM time on the critical path
+    assert workload_stats.critical_path_split(records) == pytest.approx((2.0, 1.0 + 1.0))
+
+
 def test_arrival_times_all_at_once_or_seeded_poisson():
     assert workload_load.arrival_times(4, None) == [0.0] * 4
     times = workload_load.arrival_times(2000, 4.0, seed=3)

@@ -264,7 +264,8 @@ async def test_kv_held_through_a_tool_stall_is_reused_by_the_next_call(tiny_engi
 
     program, ping = holder_program(other_traffic)
     backend = EngineBackend(engine)
-    rt = Runtime(backend, tools=[ping], kv_hold=KVHoldPolicy(default_s=5.0, margin_s=0.5) if hold else False)
+    rt = Runtime(backend, tools=[ping], kv_hold=KVHoldPolicy(default_s=5.0, margin_s=0.5) if hold else False,
+                 prefill_ahead=False)  # holds alone: prefill-ahead would compute the prompt start again
     try:
         result = await asyncio.wait_for(rt.run(program, {}), 60)
     finally:

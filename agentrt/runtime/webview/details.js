@@ -50,7 +50,7 @@ function unionSeconds(nodes, keep, now) {
   return cur ? total + cur[1] - cur[0] : 0;
 }
 
-const LLM_ACTIVE_PHASES = ["queued", "prefill", "decode", "preempted"];
+const LLM_ACTIVE_PHASES = ["queued", "prefill", "decode", "preempted", "prefill_ahead"];
 const TOOL_ACTIVE_PHASES = ["tool_running", "tool_retried", "tool_backoff", "tool_failed"];
 
 // The run's clock split four ways (summary.stalls; computed from the phases while live).

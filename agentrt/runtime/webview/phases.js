@@ -10,6 +10,7 @@
 export const PHASE_COLORS = {
   waiting: "#d9d9d9",
   queued: "#f2c14e",
+  prefill_ahead: "#dcb8ea",
   prefill: "#b05fd0",
   decode: "#3fa34d",
   preempted: "#e4572e",
@@ -25,6 +26,7 @@ export const PHASE_COLORS = {
 export const PHASE_MEANINGS = {
   waiting: "inputs not done yet",
   queued: "ready, not started (engine queue / before the first attempt)",
+  prefill_ahead: "computing the known start of the prompt while inputs are not done",
   prefill: "feeding the prompt",
   decode: "generating",
   preempted: "evicted from the batch, to be prefilled again",

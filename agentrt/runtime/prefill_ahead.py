@@ -1,0 +1,121 @@
+"""Prefill-ahead: while a program waits on a tool, the engine computes the part of the next call's
+prompt that is already known.
+
+An LLM node that waits on a running tool often has most of its prompt determined: the system
+prompt, the tool declarations, the conversation so far and the template text before the tool's
+result. `start_prefill_ahead` renders that part (dag.render.render_prompt_prefix: the messages up
+to the first missing value, cut there) and hands it to the backend's `prefill_ahead`, which
+computes its KV only in engine steps that have nothing else to run, caches it and pins it for the
+tool's expected latency (KVHoldPolicy). When the node starts, its ahead request is cancelled and
+the call adopts the cached blocks: it prefills only the rest. Output is unchanged: the prefix
+cache only ever supplies KV of identical token ids.
+
+The node's timeline shows the ahead steps as phase `prefill_ahead` (inside its wait); its span
+attribute `agentrt.prefill_ahead.tokens` and the program's `prefill_ahead_tokens` count the tokens
+computed ahead. Backends without `prefill_ahead` (and engines without a prefix cache) skip it.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from agentrt.dag.render import render_prompt_prefix
+from agentrt.runtime.backend import LLMRequest, LLMStepEvent, NodeIdentity
+
+if TYPE_CHECKING:
+    from agentrt.runtime.program_state import ProgramState
+    from agentrt.runtime.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+# where the first unknown value starts in the messages a prefill-ahead renders; the engine cuts the
+# rendered prompt text at its first occurrence
+MARKER = "\x00agentrt:prefill-ahead\x00"
+DEFAULT_TTL_S = 30.0  # a pin's time-to-live when the runtime holds no KV otherwise (kv_hold off)
+
+
+def waits_on_running_tool(ps: ProgramState, node: str) -> list[str]:
+    """The running tool nodes this pending LLM node waits on directly (empty: not a candidate)."""
+    ns = ps.nodes.get(node)
+    if ns is None or ns.kind != "llm" or ns.status != "pending":
+        return []
+    tools = []
+    for pred in ps.run.graph.predecessors(node):
+        p = ps.nodes.get(pred)
+        if p is not None and p.kind == "tool" and p.status == "running":
+            tools.append(pred)
+    return tools
+
+
+def start_prefill_ahead(rt: Runtime, ps: ProgramState) -> None:
+    """Start a prefill-ahead for each pending LLM node that waits on a running tool and has a
+    known prompt start (at most one per node)."""
+    backend_ahead = getattr(rt.backend, "prefill_ahead", None)
+    if not rt.prefill_ahead or backend_ahead is None or ps.run.status != "running":
+        return
+    for node in list(ps.nodes):
+        if node in ps.ahead:
+            continue
+        tools = waits_on_running_tool(ps, node)
+        if not tools:
+            continue
+        spec = ps.run.spec(node)
+        try:
+            messages = render_prompt_prefix(spec, ps.run.values, MARKER, ps.run.spec, ps.sent)
+            response_format = spec.output.to_response_format()
+        except (ValueError, TypeError):  # the call itself reports what is wrong with its prompt
+            messages = None
+        if messages is None:
+            continue
+        stall = max(_estimate(rt, ps.run.spec(t).tool) for t in tools)
+        ttl = rt.kv_hold.ttl(stall) if rt.kv_hold is not None else DEFAULT_TTL_S
+        request = LLMRequest(tuple(messages), response_format, spec.max_tokens, spec.temperature,
+                             NodeIdentity(ps.run_id, ps.program.name, node), float("inf"), {"prefill_ahead": True},
+                             sampling=dict(spec.sampling))
+        task = asyncio.get_running_loop().create_task(_run(rt, ps, node, request, ttl),
+                                                      name=f"agentrt:{ps.run_id}:{node}:prefill-ahead")
+        ps.ahead[node] = task
+
+
+def cancel_prefill_ahead(ps: ProgramState, node: str | None = None) -> None:
+    """Cancel the node's prefill-ahead (all of the run's when node is None): the node starts, or
+    the run ends. Its computed blocks stay in the prefix cache."""
+    for n in [node] if node is not None else list(ps.ahead):
+        task = ps.ahead.get(n)
+        if task is not None and not task.done():
+            task.cancel()
+
+
+def _estimate(rt: Runtime, tool: str) -> float:
+    return rt.kv_hold.estimate(tool) if rt.kv_hold is not None else DEFAULT_TTL_S
+
+
+async def _run(rt: Runtime, ps: ProgramState, node: str, request: LLMRequest, ttl_s: float) -> None:
+    ns = ps.nodes[node]
+    computed = 0
+
+    def on_step(ev: LLMStepEvent) -> None:
+        nonlocal computed
+        if ev.preempted:
+            return
+        computed += ev.num_new
+        if ns.status == "pending" and ns.log.phase != "prefill_ahead":
+            ns.log.enter("prefill_ahead", rt.trace.at(ev.start))
+            rt.emit(ps.run_id, "node_phase", node=node, phase="prefill_ahead")
+
+    try:
+        result = await rt.backend.prefill_ahead(request, MARKER, ttl_s, on_step=on_step)
+        outcome = "cached" if result is None else result.finish_reason
+    except asyncio.CancelledError:  # the node started (or the run ended) first: what was computed is cached
+        outcome = "interrupted"
+    except Exception:  # noqa: BLE001 - an optimisation: the call itself runs and reports as usual
+        log.warning("prefill-ahead of %s failed", node, exc_info=True)
+        outcome = "error"
+    finally:
+        if ns.status == "pending" and ns.log.phase == "prefill_ahead":
+            ns.log.enter("waiting", rt.trace.now())
+            rt.emit(ps.run_id, "node_phase", node=node, phase="waiting")
+        ns.attributes["agentrt.prefill_ahead.tokens"] = computed
+        ns.attributes["agentrt.prefill_ahead.outcome"] = outcome
+        ps.stats.prefill_ahead_tokens += computed
