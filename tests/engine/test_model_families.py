@@ -237,3 +237,20 @@ def test_qwen3_sliding_window_is_refused(tiny_model_dir):
                                                                              "sliding_window": 4}
     with pytest.raises(ModelLoadError, match="use_sliding_window"):
         ModelConfig.from_hf_dict(d)
+
+
+@pytest.mark.parametrize("batch_invariant", [False, True])
+def test_gemma3_chunked_prefill_equals_one_prefill(batch_invariant, tiny_loaded):
+    """Chunks that start past the window (a sliding layer gathers from p - window + 1 only), with
+    a second sequence of another length in the same steps, give the one-shot prefill's logits."""
+    model = tiny_loaded("gemma3").model
+    seqs = [list(range(7, 30)), list(range(50, 70))]
+    whole = _ours(model, seqs, batch_invariant)
+    bm, kv = BlockManager(256, 4), KVCache(model.cfg, 256, 4, model.dtype)
+    rows = [[], []]
+    for lo, hi in [(0, 10), (10, 18), (18, 20)]:
+        out = forward_step(model, kv, bm, [s[lo:hi] for s in seqs], [lo, lo], batch_invariant)
+        for i, chunk in enumerate(out.split(hi - lo)):
+            rows[i].append(chunk)
+    for i, s in enumerate(seqs):
+        assert (torch.cat(rows[i]) - whole[i][:20]).abs().max().item() < 1e-5

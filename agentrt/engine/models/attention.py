@@ -24,19 +24,37 @@ class AttentionGrid:
     kv_index: torch.Tensor  # [B, Lmax] flat cache slot of each context position (padding -> 0)
     bias: torch.Tensor  # [B, 1, Qmax, 1, Lmax] float32: 0 where visible, -inf elsewhere
     q_pos: torch.Tensor  # [B, Qmax] position of each padded query slot (padding -> 0)
-    window_bias: dict[int, torch.Tensor] = field(default_factory=dict)  # window -> bias, built on first use
+    context_lens: torch.Tensor  # [B] each sequence's context after this step
+    block_tables: torch.Tensor  # [B, ceil(Lmax / block_size)]
+    block_size: int
+    windows: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)  # built on first use
 
-    def bias_for(self, window: int | None) -> torch.Tensor:
-        """The mask of a layer that sees the last `window` positions (p - window + 1 .. p), or
-        the whole causal context with window None."""
+    def layout(self, window: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(kv_index [B, L], bias [B, 1, Qmax, 1, L]) of a layer that sees each query's last
+        `window` positions (p - window + 1 .. p), or its whole causal context with window None.
+        A sliding layer gathers from each sequence's first visible position on, so its L is at
+        most window + Qmax - 1 however long the context (Gemma 3: 5 of 6 layers)."""
         if window is None:
-            return self.bias
-        b = self.window_bias.get(window)
-        if b is None:
-            offs = torch.arange(self.kv_index.shape[1], device=self.bias.device).view(1, 1, -1)
-            too_old = offs <= self.q_pos.unsqueeze(-1) - window  # [B, Qmax, Lmax]
-            b = self.window_bias[window] = self.bias.masked_fill(too_old.unsqueeze(1).unsqueeze(3), float("-inf"))
-        return b
+            return self.kv_index, self.bias
+        if window not in self.windows:
+            self.windows[window] = self._window_layout(window)
+        return self.windows[window]
+
+    def _window_layout(self, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+        device, bs = self.q_pos.device, self.block_size
+        B, q_max = self.q_pos.shape
+        first = (self.q_pos[:, 0] - window + 1).clamp(min=0)  # [B] the first position any query sees
+        width = max(1, int((self.context_lens - first).max()))
+        offs = first.view(-1, 1) + torch.arange(width, device=device)  # [B, L] absolute positions
+        inside = offs < self.context_lens.view(-1, 1)
+        safe = torch.where(inside, offs, 0)
+        kv_index = self.block_tables.gather(1, safe // bs) * bs + safe % bs
+        p = self.q_pos.unsqueeze(-1)  # [B, Qmax, 1]
+        o = offs.unsqueeze(1)  # [B, 1, L]
+        visible = inside.unsqueeze(1) & (o <= p) & (o > p - window)
+        visible[:, :, 0] |= ~visible.any(-1)  # a padded query slot sees one position (its row is dropped)
+        bias = torch.zeros(B, q_max, width, device=device).masked_fill_(~visible, float("-inf"))
+        return kv_index, bias.view(B, 1, q_max, 1, width)
 
 
 @dataclass
@@ -109,7 +127,9 @@ def _build_grid(meta: AttentionMetadata) -> AttentionGrid:
     # A query at position p sees context positions 0..p; padded queries (p = 0) see position 0.
     visible = offs.view(1, 1, l_max) <= q_pos.unsqueeze(-1)  # [B, Qmax, Lmax]
     bias = torch.zeros(B, q_max, l_max, device=device).masked_fill_(~visible, float("-inf"))
-    return AttentionGrid(q_index, out_index, kv_index, bias.view(B, 1, q_max, 1, l_max), q_pos)
+    last = meta.cu_q[1:] - 1  # [B] each sequence's last new token
+    return AttentionGrid(q_index, out_index, kv_index, bias.view(B, 1, q_max, 1, l_max), q_pos,
+                         meta.positions[last] + 1, meta.block_tables, bs)
 
 
 def paged_attention(
@@ -118,21 +138,22 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_slots, nkv, d]
     meta: AttentionMetadata,
     scale: float,
-    window: int | None = None,  # a sliding layer's window (see AttentionGrid.bias_for); None = causal
+    window: int | None = None,  # a sliding layer's window (see AttentionGrid.layout); None = causal
 ) -> torch.Tensor:  # [T, nq, d]
     grid = meta.grid
+    kv_index, bias = grid.layout(window)
     B, q_max = grid.q_index.shape
-    l_max = grid.kv_index.shape[1]
+    l_max = kv_index.shape[1]
     nq, d = q.shape[1], q.shape[2]
     nkv = k_cache.shape[1]
     g = nq // nkv
     qp = q[grid.q_index.view(-1)].view(B, q_max, nkv, g, d)
     qp = qp.permute(0, 2, 1, 3, 4).reshape(B, nkv, q_max * g, d)
-    flat = grid.kv_index.view(-1)
+    flat = kv_index.reshape(-1)
     k = k_cache[flat].view(B, l_max, nkv, d).permute(0, 2, 3, 1)  # [B, nkv, d, Lmax]
     v = v_cache[flat].view(B, l_max, nkv, d).permute(0, 2, 1, 3)  # [B, nkv, Lmax, d]
     scores = torch.matmul(qp, k).float().view(B, nkv, q_max, g, l_max) * scale
-    probs = torch.softmax(scores + grid.bias_for(window), dim=-1).to(q.dtype).view(B, nkv, q_max * g, l_max)
+    probs = torch.softmax(scores + bias, dim=-1).to(q.dtype).view(B, nkv, q_max * g, l_max)
     o = torch.matmul(probs, v).view(B, nkv, q_max, g, d)  # [B, nkv, Qmax, g, d]
     o = o.permute(0, 2, 1, 3, 4).reshape(B * q_max, nq, d)
     return o[grid.out_index]
