@@ -26,6 +26,7 @@ from agentrt.tools.mosquitto import free_port
 ROOT = Path(__file__).parents[2]
 PROGRAM = Path(__file__).parent / "durable_program.py"
 APPROVAL_PROGRAM = Path(__file__).parent / "approval_program.py"
+MCP_PROGRAM = Path(__file__).parent / "mcp_durable_program.py"
 
 
 class Server:
@@ -44,6 +45,7 @@ class Server:
 
     def env(self) -> dict[str, str]:
         return {**os.environ, "PYTHONUNBUFFERED": "1", "AGENTRT_TEST_DIR": str(self.tmp),
+                "MCP_FIXTURE_CALL_LOG": str(self.tmp / "mcp.calls"),
                 "AGENTRT_SLOW_IDEMPOTENT": "1" if self.idempotent else "0"}
 
     def start(self) -> None:
@@ -252,6 +254,27 @@ def test_a_waiting_run_survives_two_restarts_and_takes_only_a_valid_input(server
     assert done["status"] == "done" and done["output"]
     types = [t for _, t, _ in s.events(run_id)]
     assert types.count("input_wanted") == 3 and types.count("input_given") == 1 and types[-1] == "run_finished"
+
+
+def test_kill9_after_an_mcp_tool_finished_resumes_without_calling_it_again(server):
+    # fx.slow declares no idempotentHint: run again, it would count twice in the server's call log
+    s = server(program=MCP_PROGRAM)
+    s.start()
+    status, info = s.request("POST", "/v1/programs/counted/runs", {"inputs": {}})
+    assert status == 201, info
+    run_id = info["run_id"]
+    wait_for(lambda: s.request("GET", f"/v1/runs/{run_id}")[1]["status"] == "waiting", timeout=60)
+    assert calls(s.tmp, "mcp") == ["slow 3"]
+    s.kill9()
+    s.start()
+    wait_for(lambda: s.request("GET", f"/v1/runs/{run_id}")[1]["status"] == "waiting", timeout=60)
+    status, _ = s.request("POST", f"/v1/runs/{run_id}/input/go_on", {"value": {"go": True}})
+    assert status == 200
+    done = s.wait_ended(run_id)
+    assert done["status"] == "done" and done["output"] == {"go": True}
+    assert calls(s.tmp, "mcp") == ["slow 3"]  # the recorded result was replayed, not called again
+    started = [d for _, t, d in s.events(run_id) if t == "node_started" and d["node"] == "count"]
+    assert [d.get("replayed", False) for d in started] == [False, True]
 
 
 def test_a_corrupt_or_newer_store_stops_the_server_before_it_serves(tmp_path):

@@ -5,7 +5,8 @@
     python tests/tools/mcp_server_fixture.py --http PORT --token SECRET   # ... asking for a bearer token
 
 Tools: `add` (idempotent hint, structured output), `lookup` (read-only), `slow` (reports progress,
-then answers; a cancelled call is noted in the file named by $MCP_FIXTURE_CANCEL_LOG), `fail`
+then answers; a cancelled call is noted in the file named by $MCP_FIXTURE_CANCEL_LOG, a finished
+one in $MCP_FIXTURE_CALL_LOG), `fail`
 (isError result), `bad_output` (structured content that breaks its output schema), `crash` (the
 process exits mid-call), `grow` (registers the tool `extra` and announces the list change), `shrink`
 (removes `extra` again). Each start appends a line to $MCP_FIXTURE_START_LOG when it is set, so the
@@ -56,6 +57,9 @@ async def slow(steps: int, ctx: Context) -> str:
             with open(os.environ["MCP_FIXTURE_CANCEL_LOG"], "a") as f:
                 f.write("cancelled\n")
         raise
+    if os.environ.get("MCP_FIXTURE_CALL_LOG"):
+        with open(os.environ["MCP_FIXTURE_CALL_LOG"], "a") as f:
+            f.write(f"slow {steps}\n")
     return f"counted to {steps}"
 
 
