@@ -167,7 +167,9 @@ class LLMEngine:
                 text = self._render_chat(*self.format_messages(normalize_messages(prompt), fmt))
             else:
                 text = self.prompt_text(prompt)
-            ids = self.tokenizer.encode(text)
+            # a plain text prompt gets the tokens the tokenizer adds to a text (Gemma's <bos>; none for
+            # SmolLM2), as llama.cpp and vLLM's completions do; a chat template writes its own
+            ids = self.tokenizer.encode(text, add_special_tokens=isinstance(prompt, str))
         if not ids:
             raise RequestError("prompt is empty")
         bad = [t for t in ids if not 0 <= t < self.model.cfg.vocab_size]

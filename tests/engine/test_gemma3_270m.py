@@ -35,10 +35,10 @@ def test_listed_beside_smollm2_and_loaded_on_its_blocks(gemma):
 def test_greedy_continuation_is_right_and_the_same_with_speculation(gemma):
     params = SamplingParams(max_tokens=12, temperature=0)
     tok = gemma.tokenizer
-    prompts = [[tok.bos_token_id] + tok.encode(p) for p in PROMPTS]  # text prompts get no <bos>; Gemma needs it
     runs = [LLMEngine(EngineConfig(model=GEMMA, dtype="quantized", kv_cache_tokens=1024, spec=spec), loaded=gemma)
-            .generate(prompts, params) for spec in (SpecConfig(), SpecConfig(drafter="suffix", k=4),
+            .generate(PROMPTS, params) for spec in (SpecConfig(), SpecConfig(drafter="suffix", k=4),
                                                     SpecConfig(drafter="layerskip:9", k=2))]
+    assert [r.prompt_token_ids[0] for r in runs[0]] == [tok.bos_token_id] * 2  # a text prompt gets Gemma's <bos>
     first = [tok.decode(r.token_ids) for r in runs[0]]
     assert first[0].startswith(" Berlin"), first[0]
     assert "return" in first[1] or "if" in first[1], first[1]
