@@ -16,6 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("agentrt.runtime.cli_runs", "list or prune the runs in a run store"),
     "inspect": ("agentrt.runtime.cli_inspect", "re-render a saved run trace"),
     "worker": ("agentrt.tools.cli_worker", "serve a module's tools over MQTT"),
+    "engine-worker": ("agentrt.server.cli_engine_worker", "serve an engine's LLM calls over MQTT (agentrt serve --engines)"),
     "serve": ("agentrt.server.cli_serve", "serve agent programs and OpenAI-compatible chat over HTTP"),
     "submit": ("agentrt.server.cli_submit", "run a program on a server and follow it"),
     "bench": ("agentrt.bench.cli", "run a benchmark: agentrt bench NAME [--quick] [--json PATH]"),

@@ -116,6 +116,17 @@ def engine_step(record: Any) -> EngineStep:
     )
 
 
+def reusable_tokens(held: tuple[int, ...], prompt: tuple[int, ...], block_size: int) -> int:
+    """The prompt tokens a later call could take from a KV hold: the full blocks its prompt
+    shares with the held tokens (at least one prompt token is always computed)."""
+    common = 0
+    for a, b in zip(held, prompt[: max(0, len(prompt) - 1)]):
+        if a != b:
+            break
+        common += 1
+    return common // block_size * block_size
+
+
 def chat_messages(messages: tuple[Mapping[str, Any], ...]) -> list[dict[str, Any]]:
     """The DSL's OpenAI-style messages for a chat template. An assistant turn that only called a
     tool (content None) also gets the call as JSON text: templates without tool support (SmolLM2's)
@@ -296,13 +307,7 @@ class EngineBackend:
         blocks its prompt shares with the held tokens (at least one prompt token is always
         computed), reused = what the engine took from its cache (cached_input_tokens)."""
         prompt = response.prompt_token_ids if isinstance(response, EngineResponse) else ()
-        common = 0
-        for a, b in zip(pin.tokens, prompt[: max(0, len(prompt) - 1)]):
-            if a != b:
-                break
-            common += 1
-        bs = self.block_size
-        return common // bs * bs, response.usage.cached_input_tokens
+        return reusable_tokens(pin.tokens, prompt, self.block_size), response.usage.cached_input_tokens
 
     def set_priority(self, handle: Any, priority: float) -> None:
         self.engine.set_priority(handle, priority)

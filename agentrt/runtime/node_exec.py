@@ -17,6 +17,7 @@ import networkx as nx
 from agentrt.dag import render_prompt, tool_arguments
 from agentrt.dag.outputs import ToolCall
 from agentrt.dag.partial_json import JsonMembers
+from agentrt.dag.streamed_calls import StreamedCalls
 from agentrt.dag.specs import LLMSpec, ToolSpec, WaitForSpec
 from agentrt.errors import AgentRTError, ProgramRunError
 from agentrt.runtime.backend import LLMRequest, LLMResponse, LLMStepEvent, NodeIdentity
@@ -189,6 +190,9 @@ class LLMCall:
         self.priority = rt.policy.priority(ps.stats, self.ctx) + ps.priority
         self.dynamic = getattr(rt.policy, "dynamic", False)
         self.members = JsonMembers() if response_format["type"] == "json_schema" and rt.stream_outputs else None
+        # a call turn: its call's tool may start once the call's arguments close (stream_call)
+        self.calls = StreamedCalls() if response_format["type"] == "tool_call" and rt.stream_outputs \
+            and response_format.get("tool_choice") != "none" else None
 
     def request(self, spec: LLMSpec, messages: list[dict[str, Any]], response_format: dict[str, Any]) -> LLMRequest:
         rt, ps, ns = self.rt, self.ps, self.ns
@@ -202,7 +206,9 @@ class LLMCall:
         })
         return LLMRequest(tuple(messages), response_format, max_tokens, spec.temperature,
                           NodeIdentity(ps.run_id, ps.program.name, ns.node), self.priority,
-                          {"next_is_tool": self.follows_tool, "critical_path": self.ctx.critical_path},
+                          {"next_is_tool": self.follows_tool, "critical_path": self.ctx.critical_path,
+                           # the call whose KV this one extends (remote engines route it to that KV)
+                           **({"continues": spec.continues} if spec.continues else {})},
                           sampling=dict(spec.sampling))
 
     async def send(self, request: LLMRequest) -> LLMResponse:
@@ -213,7 +219,8 @@ class LLMCall:
         ps.stats.llm_in_flight += 1
         try:
             return await rt.backend.complete(request, on_step=self.on_step, on_start=self.on_start,
-                                             on_text=self.on_text if self.members is not None or rt.watched else None)
+                                             on_text=self.on_text if self.members is not None or self.calls is not None
+                                             or rt.watched else None)
         finally:
             ps.stats.llm_in_flight -= 1
 
@@ -242,12 +249,23 @@ class LLMCall:
 
     def on_text(self, delta: str) -> None:
         self.rt.emit(self.ps.run_id, "token", node=self.ns.node, text=delta)
+        if self.calls is not None:
+            self.on_call_text(delta)
         if self.members is None:
             return
         final = self.members.feed(delta)
         if final and self.ps.run.status == "running":
             self.ps.run.stream(self.ns.node, final)
             self.rt.start_streamed(self.ps, self.ns.node)
+
+    def on_call_text(self, delta: str) -> None:
+        """A ToolCall node writes one call: once its arguments object closes, the call is known
+        (ProgramRun.stream_call) and the tool taking it starts if idempotent."""
+        for index, call in self.calls.feed(delta):
+            if index == 0 and self.calls.kind == "object" and self.ps.run.status == "running" \
+                    and self.ps.run.stream_call(self.ns.node, call):
+                self.ns.attributes["agentrt.call_streamed_at_chars"] = self.calls.closed_at[index]
+                self.rt.start_streamed(self.ps, self.ns.node)
 
 
 def record_response(rt: Runtime, ps: ProgramState, ns: NodeState, request: LLMRequest, response: LLMResponse) -> None:

@@ -34,6 +34,7 @@ from agentrt.tools.errors import (
     error_from_dict,
 )
 from agentrt.tools.mqtt_protocol import (
+    ClientSignals,
     MqttConfig,
     decode,
     decode_object,
@@ -76,7 +77,7 @@ def _policy(tool: Tool) -> str:
     return f"not re-dispatched because tool '{tool.name}' is not declared idempotent"
 
 
-class MqttDispatcher:
+class MqttDispatcher(ClientSignals):
     """An executor (registry.add_executor("mqtt", dispatcher)) that runs tools on MQTT workers.
 
     worker_wait_s: how long a call waits for a worker serving its tool to be online.
@@ -200,21 +201,6 @@ class MqttDispatcher:
                 f"with call {call.call_id} in flight; {_policy(call.tool)}",
             ))
         self._spawn(self._notify())
-
-    async def _notify(self) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            self._changed.notify_all()
-
-    async def _wait(self, predicate: Any) -> None:
-        assert self._changed is not None
-        async with self._changed:
-            await self._changed.wait_for(predicate)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
 
     # -- incoming -----------------------------------------------------------------------------
     async def _on_message(self, message: aiomqtt.Message) -> None:

@@ -12,6 +12,7 @@ All payloads are JSON; every message is QoS 1.
 """
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -190,3 +191,26 @@ def will_properties() -> Properties:
 
 def message_property(message: aiomqtt.Message, name: str) -> Any:
     return getattr(message.properties, name, None) if message.properties is not None else None
+
+
+class ClientSignals:
+    """For an MQTT client object with a `_changed` asyncio.Condition (what it knows changed: the
+    connection, the workers online) and a `_background` set of fire-and-forget tasks."""
+
+    _changed: asyncio.Condition | None
+    _background: set[asyncio.Task]
+
+    async def _notify(self) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _wait(self, predicate: Any) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            await self._changed.wait_for(predicate)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

@@ -1,0 +1,443 @@
+"""RemoteEngineBackend: the runtime's LLMBackend over engine workers (`agentrt engine-worker`) on MQTT 5.
+
+The runtime sees what it sees with an in-process engine: a call's text deltas, its engine steps
+(on_step: phases, service, α) and an EngineResponse with token ids (KV holds), plus every
+worker's engine lane (subscribe_steps, as RemoteEngineStep records naming the worker).
+
+Routing. Each call goes to one worker's own call topic:
+- KV affinity: a call that continues an earlier call of its run (hints["continues"], set by the
+  runtime for `continues=`), or whose messages begin with a conversation a worker recently cached
+  (its own record of where calls ran, and the conversation hashes workers report), goes to that
+  worker while it has room (fewer requests than its max_num_seqs, free KV blocks);
+- otherwise to the least-loaded worker: fewest calls in flight (this backend's own count, or the
+  worker's reported running + waiting when higher), then most free KV blocks.
+
+Lost workers. A worker is lost when its last will (or clean stop) says offline, when its status
+goes silent for 3 status intervals, when it leaves a call unacknowledged for accept_timeout_s, or
+when the broker connection drops. Its calls are sent again to another worker (up to max_retries
+times). Text already streamed is not streamed twice: the retry's deltas are delivered only past
+the number of characters already delivered. A greedy call reproduces its tokens, and so does a
+sampled one, because a call without a seed gets one drawn here before it is first sent (the same
+model and dtype on every worker assumed); if the retried text still differs from what was
+streamed, a warning is logged and the response carries the retry's text. Steps of the lost
+attempt stay counted (that work was done).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import os
+import random
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Mapping
+
+import aiomqtt
+
+from agentrt.errors import AgentRTError, RequestError
+from agentrt.runtime.backend import EngineStep, KVPin, LLMRequest, LLMResponse, StepCallback, Usage
+from agentrt.runtime.engine_backend import reusable_tokens
+from agentrt.runtime.remote_protocol import (LLMTopics, RemoteResponse, conversation_hash, engine_step_from_dict,
+                                             prefix_hashes, request_to_dict, response_from_dict, step_event_from_dict)
+from agentrt.tools.mqtt_protocol import ClientSignals, MqttConfig, decode, encode, message_property, request_properties
+
+log = logging.getLogger("agentrt.remote_engine")
+
+PLACEMENTS = 4096  # (run, node) -> worker and conversation -> worker entries remembered for affinity
+
+
+class NoEngineWorkerError(AgentRTError):
+    """No engine worker is online (or none came online in time)."""
+
+
+@dataclass
+class WorkerState:
+    """An online engine worker as its last status message describes it."""
+
+    worker: str
+    status: dict[str, Any]
+    seen: float  # time.monotonic() of its last status
+    in_flight: int = 0  # this backend's calls on it
+
+    @property
+    def load(self) -> int:
+        return max(self.in_flight, int(self.status.get("running", 0)) + int(self.status.get("waiting", 0)))
+
+    @property
+    def kv_free(self) -> int:
+        return int((self.status.get("kv") or {}).get("free", 0))
+
+    @property
+    def has_room(self) -> bool:
+        return self.load < int(self.status.get("max_num_seqs", 1 << 30)) and self.kv_free > 0
+
+
+@dataclass
+class RemoteHandle:
+    """What on_start hands the runtime (set_priority takes it): the call as it runs now."""
+
+    call_id: str
+    worker: str
+
+
+@dataclass(eq=False)
+class _Attempt:
+    call_id: str
+    worker: str
+    inbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+
+
+class RemoteEngineBackend(ClientSignals):
+    """RemoteEngineBackend(MqttConfig.from_url("mqtt://HOST:PORT")); `await start()`, then use as an
+    LLMBackend; `await aclose()` at the end."""
+
+    def __init__(self, config: MqttConfig, *, client_id: str | None = None, worker_wait_s: float = 30.0,
+                 accept_timeout_s: float = 5.0, max_retries: int = 2, connect_timeout_s: float = 10.0,
+                 model_name: str | None = None) -> None:
+        self.config = config
+        self.topics = LLMTopics(config)
+        self.client_id = client_id or f"agentrt-llm-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.reply_topic = self.topics.reply(self.client_id)
+        self.worker_wait_s = worker_wait_s
+        self.accept_timeout_s = accept_timeout_s
+        self.max_retries = max_retries
+        self.connect_timeout_s = connect_timeout_s
+        self._model_name = model_name
+        self._client: aiomqtt.Client | None = None
+        self._task: asyncio.Task | None = None
+        self._changed: asyncio.Condition | None = None
+        self._workers: dict[str, WorkerState] = {}
+        self._attempts: dict[str, _Attempt] = {}
+        self._pins: dict[str, tuple[KVPin, Callable[[KVPin], None] | None]] = {}
+        self._lanes: list[Callable[[EngineStep], None]] = []
+        self._placed: collections.OrderedDict[Any, str] = collections.OrderedDict()
+        self._background: set[asyncio.Task] = set()
+        self._closing = False
+        self.affinity_routed = 0  # calls sent to a worker for its KV
+        self.retried = 0  # calls sent again after their worker was lost
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    async def start(self) -> RemoteEngineBackend:
+        """Connect (NoEngineWorkerError naming the broker if that fails within connect_timeout_s)."""
+        self._changed = asyncio.Condition()
+        self._task = asyncio.create_task(self._run(), name=f"remote-engine {self.client_id}")
+        self._spawn(self._watch_staleness())
+        try:
+            await asyncio.wait_for(self._wait(lambda: self._client is not None), self.connect_timeout_s)
+        except TimeoutError:
+            await self.aclose()
+            raise NoEngineWorkerError(f"cannot connect to the MQTT broker at {self.config.url} "
+                                      f"within {self.connect_timeout_s:g}s") from None
+        return self
+
+    async def aclose(self) -> None:
+        self._closing = True
+        for task in [self._task, *self._background]:
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(t for t in [self._task, *self._background] if t is not None), return_exceptions=True)
+        self._task = None
+
+    def close(self) -> None:
+        """For callers that close backends synchronously (the server's shutdown): aclose() is the real one."""
+        if self._task is not None and not self._closing:
+            self._spawn(self.aclose())
+
+    async def wait_for_workers(self, count: int = 1, timeout: float = 30.0) -> list[str]:
+        try:
+            await asyncio.wait_for(self._wait(lambda: len(self._workers) >= count), timeout)
+        except TimeoutError:
+            raise NoEngineWorkerError(f"only {len(self._workers)} of {count} engine workers came online at "
+                                      f"{self.config.url} (group '{self.config.group}') within {timeout:g}s") from None
+        return sorted(self._workers)
+
+    def workers(self) -> dict[str, dict[str, Any]]:
+        """The online workers' last status messages, by worker id."""
+        return {w: dict(s.status) for w, s in self._workers.items()}
+
+    @property
+    def model_name(self) -> str:
+        if self._model_name:
+            return self._model_name
+        return next((str(s.status.get("model")) for s in self._workers.values()), "remote")
+
+    @property
+    def tool_format(self) -> Any:
+        from agentrt.spec.tool_formats import FORMATS, HOUSE
+
+        names = [s.status.get("tool_format") for s in self._workers.values()]
+        return FORMATS.get(names[0], HOUSE) if names else HOUSE
+
+    # -- the connection -------------------------------------------------------------------------
+    async def _run(self) -> None:
+        backoff = 0.05
+        while not self._closing:
+            try:
+                async with self.config.client(self.client_id) as client:
+                    for topic in (self.reply_topic, self.topics.status_filter, self.topics.steps_filter):
+                        await client.subscribe(topic, qos=1)
+                    self._client = client
+                    backoff = 0.05
+                    await self._notify()
+                    async for message in client.messages:
+                        try:
+                            self._on_message(message)
+                        except Exception:  # noqa: BLE001 - one odd message must not stop the backend
+                            log.exception("dropped a message on %s", message.topic)
+            except aiomqtt.MqttError as e:
+                log.warning("remote engines: lost the MQTT broker at %s (%s); reconnecting", self.config.url, e)
+            finally:
+                self._client = None
+                self._workers.clear()  # the broker re-sends the retained statuses on reconnect
+                for attempt in list(self._attempts.values()):
+                    attempt.inbox.put_nowait({"kind": "lost", "why": "the connection to the MQTT broker was lost"})
+            if self._closing:
+                return
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
+
+    async def _watch_staleness(self) -> None:
+        """A worker whose status stops coming (machine gone, no TCP reset yet) counts as lost."""
+        while True:
+            await asyncio.sleep(0.25)
+            now = time.monotonic()
+            for w, s in list(self._workers.items()):
+                if now - s.seen > 3 * float(s.status.get("interval_s", 1.0)) + 0.5:
+                    self._worker_gone(w, f"engine worker '{w}' sent no status for {now - s.seen:.1f}s")
+
+    def _worker_gone(self, worker: str, why: str) -> None:
+        if self._workers.pop(worker, None) is not None:
+            log.warning("remote engines: %s", why)
+        for attempt in list(self._attempts.values()):
+            if attempt.worker == worker:
+                attempt.inbox.put_nowait({"kind": "lost", "why": why})
+        self._spawn(self._notify())
+
+    # -- incoming -------------------------------------------------------------------------------
+    def _on_message(self, message: aiomqtt.Message) -> None:
+        topic = str(message.topic)
+        worker = topic.rsplit("/", 1)[-1]
+        body = decode(message.payload)
+        if topic == self.reply_topic:
+            correlation = message_property(message, "CorrelationData")
+            key = correlation.decode(errors="replace") if correlation else ""
+            if body is None:
+                return
+            if key in self._attempts:
+                self._attempts[key].inbox.put_nowait(body)
+            elif key in self._pins and body.get("kind") == "pinned":
+                pin, on_pinned = self._pins.pop(key)
+                pin.blocks = body.get("blocks")
+                if on_pinned is not None:
+                    on_pinned(pin)
+        elif topic.startswith(self.topics.status("")):
+            if body is not None and body.get("status") == "online":
+                state = self._workers.get(worker)
+                if state is None:
+                    self._workers[worker] = WorkerState(worker, body, time.monotonic())
+                else:
+                    state.status, state.seen = body, time.monotonic()
+                self._spawn(self._notify())
+            else:
+                self._worker_gone(worker, f"engine worker '{worker}' went offline")
+        elif topic.startswith(self.topics.steps("")) and body is not None and self._lanes:
+            step = engine_step_from_dict(body, worker)
+            for fn in list(self._lanes):
+                fn(step)
+
+    # -- routing --------------------------------------------------------------------------------
+    def _remember(self, key: Any, worker: str) -> None:
+        self._placed[key] = worker
+        self._placed.move_to_end(key)
+        while len(self._placed) > PLACEMENTS:
+            self._placed.popitem(last=False)
+
+    def _route(self, request: LLMRequest, avoid: set[str]) -> str | None:
+        candidates = {w: s for w, s in self._workers.items() if w not in avoid} or dict(self._workers)
+        if not candidates:
+            return None
+        wanted = []
+        if request.hints.get("continues"):
+            wanted.append(self._placed.get(("node", request.node.run_id, request.hints["continues"])))
+        for h in prefix_hashes(request.messages)[1:]:  # the whole conversation is new: its prefixes may not be
+            wanted.append(self._placed.get(("conversation", h)))
+            wanted += [w for w, s in candidates.items() if h in (s.status.get("prefixes") or ())]
+        for w in wanted:
+            if w in candidates and candidates[w].has_room:
+                self.affinity_routed += 1
+                return w
+        return min(candidates.values(), key=lambda s: (s.load, -s.kv_free, s.worker)).worker
+
+    async def _pick_worker(self, request: LLMRequest, avoid: set[str]) -> str:
+        worker = self._route(request, avoid) if self._client is not None else None
+        if worker is not None:
+            return worker
+        try:
+            await asyncio.wait_for(self._wait(lambda: self._client is not None and bool(self._workers)), self.worker_wait_s)
+        except TimeoutError:
+            raise NoEngineWorkerError(f"no engine worker is online at {self.config.url} (group '{self.config.group}') "
+                                      f"after waiting {self.worker_wait_s:g}s: start one with `agentrt engine-worker "
+                                      f"--broker {self.config.url}`") from None
+        return self._route(request, avoid) or await self._pick_worker(request, avoid)
+
+    # -- calls ----------------------------------------------------------------------------------
+    async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
+                       on_start: Callable[[Any], None] | None = None,
+                       on_text: Callable[[str], None] | None = None) -> LLMResponse:
+        if request.temperature > 0 and request.sampling.get("seed") is None:  # so that a retry reproduces it
+            request = replace(request, sampling={**request.sampling, "seed": random.randrange(2**63)})
+        streamed: list[str] = []  # the text delivered to on_text so far, over all attempts
+        handle: RemoteHandle | None = None
+        avoid: set[str] = set()
+        why = ""
+        for retry in range(self.max_retries + 1):
+            worker = await self._pick_worker(request, avoid)
+            attempt = _Attempt(uuid.uuid4().hex, worker)
+            self._attempts[attempt.call_id] = attempt
+            self._workers[worker].in_flight += 1
+            produced: list[str] = []
+            try:
+                await self._send_call(attempt, request)
+                acked = False
+                while True:
+                    timeout = None if acked else self.accept_timeout_s
+                    try:
+                        msg = await asyncio.wait_for(attempt.inbox.get(), timeout)
+                    except TimeoutError:
+                        msg = {"kind": "lost", "why": f"engine worker '{worker}' did not acknowledge the call "
+                                                      f"within {self.accept_timeout_s:g}s"}
+                    kind = msg.get("kind")
+                    if kind == "ack":
+                        acked = True
+                    elif kind == "started":
+                        if handle is None:
+                            handle = RemoteHandle(attempt.call_id, worker)
+                            if on_start is not None:
+                                on_start(handle)
+                        else:  # a retry: set_priority now reaches the new worker
+                            handle.call_id, handle.worker = attempt.call_id, worker
+                    elif kind == "text":
+                        self._deliver_text(str(msg.get("text", "")), produced, streamed, on_text)
+                    elif kind == "step" and on_step is not None:
+                        on_step(step_event_from_dict(msg["step"], worker))
+                    elif kind == "result":
+                        response = response_from_dict(msg["response"], worker, retry)
+                        self._placed_after(request, response)
+                        return response
+                    elif kind == "error":
+                        if msg.get("invalid"):
+                            raise RequestError(str(msg.get("error")))
+                        if not msg.get("cancelled"):
+                            return LLMResponse("".join(streamed), None, "error", Usage(0, 0),
+                                               request_id=attempt.call_id, error=str(msg.get("error")))
+                        why = str(msg.get("error"))
+                        break  # the worker stopped (or lost the broker) with the call running
+                    elif kind == "lost":
+                        why = str(msg.get("why"))
+                        break
+            except asyncio.CancelledError:
+                self._spawn(self._control(worker, {"op": "cancel", "call_id": attempt.call_id}))
+                raise
+            finally:
+                del self._attempts[attempt.call_id]
+                if worker in self._workers:
+                    self._workers[worker].in_flight -= 1
+            avoid.add(worker)
+            self.retried += 1
+            log.warning("remote engines: %s; sending node %s of run %s to another worker", why,
+                        request.node.node, request.node.run_id)
+        return LLMResponse("".join(streamed), None, "error", Usage(0, 0), error=f"{why}; gave up after "
+                           f"{self.max_retries} retries on other engine workers")
+
+    async def _send_call(self, attempt: _Attempt, request: LLMRequest) -> None:
+        client = self._client
+        if client is None:
+            attempt.inbox.put_nowait({"kind": "lost", "why": "not connected to the MQTT broker"})
+            return
+        try:
+            await client.publish(self.topics.worker_call(attempt.worker), encode({"request": request_to_dict(request)}),
+                                 qos=1, properties=request_properties(self.reply_topic, attempt.call_id, None))
+        except aiomqtt.MqttError as e:
+            attempt.inbox.put_nowait({"kind": "lost", "why": f"sending the call failed ({e})"})
+
+    @staticmethod
+    def _deliver_text(text: str, produced: list[str], streamed: list[str], on_text: Callable[[str], None] | None) -> None:
+        """Deliver what this attempt wrote past the characters already streamed (by a lost attempt)."""
+        before = sum(map(len, produced))
+        produced.append(text)
+        done = sum(map(len, streamed))
+        fresh = text[max(0, done - before):]
+        if done > before:  # still replaying what a lost attempt streamed: check it is the same text
+            overlap = min(done, before + len(text))
+            if "".join(produced)[before:overlap] != "".join(streamed)[before:overlap]:
+                log.warning("remote engines: a retried call wrote other text than its lost attempt had streamed")
+        if fresh:
+            streamed.append(fresh)
+            if on_text is not None:
+                on_text(fresh)
+
+    def _placed_after(self, request: LLMRequest, response: RemoteResponse) -> None:
+        self._remember(("node", request.node.run_id, request.node.node), response.worker)
+        sent = list(response.sent_messages or request.messages)
+        self._remember(("conversation", conversation_hash([*sent, {"role": "assistant", "content": response.text}])),
+                       response.worker)
+
+    async def _control(self, worker: str, body: dict[str, Any], props: Any = None) -> None:
+        client = self._client
+        if client is None:
+            return
+        try:
+            await client.publish(self.topics.control(worker), encode(body), qos=1, properties=props)
+        except aiomqtt.MqttError as e:
+            log.info("could not send %s to engine worker %s: %s", body.get("op"), worker, e)
+
+    def set_priority(self, handle: Any, priority: float) -> None:
+        if isinstance(handle, RemoteHandle):
+            self._spawn(self._control(handle.worker, {"op": "priority", "call_id": handle.call_id, "priority": priority}))
+
+    def subscribe_steps(self, fn: Callable[[EngineStep], None]) -> Callable[[], None]:
+        self._lanes.append(fn)
+
+        def unsubscribe() -> None:
+            if fn in self._lanes:
+                self._lanes.remove(fn)
+
+        return unsubscribe
+
+    # -- KV holds -------------------------------------------------------------------------------
+    def pin(self, response: LLMResponse, ttl_s: float,
+            on_pinned: Callable[[KVPin], None] | None = None) -> KVPin | None:
+        """Ask the worker that ran the call to hold its KV (None: not a remote response, the
+        worker is gone, or it keeps no prefix cache)."""
+        if not isinstance(response, RemoteResponse) or response.worker not in self._workers:
+            return None
+        if not self._workers[response.worker].status.get("prefix_caching", True):
+            return None
+        pin = KVPin(response.request_id, response.prompt_token_ids + response.token_ids, float(ttl_s))
+        pin_id = uuid.uuid4().hex
+        self._pins[pin_id] = (pin, on_pinned)
+        while len(self._pins) > PLACEMENTS:  # answers that never came (the worker died)
+            self._pins.pop(next(iter(self._pins)))
+        body = {"op": "pin", "request_id": response.request_id, "tokens": list(pin.tokens), "ttl_s": pin.ttl_s}
+        self._spawn(self._control(response.worker, body, request_properties(self.reply_topic, pin_id, None)))
+        return pin
+
+    def reuse(self, pin: KVPin, response: LLMResponse) -> tuple[int, int]:
+        prompt = response.prompt_token_ids if isinstance(response, RemoteResponse) else ()
+        state = self._workers.get(response.worker) if isinstance(response, RemoteResponse) else None
+        block = int(state.status.get("block_size", 16)) if state else 16
+        return reusable_tokens(pin.tokens, prompt, block), response.usage.cached_input_tokens
+
+    async def kv_blocks(self) -> Mapping[str, int] | None:
+        """The online workers' KV blocks by state, summed (from their last status messages)."""
+        reports = [s.status.get("kv") for s in self._workers.values() if s.status.get("kv")]
+        if not reports:
+            return None
+        total: dict[str, int] = {}
+        for kv in reports:
+            for k, v in kv.items():
+                total[k] = total.get(k, 0) + int(v)
+        return total
