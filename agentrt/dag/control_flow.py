@@ -97,15 +97,29 @@ class ControlFlow:
                 attrs["ended"] = "exceeded_max_steps"
                 self._die(loop, f"no final answer after max_steps={spec.max_steps}: "
                                 f"step {step} called '{value['name']}'")
-            else:
-                tool = ToolSpec(spec.step_id(step, "tool"), value["name"], Ref(node), args_from_call=True,
-                                errors_to_output=True, loop=loop)
-                self._add_step(loop, tool, (step, 1), [node])
-                attrs["tool_steps"] += 1
+            elif spec.step_id(step, "tool") not in self.graph:  # else added as the call streamed
+                self._add_tool_step(loop, node, step, value["name"])
             return
-        history = self.spec(spec.step_id(step, "llm")).history + ((spec.step_id(step, "llm"), node),)
-        self._add_step(loop, spec.step_spec(step + 1, history), (step + 1, 0), [node])
+        llm = spec.step_id(step, "llm")
+        history = self.spec(llm).history + ((llm, node),)
+        # a tool step started early may end before its LLM step: the next step reads both
+        preds = [node] if self._is_done(llm) else [llm, node]
+        self._add_step(loop, spec.step_spec(step + 1, history), (step + 1, 0), preds)
         attrs["llm_steps"] += 1
+
+    def _early_loop_tool(self, loop: str, node: str, name: str) -> None:
+        """LLM step `node` is still writing, but its call (to tool `name`) is known: add the
+        step's tool node now, so that it can start before the step ends. Not at max_steps: a
+        call there ends the loop (_advance_loop)."""
+        step = len(self.spec(node).history) + 1
+        if step < self.spec(loop).max_steps and self.spec(loop).step_id(step, "tool") not in self.graph:
+            self._add_tool_step(loop, node, step, name)
+
+    def _add_tool_step(self, loop: str, node: str, step: int, name: str) -> None:
+        tool = ToolSpec(self.spec(loop).step_id(step, "tool"), name, Ref(node), args_from_call=True,
+                        errors_to_output=True, loop=loop)
+        self._add_step(loop, tool, (step, 1), [node])
+        self.graph.nodes[loop]["tool_steps"] += 1
 
     def _end_loop(self, loop: str, step: int, answer: str) -> None:
         """The text answer of step `step` ends the loop: "ended" is "answered" (the model chose

@@ -201,6 +201,26 @@ class ProgramRun(ControlFlow):
                 if isinstance(items, list):
                     self._expand_items(fan, items)
 
+    def stream_call(self, node: str, call: dict[str, Any]) -> bool:
+        """Record the tool call a running ToolCall node is writing, once its arguments object has
+        closed in the streamed output ({"name", "arguments"}: the StreamedCalls scanner's call).
+        A tool node taking its args from the call (args_from_call) becomes ready, and in an agent
+        loop the step's tool node is added now; the runtime starts only idempotent ones. A call
+        the node's spec would reject (a tool it may not call) is not recorded: the output says
+        why when it ends. complete() checks that the output is this call. Returns whether it
+        was recorded."""
+        spec = self.spec(node)
+        try:
+            checked = spec.output.check(call)
+        except (AttributeError, ValueError):  # not a ToolCall node, or a call it may not make
+            return False
+        if checked["name"] is None:
+            return False
+        self.stream(node, [("name", checked["name"]), ("arguments", checked["arguments"])])
+        if spec.loop is not None:
+            self._early_loop_tool(spec.loop, node, checked["name"])
+        return True
+
     # -- plumbing --
 
     def _accept(self, node: str, value: Any) -> list[str]:
@@ -222,7 +242,9 @@ class ProgramRun(ControlFlow):
                 if attrs is None or attrs["state"] != "pending" or attrs["template"] or attrs["gates"]:
                     continue
                 changed |= self._step(node, attrs)
-        if self.status == "running" and all(self._is_done(n) for n in self.program.output_nodes()):
+        # an LLM node still streaming (a tool started on its members may be the output) has yet
+        # to show that its whole output agrees with what it streamed
+        if self.status == "running" and not self._partial and all(self._is_done(n) for n in self.program.output_nodes()):
             out = self.program.output
             self._result = self._resolve_for(out.node, out) if isinstance(out, Ref) else \
                 {k: self._resolve_for(r.node, r) for k, r in out.items()}
@@ -320,11 +342,21 @@ class ProgramRun(ControlFlow):
             ref = use.ref
             if ref.node in self._partial:
                 part = self._partial[ref.node]
+                if not ref.path and use.ref is self.spec(node).args and self._streamed_call_for(node, part):
+                    read.add(ref.node)
+                    continue
                 if not ref.path or not (ref.path[0] in part if isinstance(part, dict) else
                                         isinstance(ref.path[0], int) and 0 <= ref.path[0] < len(part)):
                     return False
                 read.add(ref.node)
         return read >= set(waiting)
+
+    def _streamed_call_for(self, node: str, part: dict[str, Any] | list[Any]) -> bool:
+        """A tool node taking its args from a call (args_from_call) reads a streamed call of its
+        own tool whole: the call's arguments closed before it was streamed (stream_call)."""
+        spec = self.spec(node)
+        return spec.args_from_call and isinstance(part, dict) and part.get("name") == spec.tool \
+            and isinstance(part.get("arguments"), dict)
 
     def _why_not_ready(self, node: str) -> str:
         attrs = self.graph.nodes[node]

@@ -1,0 +1,195 @@
+"""Calls the model makes itself start as their arguments close: a ToolCall node's call (and an
+agent loop step's) starts its idempotent tool while the node still writes the rest of its
+output; non-idempotent tools wait for the node's end; a node that then fails, or a run that is
+cancelled, cancels the early call; the output must be the call that started."""
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from agentrt.dag import Program, ToolCall
+from agentrt.dag.streamed_calls import StreamedCalls
+from agentrt.errors import ProgramRunError
+from agentrt.runtime import Runtime
+from agentrt.tools import tool
+
+EVENTS: list[tuple[str, float]] = []
+
+
+@tool(idempotent=True)
+async def lookup(q: str) -> str:
+    """Look something up."""
+    EVENTS.append((f"lookup {q}", time.monotonic()))
+    return f"found {q}"
+
+
+@tool(idempotent=True)
+async def slow_lookup(q: str) -> str:
+    """Look something up, slowly."""
+    EVENTS.append(("slow started", time.monotonic()))
+    try:
+        await asyncio.sleep(5)
+    except asyncio.CancelledError:
+        EVENTS.append(("slow cancelled", time.monotonic()))
+        raise
+    return "late"
+
+
+@tool
+async def send_mail(q: str) -> str:
+    """Send a mail (not idempotent: never started early)."""
+    EVENTS.append(("send_mail", time.monotonic()))
+    return "sent"
+
+
+# After the arguments close the model still writes (a trailing member: ~30 engine steps).
+TAIL = {"why": " ".join(["because"] * 30)}
+
+
+def call(name: str, **args) -> dict:
+    return {"name": name, "arguments": args, **TAIL}
+
+
+def node_spans(rt: Runtime) -> dict[str, dict]:
+    return {r["attributes"]["agentrt.node"]: r for r in rt.trace.records()
+            if r["type"] == "span" and r["parent_id"] is None}
+
+
+def started(rt: Runtime, node: str) -> float:
+    """When the node left its waiting phase."""
+    span = node_spans(rt)[node]["span_id"]
+    return min(r["start"] for r in rt.trace.records()
+               if r["type"] == "span" and r["parent_id"] == span and r["attributes"].get("agentrt.phase") != "waiting")
+
+
+def pick_program(tool_fn) -> Program:
+    p = Program("pick", inputs={"q": str}, tools=[tool_fn])
+    pick = p.llm("pick", prompt="{q}", output=ToolCall([tool_fn.name]))
+    p.output(p.tool("run", tool_fn.name, args=pick))
+    return p
+
+
+def loop_program(tool_fn, max_steps: int = 3) -> Program:
+    p = Program("agent", inputs={"q": str}, tools=[tool_fn])
+    p.output(p.agent_loop("agent", prompt="{q}", tools=[tool_fn.name], max_steps=max_steps, max_tokens=128))
+    return p
+
+
+async def test_a_tool_call_node_starts_its_tool_when_the_arguments_close(scripted):
+    EVENTS.clear()
+    rt = Runtime(scripted({"pick": call("lookup", q="bees")}, step_s=0.005), tools=[lookup])
+    result = await rt.run(pick_program(lookup), {"q": "?"})
+    assert result.status == "done", result.error
+    assert result.output == "found bees"
+    spans = node_spans(rt)
+    # the tool's span starts (and here ends) ~30 steps before the call node's ends
+    assert started(rt, "run") < spans["pick"]["end"] - 0.08
+    assert spans["run"]["end"] < spans["pick"]["end"]
+    assert spans["run"]["attributes"]["agentrt.started_early"] is True
+    assert spans["run"]["attributes"]["agentrt.waited_on"] == "pick"
+    assert spans["pick"]["attributes"]["agentrt.call_streamed_at_chars"] == \
+        len(json.dumps({"name": "lookup", "arguments": {"q": "bees"}})) - 1  # at the arguments' "}"
+
+
+async def test_an_agent_loop_step_starts_its_tool_before_the_step_ends(scripted):
+    EVENTS.clear()
+    backend = scripted({"agent#1.llm": call("lookup", q="hives"), "agent#2.llm": "Bees live in hives."}, step_s=0.005)
+    rt = Runtime(backend, tools=[lookup])
+    result = await rt.run(loop_program(lookup), {"q": "where?"})
+    assert result.status == "done", result.error
+    assert result.output == "Bees live in hives."
+    spans = node_spans(rt)
+    assert started(rt, "agent#1.tool") < spans["agent#1.llm"]["end"] - 0.08
+    assert spans["agent#1.tool"]["attributes"]["agentrt.started_early"] is True
+    # the tool ended first, yet the next step waited for the step it continues
+    assert spans["agent#1.tool"]["end"] < spans["agent#1.llm"]["end"] <= started(rt, "agent#2.llm")
+    assert "found hives" in backend.requests[-1].messages[-1]["content"]
+
+
+async def test_a_non_idempotent_tool_waits_for_the_call_to_end(scripted):
+    EVENTS.clear()
+    rt = Runtime(scripted({"agent#1.llm": call("send_mail", q="hi"), "agent#2.llm": "Sent."}, step_s=0.005),
+                 tools=[send_mail])
+    result = await rt.run(loop_program(send_mail), {"q": "mail"})
+    assert result.status == "done", result.error
+    spans = node_spans(rt)
+    assert started(rt, "agent#1.tool") >= spans["agent#1.llm"]["end"]
+    assert "agentrt.started_early" not in spans["agent#1.tool"]["attributes"]
+
+
+async def test_a_call_cut_by_length_after_its_tool_started_cancels_the_tool(scripted):
+    """The arguments closed and the tool started; then max_tokens cut the output: the node fails
+    (its output is not a call), and the early call is cancelled as a call of a failed run."""
+    EVENTS.clear()
+    rt = Runtime(scripted({"pick": call("slow_lookup", q="x")}, step_s=0.005), tools=[slow_lookup], max_tokens=12)
+    t0 = time.monotonic()
+    result = await rt.run(pick_program(slow_lookup), {"q": "?"})
+    assert time.monotonic() - t0 < 2
+    assert result.status == "failed" and result.failed_node == "pick"
+    assert [e for e, _ in EVENTS] == ["slow started", "slow cancelled"]
+    spans = node_spans(rt)
+    assert spans["run"]["status"] == "cancelled" and spans["run"]["attributes"]["agentrt.started_early"] is True
+
+
+async def test_cancelling_the_run_cancels_an_early_call(scripted):
+    EVENTS.clear()
+    rt = Runtime(scripted({"pick": call("slow_lookup", q="x")}, step_s=0.005), tools=[slow_lookup])
+    handle = rt.submit(pick_program(slow_lookup), {"q": "?"})
+    for _ in range(200):
+        if EVENTS:
+            break
+        await asyncio.sleep(0.005)
+    assert [e for e, _ in EVENTS] == ["slow started"]
+    handle.cancel()
+    result = await handle.wait()
+    assert result.status == "cancelled"
+    assert [e for e, _ in EVENTS] == ["slow started", "slow cancelled"]
+
+
+def test_the_output_must_be_the_call_that_started():
+    run = pick_program(lookup).compile().start({"q": "?"})
+    run.begin("pick")
+    assert run.stream_call("pick", {"name": "lookup", "arguments": {"q": "a"}})
+    assert run.ready() == ["run"] and run.is_early("run")
+    run.begin("run")
+    with pytest.raises(ProgramRunError, match="differs from the members it streamed"):
+        run.complete("pick", {"name": "lookup", "arguments": {"q": "b"}})
+    assert run.status == "failed"
+
+
+def test_a_call_the_node_may_not_make_is_not_streamed():
+    run = pick_program(lookup).compile().start({"q": "?"})
+    run.begin("pick")
+    assert not run.stream_call("pick", {"name": "send_mail", "arguments": {"q": "a"}})
+    assert run.ready() == []
+
+
+def test_parallel_calls_each_close_at_their_own_arguments():
+    calls = [{"name": "lookup", "arguments": {"q": "a " * 10}}, {"name": "lookup", "arguments": {"q": "b"}}]
+    text = json.dumps(calls)
+    scanner, got = StreamedCalls(), []
+    for i, word in enumerate(text.split(" ")):
+        got += [(index, c, i) for index, c in scanner.feed(word if i == 0 else " " + word)]
+    assert scanner.kind == "list" and scanner.broken is None
+    assert [(index, c) for index, c, _ in got] == list(enumerate(calls))
+    assert got[0][2] < got[1][2]  # the first call was known words before the second
+    assert scanner.closed_at[0] == text.index("}") + 1
+    assert scanner.closed_at[1] == len(text) - 2
+
+
+@pytest.mark.parametrize("text, why", [
+    ('Sure: {"name": "a", "arguments": {}}', "not a call turn"),
+    ('{"name": "a", "arguments": {"x": tru}}', "not valid JSON"),
+    ('{"name": "a", "arguments": {"x": 1]}', "mismatched"),
+])
+def test_text_that_is_no_call_turn_stops_the_scan(text, why):
+    scanner = StreamedCalls()
+    assert scanner.feed(text) == [] and why in scanner.broken
+
+
+def test_wrapped_calls_and_parameters_are_read():
+    text = '<tool_call>\n{"name": "a", "parameters": {"x": 1}}\n</tool_call>\n<tool_call>\n{"arguments": {}, "name": "b"}'
+    assert StreamedCalls().feed(text) == [(0, {"name": "a", "arguments": {"x": 1}}), (1, {"name": "b", "arguments": {}})]
