@@ -141,11 +141,6 @@ class RemoteEngineBackend(ClientSignals):
         await asyncio.gather(*(t for t in [self._task, *self._background] if t is not None), return_exceptions=True)
         self._task = None
 
-    def close(self) -> None:
-        """For callers that close backends synchronously (the server's shutdown): aclose() is the real one."""
-        if self._task is not None and not self._closing:
-            self._spawn(self.aclose())
-
     async def wait_for_workers(self, count: int = 1, timeout: float = 30.0) -> list[str]:
         try:
             await asyncio.wait_for(self._wait(lambda: len(self._workers) >= count), timeout)
@@ -163,6 +158,12 @@ class RemoteEngineBackend(ClientSignals):
         if self._model_name:
             return self._model_name
         return next((str(s.status.get("model")) for s in self._workers.values()), "remote")
+
+    @property
+    def precision(self) -> str:
+        """The workers' precision (their status reports), "remote" before any reported one."""
+        found = sorted({str(s.status.get("precision")) for s in self._workers.values() if s.status.get("precision")})
+        return "/".join(found) or "remote"
 
     @property
     def tool_format(self) -> Any:

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_mcp_argument(p)  # started with the server: its tools are in the registry from the start
     p.add_argument("--broker", default=None, metavar="URL",
                    help="an MQTT broker (mqtt://HOST:PORT) for tools bound to the mqtt executor")
+    p.add_argument("--engines", default=None, metavar="URL",
+                   help="run LLM calls on `agentrt engine-worker`s at this MQTT broker (mqtt://HOST:PORT) instead "
+                        "of loading a model here (--model then only names it)")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help=f"API keys clients must send, one per line (also: ${SERVE_KEYS_VAR}, comma-separated; "
                         f"the clients' own ${CLIENT_KEY_VAR} is not read here)")
@@ -196,7 +199,7 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
     state = app[STATE]
     try:
         engine, backend, runtime = await _start_runtime(args, tools, model, store)
-        state.precision = engine.engine.loaded.precision
+        state.precision = engine.engine.loaded.precision if engine is not None else backend.precision
         state.attach(runtime)
         resumed = state.resumed
         print(f"agentrt serve: ready at {url}\n  model: {model} ({state.precision}; {args.device}, spec {args.spec}, "
@@ -219,7 +222,9 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
         if runtime is not None:
             await runtime.aclose()
             await runtime.tools.aclose()
-        if backend is not None:
+        if hasattr(backend, "aclose"):  # remote engines: a connection to close
+            await backend.aclose()
+        elif backend is not None:
             backend.close()
         if engine is not None:
             engine.close()
@@ -233,10 +238,12 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
     """Load the engine on a thread (the event loop keeps answering /health), then the runtime."""
     from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
     from agentrt.runtime.engine_backend import EngineBackend
-    from agentrt.runtime.runtime import Runtime
-    from agentrt.runtime.trace import Trace
-    from agentrt.tools import ToolRegistry
 
+    if getattr(args, "engines", None):
+        from agentrt.server.remote_engines import start_remote_engines
+
+        backend = await start_remote_engines(args, model)
+        return None, backend, await _runtime(args, tools, model, store, backend, backend.precision)
     engine_kw, spec_kw = engine_memory(args)
     config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                           spec=SpecConfig(drafter=args.spec, **spec_kw),
@@ -248,6 +255,15 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
     # before /ready says so, not on a client's request
     print(f"agentrt serve: engine warmed up in {await engine.warm_up():.1f} s", flush=True)
     backend = EngineBackend(engine, model_name=model)
+    return engine, backend, await _runtime(args, tools, model, store, backend, engine.engine.loaded.precision)
+
+
+async def _runtime(args: argparse.Namespace, tools: list, model: str, store: Any, backend: Any, precision: str) -> Any:
+    """The runtime on a backend (an in-process engine or remote engine workers), with its tools."""
+    from agentrt.runtime.runtime import Runtime
+    from agentrt.runtime.trace import Trace
+    from agentrt.tools import ToolRegistry
+
     registry = ToolRegistry()
     for t in tools:
         if t.name not in registry:
@@ -258,10 +274,10 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
 
         registry.add_executor("mqtt", await MqttDispatcher(MqttConfig.from_url(args.broker)).start())
     await _start_mcp_servers(registry, getattr(args, "mcp_servers", []))
-    trace = Trace(name="serve", meta={"model": model, "precision": engine.engine.loaded.precision, "device": args.device,
+    trace = Trace(name="serve", meta={"model": model, "precision": precision, "device": args.device,
                                       "drafter": args.spec, "policy": args.policy})
-    return engine, backend, Runtime(backend, tools=registry, trace=trace, policy=args.policy,
-                                    max_tokens=args.program_max_tokens, store=store)
+    return Runtime(backend, tools=registry, trace=trace, policy=args.policy,
+                   max_tokens=args.program_max_tokens, store=store)
 
 
 async def _start_mcp_servers(registry: Any, specs: list) -> None:

@@ -175,3 +175,33 @@ async def test_continued_calls_of_a_run_land_on_the_worker_holding_their_kv(remo
     for r in results:  # each continuing call ran where its conversation's KV was
         assert steps[(r.run_id, "second")] == first[r.run_id]
     assert remote.affinity_routed >= len(results)
+
+
+def test_serve_with_engines_answers_chat_on_the_workers(workers, tmp_path, local_engine):
+    import json
+    import urllib.request
+
+    from agentrt.server.process import wait_ready
+    from agentrt.tools.mosquitto import free_port
+
+    workers.ensure()
+    port, log = free_port(), tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "agentrt.cli", "serve", "--port", str(port), "--no-db",
+                             "--runs-dir", str(tmp_path / "runs"), "--engines", workers.broker.url, "--model", "tiny"],
+                            stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        wait_ready(f"http://127.0.0.1:{port}", proc, log, timeout_s=60)
+        body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there."}], "max_tokens": 8,
+                "temperature": 0}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
+                                     {"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            answer = json.loads(r.read())
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    request = LLMRequest(tuple(body["messages"]), {"type": "text"}, 8, 0.0, NodeIdentity("chat", "chat", "chat"))
+    expected = asyncio.run(local_engine.complete(request))
+    assert answer["choices"][0]["message"]["content"] == expected.text
+    assert answer["usage"]["completion_tokens"] == len(expected.token_ids)
+    assert "engine workers online: e" in log.read_text()  # no model was loaded in the server
