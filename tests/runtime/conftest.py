@@ -52,3 +52,25 @@ def research_program():
         return p
 
     return research_program
+
+
+class SpanReader:
+    """A runtime's trace read by node: its top-level spans, and when a node started running."""
+
+    def __init__(self, rt) -> None:
+        self.records = [r for r in rt.trace.records() if r["type"] == "span"]
+
+    def node_spans(self) -> dict[str, dict]:
+        return {r["attributes"]["agentrt.node"]: r for r in self.records if r["parent_id"] is None}
+
+    def started(self, node: str) -> float:
+        """When the node left its waiting phase (its span opens when the node appears)."""
+        span = self.node_spans()[node]["span_id"]
+        return min(r["start"] for r in self.records
+                   if r["parent_id"] == span and r["attributes"].get("agentrt.phase") != "waiting")
+
+
+@pytest.fixture
+def span_reader():
+    """span_reader(rt) -> a SpanReader of the runtime's trace as it stands."""
+    return SpanReader

@@ -53,18 +53,6 @@ def call(name: str, **args) -> dict:
     return {"name": name, "arguments": args, **TAIL}
 
 
-def node_spans(rt: Runtime) -> dict[str, dict]:
-    return {r["attributes"]["agentrt.node"]: r for r in rt.trace.records()
-            if r["type"] == "span" and r["parent_id"] is None}
-
-
-def started(rt: Runtime, node: str) -> float:
-    """When the node left its waiting phase."""
-    span = node_spans(rt)[node]["span_id"]
-    return min(r["start"] for r in rt.trace.records()
-               if r["type"] == "span" and r["parent_id"] == span and r["attributes"].get("agentrt.phase") != "waiting")
-
-
 def pick_program(tool_fn) -> Program:
     p = Program("pick", inputs={"q": str}, tools=[tool_fn])
     pick = p.llm("pick", prompt="{q}", output=ToolCall([tool_fn.name]))
@@ -78,15 +66,16 @@ def loop_program(tool_fn, max_steps: int = 3) -> Program:
     return p
 
 
-async def test_a_tool_call_node_starts_its_tool_when_the_arguments_close(scripted):
+async def test_a_tool_call_node_starts_its_tool_when_the_arguments_close(scripted, span_reader):
     EVENTS.clear()
     rt = Runtime(scripted({"pick": call("lookup", q="bees")}, step_s=0.005), tools=[lookup])
     result = await rt.run(pick_program(lookup), {"q": "?"})
     assert result.status == "done", result.error
     assert result.output == "found bees"
-    spans = node_spans(rt)
+    trace = span_reader(rt)
+    spans = trace.node_spans()
     # the tool's span starts (and here ends) ~30 steps before the call node's ends
-    assert started(rt, "run") < spans["pick"]["end"] - 0.08
+    assert trace.started("run") < spans["pick"]["end"] - 0.08
     assert spans["run"]["end"] < spans["pick"]["end"]
     assert spans["run"]["attributes"]["agentrt.started_early"] is True
     assert spans["run"]["attributes"]["agentrt.waited_on"] == "pick"
@@ -94,33 +83,35 @@ async def test_a_tool_call_node_starts_its_tool_when_the_arguments_close(scripte
         len(json.dumps({"name": "lookup", "arguments": {"q": "bees"}})) - 1  # at the arguments' "}"
 
 
-async def test_an_agent_loop_step_starts_its_tool_before_the_step_ends(scripted):
+async def test_an_agent_loop_step_starts_its_tool_before_the_step_ends(scripted, span_reader):
     EVENTS.clear()
     backend = scripted({"agent#1.llm": call("lookup", q="hives"), "agent#2.llm": "Bees live in hives."}, step_s=0.005)
     rt = Runtime(backend, tools=[lookup])
     result = await rt.run(loop_program(lookup), {"q": "where?"})
     assert result.status == "done", result.error
     assert result.output == "Bees live in hives."
-    spans = node_spans(rt)
-    assert started(rt, "agent#1.tool") < spans["agent#1.llm"]["end"] - 0.08
+    trace = span_reader(rt)
+    spans = trace.node_spans()
+    assert trace.started("agent#1.tool") < spans["agent#1.llm"]["end"] - 0.08
     assert spans["agent#1.tool"]["attributes"]["agentrt.started_early"] is True
     # the tool ended first, yet the next step waited for the step it continues
-    assert spans["agent#1.tool"]["end"] < spans["agent#1.llm"]["end"] <= started(rt, "agent#2.llm")
+    assert spans["agent#1.tool"]["end"] < spans["agent#1.llm"]["end"] <= trace.started("agent#2.llm")
     assert "found hives" in backend.requests[-1].messages[-1]["content"]
 
 
-async def test_a_non_idempotent_tool_waits_for_the_call_to_end(scripted):
+async def test_a_non_idempotent_tool_waits_for_the_call_to_end(scripted, span_reader):
     EVENTS.clear()
     rt = Runtime(scripted({"agent#1.llm": call("send_mail", q="hi"), "agent#2.llm": "Sent."}, step_s=0.005),
                  tools=[send_mail])
     result = await rt.run(loop_program(send_mail), {"q": "mail"})
     assert result.status == "done", result.error
-    spans = node_spans(rt)
-    assert started(rt, "agent#1.tool") >= spans["agent#1.llm"]["end"]
+    trace = span_reader(rt)
+    spans = trace.node_spans()
+    assert trace.started("agent#1.tool") >= spans["agent#1.llm"]["end"]
     assert "agentrt.started_early" not in spans["agent#1.tool"]["attributes"]
 
 
-async def test_a_call_cut_by_length_after_its_tool_started_cancels_the_tool(scripted):
+async def test_a_call_cut_by_length_after_its_tool_started_cancels_the_tool(scripted, span_reader):
     """The arguments closed and the tool started; then max_tokens cut the output: the node fails
     (its output is not a call), and the early call is cancelled as a call of a failed run."""
     EVENTS.clear()
@@ -130,7 +121,8 @@ async def test_a_call_cut_by_length_after_its_tool_started_cancels_the_tool(scri
     assert time.monotonic() - t0 < 2
     assert result.status == "failed" and result.failed_node == "pick"
     assert [e for e, _ in EVENTS] == ["slow started", "slow cancelled"]
-    spans = node_spans(rt)
+    trace = span_reader(rt)
+    spans = trace.node_spans()
     assert spans["run"]["status"] == "cancelled" and spans["run"]["attributes"]["agentrt.started_early"] is True
 
 
