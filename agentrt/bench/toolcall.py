@@ -12,7 +12,10 @@ repeat uses fresh engines and keeps each prompt's fastest run. tok/s is decode s
 policy, e2e_tok_s includes it. valid = parsed result and no error.
 
 Summary: tokens_per_pass, speedup (decode tok/s, template adaptive / no speculation), valid, total;
-and from lists of calls under every budget (toolcall_budget.py) valid_under_budget.
+first_call_start_earlier_tokens / _ms (mean over prompts: tokens generated after the first call's
+arguments object closed, and their time at the run's decode speed: how much earlier the runtime
+starts an idempotent tool than at the output's end); and from lists of calls under every budget
+(toolcall_budget.py) valid_under_budget.
 Goals: tokens_per_pass >= 4, speedup >= 3, valid == total, valid_under_budget == 1.
 """
 from __future__ import annotations
@@ -20,12 +23,13 @@ from __future__ import annotations
 import argparse
 import os
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from rich.console import Console
 
 from agentrt.bench.common import BenchResult
+from agentrt.dag.streamed_calls import StreamedCalls
 from agentrt.tables import print_table
 from agentrt.bench.toolcall_budget import run_budgets
 from agentrt.bench.prompts import TOOLCALL_REQUESTS, TOOLS, toolcall_messages
@@ -120,6 +124,23 @@ def _parse(fmt, text: str) -> tuple[Any, str | None]:
         return None, str(e)
 
 
+def first_call_start_earlier(decode: Callable[[list[int]], str], token_ids: list[int],
+                             decode_s: float) -> tuple[int, float] | None:
+    """How much earlier the first call's tool could start, had it started when the call's
+    arguments object closed (as the runtime starts idempotent tools) rather than when the output
+    ended: (tokens generated after the one that closed the arguments, their time in ms at the
+    run's own decode speed). None when the output holds no call whose arguments closed."""
+    scanner = StreamedCalls()
+    scanner.feed(decode(token_ids))
+    closed = scanner.closed_at.get(0)
+    if closed is None:
+        return None
+    n = len(token_ids)
+    closing = next(k for k in range(1, n + 1) if len(decode(token_ids[:k])) >= closed)
+    per_token_s = decode_s / (n - 1) if n > 1 else 0.0
+    return n - closing, (n - closing) * per_token_s * 1000
+
+
 def policy_row(label: str, runs: list[dict[str, Any]], fmt, expected: list[str], tokenizer) -> dict[str, Any]:
     """Totals over the prompts of one policy. Validity of transformers' unconstrained text is
     checked the same way the engine checks its own (JSON + the tool-call schema)."""
@@ -138,6 +159,7 @@ def policy_row(label: str, runs: list[dict[str, Any]], fmt, expected: list[str],
         for key in ("drafted", "accepted", "forced", "target_passes", "emitted"):
             tot[key] = tot.get(key, 0) + int(run["spec"].get(key) or 0)
     tokens = sum(r["tokens"] for r in runs)
+    earlier = [e for r in runs if (e := first_call_start_earlier(tokenizer.decode, r["token_ids"], r["decode_s"]))]
     drafted, accepted, forced = tot.get("drafted", 0), tot.get("accepted", 0), tot.get("forced", 0)
     return {
         "policy": label,
@@ -150,6 +172,8 @@ def policy_row(label: str, runs: list[dict[str, Any]], fmt, expected: list[str],
         "forced_share": forced / tot["emitted"] if tot.get("emitted") else None,
         "tok_s": sum(r["tokens"] - 1 for r in runs) / sum(r["decode_s"] for r in runs),
         "e2e_tok_s": tokens / sum(r["e2e_s"] for r in runs),
+        "start_earlier_tokens": sum(t for t, _ in earlier) / len(earlier) if earlier else None,
+        "start_earlier_ms": sum(ms for _, ms in earlier) / len(earlier) if earlier else None,
     }
 
 
@@ -176,6 +200,9 @@ def summarize(rows: list[dict[str, Any]], total: int, spec_label: str = POLICIES
         "alpha_free": spec["alpha_free"],
         "forced_share": spec["forced_share"],
         "e2e_speedup": spec["e2e_speedup"],
+        # mean over the prompts: what starting the tool at its arguments' "}" gains over the end
+        "first_call_start_earlier_tokens": spec["start_earlier_tokens"],
+        "first_call_start_earlier_ms": spec["start_earlier_ms"],
     }
 
 

@@ -65,7 +65,8 @@ def test_toolcall_bench_rows_and_summary(tiny, tiny_hf):
     assert len(detail) == len(chats) and all(d["same_tokens"] for d in detail), detail
     assert (spec["valid"], spec["tokens"]) == (nospec["valid"], nospec["tokens"])
     summary = toolcall.summarize(rows, len(chats))
-    assert summary["total"] == len(chats) and set(summary) >= {"tokens_per_pass", "speedup", "valid"}
+    assert summary["total"] == len(chats) and set(summary) >= {"tokens_per_pass", "speedup", "valid",
+                                                         "first_call_start_earlier_tokens", "first_call_start_earlier_ms"}
     assert summary["valid"] == summary["valid_nospec"] == spec["valid"]
 
 
