@@ -173,8 +173,10 @@ class EngineWorker:
 
         try:
             request = request_from_dict(body.get("request") or {})
-            response = await self.backend.complete(request, on_step=on_step, on_start=on_start,
-                                                   on_text=lambda text: send("text", text=text))
+            wants_logprobs = request.sampling.get("logprobs") is not None
+            response = await self.backend.complete(
+                request, on_step=on_step, on_start=on_start, on_text=lambda text: send("text", text=text),
+                on_logprobs=(lambda entries: send("logprobs", entries=entries)) if wants_logprobs else None)
         except asyncio.CancelledError:
             send("error", error=f"engine worker {self.worker_id} cancelled the call", cancelled=True)
             raise

@@ -287,10 +287,14 @@ class RemoteEngineBackend(ClientSignals):
     # -- calls ----------------------------------------------------------------------------------
     async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
                        on_start: Callable[[Any], None] | None = None,
-                       on_text: Callable[[str], None] | None = None) -> LLMResponse:
+                       on_text: Callable[[str], None] | None = None,
+                       on_logprobs: Callable[[list[dict[str, Any]]], None] | None = None) -> LLMResponse:
+        """on_logprobs (when sampling asked for logprobs): the token logprobs as the worker's
+        engine reports them, before the text of those tokens (as EngineBackend.complete)."""
         if request.temperature > 0 and request.sampling.get("seed") is None:  # so that a retry reproduces it
             request = replace(request, sampling={**request.sampling, "seed": random.randrange(2**63)})
         streamed: list[str] = []  # the text delivered to on_text so far, over all attempts
+        logprobs_sent = 0  # token logprob entries delivered so far, over all attempts
         handle: RemoteHandle | None = None
         avoid: set[str] = set()
         why = ""
@@ -300,6 +304,7 @@ class RemoteEngineBackend(ClientSignals):
             self._attempts[attempt.call_id] = attempt
             self._workers[worker].in_flight += 1
             produced: list[str] = []
+            logprobs_seen = 0
             try:
                 await self._send_call(attempt, request)
                 acked = False
@@ -322,6 +327,13 @@ class RemoteEngineBackend(ClientSignals):
                             handle.call_id, handle.worker = attempt.call_id, worker
                     elif kind == "text":
                         self._deliver_text(str(msg.get("text", "")), produced, streamed, on_text)
+                    elif kind == "logprobs" and on_logprobs is not None:
+                        entries = list(msg.get("entries") or ())
+                        fresh = entries[max(0, logprobs_sent - logprobs_seen):]  # past what a lost attempt sent
+                        logprobs_seen += len(entries)
+                        if fresh:
+                            logprobs_sent += len(fresh)
+                            on_logprobs(fresh)
                     elif kind == "step" and on_step is not None:
                         on_step(step_event_from_dict(msg["step"], worker))
                     elif kind == "result":

@@ -192,7 +192,7 @@ def test_serve_with_engines_answers_chat_on_the_workers(workers, tmp_path, local
     try:
         wait_ready(f"http://127.0.0.1:{port}", proc, log, timeout_s=60)
         body = {"model": "tiny", "messages": [{"role": "user", "content": "Hello there."}], "max_tokens": 8,
-                "temperature": 0}
+                "temperature": 0, "logprobs": True}
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
@@ -204,4 +204,5 @@ def test_serve_with_engines_answers_chat_on_the_workers(workers, tmp_path, local
     expected = asyncio.run(local_engine.complete(request))
     assert answer["choices"][0]["message"]["content"] == expected.text
     assert answer["usage"]["completion_tokens"] == len(expected.token_ids)
+    assert len(answer["choices"][0]["logprobs"]["content"]) == len(expected.token_ids)  # streamed by the worker
     assert "engine workers online: e" in log.read_text()  # no model was loaded in the server
