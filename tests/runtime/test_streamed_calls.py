@@ -185,3 +185,34 @@ def test_text_that_is_no_call_turn_stops_the_scan(text, why):
 def test_wrapped_calls_and_parameters_are_read():
     text = '<tool_call>\n{"name": "a", "parameters": {"x": 1}}\n</tool_call>\n<tool_call>\n{"arguments": {}, "name": "b"}'
     assert StreamedCalls().feed(text) == [(0, {"name": "a", "arguments": {"x": 1}}), (1, {"name": "b", "arguments": {}})]
+
+
+@tool(idempotent=True)
+def weather(city: str) -> str:
+    """Weather for a city."""
+    return f"4 C, rain in {city}"
+
+
+async def test_on_the_embedded_engine_the_step_call_starts_its_tool_from_the_streamed_text(engine, span_reader):
+    """The engine streams the call as the model writes it (the house format under the grammar):
+    the step's tool starts from that text, with the arguments the parsed call has."""
+    from agentrt.runtime.engine_backend import EngineBackend
+
+    backend = EngineBackend(engine)
+    p = Program("weather", inputs={"q": str}, tools=[weather])
+    p.output(p.agent_loop("agent", prompt="{q}", tools=["weather"], max_steps=2, max_tokens=48,
+                          tool_choice="required_first"))
+    rt = Runtime(backend, tools=[weather])
+    try:
+        result = await rt.run(p, {"q": "Weather in Oslo?"})
+        trace = span_reader(rt)
+        await rt.aclose()
+    finally:
+        backend.close()
+    assert result.status == "done", result.error
+    spans = trace.node_spans()
+    tool_span, llm_span = spans["agent#1.tool"], spans["agent#1.llm"]
+    assert tool_span["attributes"]["agentrt.started_early"] is True
+    assert trace.started("agent#1.tool") <= llm_span["end"]
+    assert 0 < llm_span["attributes"]["agentrt.call_streamed_at_chars"] <= len(llm_span["attributes"]["agentrt.output.text"])
+    assert tool_span["attributes"]["gen_ai.tool.call.arguments"] == result.values["agent#1.llm"]["arguments"]
