@@ -206,3 +206,31 @@ def test_serve_with_engines_answers_chat_on_the_workers(workers, tmp_path, local
     assert answer["usage"]["completion_tokens"] == len(expected.token_ids)
     assert len(answer["choices"][0]["logprobs"]["content"]) == len(expected.token_ids)  # streamed by the worker
     assert "engine workers online: e" in log.read_text()  # no model was loaded in the server
+
+
+async def test_cancel_aborts_on_the_worker_and_pin_holds_kv_there(remote):
+    async def worker_status(worker: str, pred, timeout: float = 5.0) -> dict:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while not pred(status := remote.workers().get(worker, {})):
+            assert asyncio.get_running_loop().time() < deadline, status
+            await asyncio.sleep(0.05)
+        return status
+
+    short = LLMRequest(({"role": "user", "content": "Hold this."},), {"type": "text"}, 40, 0.0,
+                       NodeIdentity("run-pin", "p", "held"), sampling={"ignore_eos": True})
+    response = await remote.complete(short)
+    pinned = asyncio.Event()
+    pin = remote.pin(response, 30.0, lambda _pin: pinned.set())
+    await asyncio.wait_for(pinned.wait(), 10)
+    assert pin.blocks and pin.blocks > 0
+    await worker_status(response.worker, lambda s: (s.get("kv") or {}).get("pinned", 0) >= pin.blocks)
+
+    long = LLMRequest(({"role": "user", "content": "Go on."},), {"type": "text"}, 440, 0.0,
+                      NodeIdentity("run-cancel", "p", "long"), sampling={"ignore_eos": True})
+    handles, writing = [], asyncio.Event()
+    task = asyncio.create_task(remote.complete(long, on_start=handles.append, on_text=lambda _t: writing.set()))
+    await asyncio.wait_for(writing.wait(), 10)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await worker_status(handles[0].worker, lambda s: s.get("calls") == 0 and s.get("running") == 0)
