@@ -112,18 +112,27 @@ class EngineWorker:
                                  properties=reply_properties(correlation) if correlation else None)
 
     async def _status_loop(self) -> None:
+        kv: dict[str, int] = {}
+        counting: asyncio.Task | None = None
         while True:
-            self._publish(self.topics.status(self.worker_id), await self.status(), retain=True)
+            # the KV counts are read on the engine thread between steps: a long step must not
+            # delay the heartbeat (callers would count this worker lost), so the last counts go
+            if counting is None:
+                counting = asyncio.create_task(self.backend.kv_blocks())
+            await asyncio.wait([counting], timeout=self.status_interval_s / 2)
+            if counting.done():
+                kv, counting = counting.result(), None
+            self._publish(self.topics.status(self.worker_id), self.status(kv), retain=True)
             await asyncio.sleep(self.status_interval_s)
 
-    async def status(self) -> dict[str, Any]:
+    def status(self, kv: dict[str, int]) -> dict[str, Any]:
         llm = self.backend.engine.engine
         return {"status": "online", "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(),
                 "model": self.backend.model_name, "precision": getattr(getattr(llm, "loaded", None), "precision", None),
                 "tool_format": self.backend.tool_format.name, "block_size": self.backend.block_size,
                 "prefix_caching": bool(llm.prefix_caching), "max_num_seqs": llm.config.max_num_seqs,
                 "running": len(llm.scheduler.running), "waiting": len(llm.scheduler.waiting),
-                "calls": len(self._calls), "kv": await self.backend.kv_blocks(), "prefixes": list(self._recent),
+                "calls": len(self._calls), "kv": kv, "prefixes": list(self._recent),
                 "served": self.served, "interval_s": self.status_interval_s, "since": self.since, "ts": time.time()}
 
     def _on_engine_step(self, step: EngineStep) -> None:

@@ -206,8 +206,13 @@ class RemoteEngineBackend(ClientSignals):
             await asyncio.sleep(0.25)
             now = time.monotonic()
             for w, s in list(self._workers.items()):
-                if now - s.seen > 3 * float(s.status.get("interval_s", 1.0)) + 0.5:
+                if now - s.seen > self._stale_after(s.status):
                     self._worker_gone(w, f"engine worker '{w}' sent no status for {now - s.seen:.1f}s")
+
+    @staticmethod
+    def _stale_after(status: Mapping[str, Any]) -> float:
+        """Seconds without a status after which a worker counts as lost: 3 of its intervals."""
+        return 3 * float(status.get("interval_s") or 1.0) + 0.5
 
     def _worker_gone(self, worker: str, why: str) -> None:
         if self._workers.pop(worker, None) is not None:
@@ -236,6 +241,9 @@ class RemoteEngineBackend(ClientSignals):
                     on_pinned(pin)
         elif topic.startswith(self.topics.status("")):
             if body is not None and body.get("status") == "online":
+                age = time.time() - float(body.get("ts") or 0.0)
+                if age > self._stale_after(body):  # a retained status of a worker that vanished
+                    return
                 state = self._workers.get(worker)
                 if state is None:
                     self._workers[worker] = WorkerState(worker, body, time.monotonic())
@@ -350,6 +358,8 @@ class RemoteEngineBackend(ClientSignals):
                         break  # the worker stopped (or lost the broker) with the call running
                     elif kind == "lost":
                         why = str(msg.get("why"))
+                        # a worker only silent (or slow to acknowledge) may still run it: stop it there
+                        self._spawn(self._control(worker, {"op": "cancel", "call_id": attempt.call_id}))
                         break
             except asyncio.CancelledError:
                 self._spawn(self._control(worker, {"op": "cancel", "call_id": attempt.call_id}))
