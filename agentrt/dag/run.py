@@ -14,6 +14,7 @@ import networkx as nx
 
 from agentrt.dag import analysis, export
 from agentrt.dag.control_flow import ControlFlow
+from agentrt.dag.outputs import ToolCall
 from agentrt.dag.refs import Ref, resolve, type_name
 from agentrt.dag.specs import EXEC_KINDS, Constant, NodeSpec, ToolSpec
 from agentrt.errors import ProgramRunError
@@ -290,7 +291,9 @@ class ProgramRun(ControlFlow):
     def _finish(self, node: str, value: Any) -> None:
         streamed = self._partial.pop(node, None)
         if streamed is not None and not _extends(value, streamed):
-            self._die(node, "the output differs from the members it streamed")
+            call = f" (the call of {streamed['name']!r} whose tool started as its arguments closed)" \
+                if isinstance(streamed, dict) and self._is_call_node(node) else ""
+            self._die(node, f"the output differs from the members it streamed{call}")
         self._values[node] = value
         self.graph.nodes[node]["state"] = "done"
 
@@ -350,6 +353,9 @@ class ProgramRun(ControlFlow):
                     return False
                 read.add(ref.node)
         return read >= set(waiting)
+
+    def _is_call_node(self, node: str) -> bool:
+        return isinstance(getattr(self.spec(node), "output", None), ToolCall)
 
     def _streamed_call_for(self, node: str, part: dict[str, Any] | list[Any]) -> bool:
         """A tool node taking its args from a call (args_from_call) reads a streamed call of its

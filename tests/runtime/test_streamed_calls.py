@@ -14,6 +14,7 @@ from agentrt.dag import Program, ToolCall
 from agentrt.dag.streamed_calls import StreamedCalls
 from agentrt.errors import ProgramRunError
 from agentrt.runtime import Runtime
+from agentrt.runtime.store import SQLiteRunStore
 from agentrt.tools import tool
 
 EVENTS: list[tuple[str, float]] = []
@@ -124,6 +125,29 @@ async def test_a_call_cut_by_length_after_its_tool_started_cancels_the_tool(scri
     trace = span_reader(rt)
     spans = trace.node_spans()
     assert spans["run"]["status"] == "cancelled" and spans["run"]["attributes"]["agentrt.started_early"] is True
+
+
+async def test_an_early_tool_that_finished_before_its_step_failed_stays_finished(scripted, span_reader, tmp_path):
+    """In a loop the early tool ends first and the next step is added, waiting on the step that
+    is still writing; that step is then cut: the run fails naming it, the tool stays a finished
+    call (in the trace and the run store), the next step never runs."""
+    EVENTS.clear()
+    backend = scripted({"agent#1.llm": call("lookup", q="x"), "agent#2.llm": "never"}, step_s=0.005)
+    store = SQLiteRunStore(tmp_path / "runs.db")
+    rt = Runtime(backend, tools=[lookup], max_tokens=12, store=store)
+    result = await rt.run(loop_program(lookup), {"q": "?"}, run_id="r1")
+    recorded = store.recorded("r1").outcomes
+    assert recorded["agent#1.tool"].ok and recorded["agent#1.tool"].value == "found x"
+    assert store.get_run("r1").status == "failed"
+    store.close()
+    assert result.status == "failed" and result.failed_node == "agent#1.llm"
+    # cut, the call reads as a text answer: not the call whose tool started
+    assert "differs from the members it streamed (the call of 'lookup'" in result.error
+    assert [e for e, _ in EVENTS] == ["lookup x"]
+    spans = span_reader(rt).node_spans()
+    assert spans["agent#1.tool"]["status"] == "ok" and spans["agent#1.tool"]["end"] < spans["agent#1.llm"]["end"]
+    assert spans["agent#2.llm"]["status"] == "cancelled"
+    assert [r.node.node for r in backend.requests] == ["agent#1.llm"]
 
 
 async def test_cancelling_the_run_cancels_an_early_call(scripted):
