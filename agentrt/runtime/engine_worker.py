@@ -23,12 +23,13 @@ from typing import Any
 
 import aiomqtt
 
-from agentrt.errors import AgentRTError
+from agentrt.errors import AgentRTError, RunConfigError
 from agentrt.runtime.backend import EngineStep, LLMStepEvent, Usage
 from agentrt.runtime.engine_backend import EngineBackend, EngineResponse
 from agentrt.runtime.remote_protocol import (LLMTopics, conversation_hash, engine_step_to_dict, request_from_dict,
                                              response_to_dict, step_event_to_dict)
-from agentrt.tools.mqtt_protocol import MqttConfig, decode, encode, message_property, reply_properties, will_properties
+from agentrt.tools.mqtt_protocol import (MqttConfig, decode, encode, message_property, refused_for_good, reply_properties,
+                                      will_properties)
 
 log = logging.getLogger("agentrt.engine_worker")
 
@@ -63,7 +64,10 @@ class EngineWorker:
                 await self._serve(stop)
                 backoff = 0.05
             except aiomqtt.MqttError as e:
-                log.warning("engine worker %s: lost the broker at %s (%s); reconnecting", self.worker_id, self.config.url, e)
+                if refused_for_good(e):  # bad credentials, not authorised: retrying cannot help
+                    raise RunConfigError(f"engine worker {self.worker_id}: the MQTT broker at {self.config.url} "
+                                         f"refused the connection: {e}") from None
+                log.warning("engine worker %s: no broker at %s (%s); reconnecting", self.worker_id, self.config.url, e)
             for task in list(self._calls.values()):
                 task.cancel()
             if stop.is_set():
