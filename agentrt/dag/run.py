@@ -291,8 +291,8 @@ class ProgramRun(ControlFlow):
     def _finish(self, node: str, value: Any) -> None:
         streamed = self._partial.pop(node, None)
         if streamed is not None and not _extends(value, streamed):
-            call = f" (the call of {streamed['name']!r} known once its arguments closed: an idempotent tool started on it)" \
-                if isinstance(streamed, dict) and self._is_call_node(node) else ""
+            call = (f" (the call of {streamed['name']!r} it streamed when its arguments closed: an idempotent "
+                    "tool may have started on it)") if isinstance(streamed, dict) and self._is_call_node(node) else ""
             self._die(node, f"the output differs from the members it streamed{call}")
         self._values[node] = value
         self.graph.nodes[node]["state"] = "done"

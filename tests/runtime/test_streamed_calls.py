@@ -142,7 +142,7 @@ async def test_an_early_tool_that_finished_before_its_step_failed_stays_finished
     store.close()
     assert result.status == "failed" and result.failed_node == "agent#1.llm"
     # cut, the call reads as a text answer: not the call whose tool started
-    assert "differs from the members it streamed (the call of 'lookup'" in result.error
+    assert "differs from the members it streamed (the call of 'lookup' it streamed" in result.error
     assert [e for e, _ in EVENTS] == ["lookup x"]
     spans = span_reader(rt).node_spans()
     assert spans["agent#1.tool"]["status"] == "ok" and spans["agent#1.tool"]["end"] < spans["agent#1.llm"]["end"]
