@@ -186,6 +186,13 @@ class EngineWorker:
 
         try:
             request = request_from_dict(body.get("request") or {})
+            ahead = body.get("ahead")
+            if isinstance(ahead, dict):  # compute, cache and pin the known start of a later call
+                result = await self.backend.prefill_ahead(request, str(ahead["marker"]), float(ahead["ttl_s"]),
+                                                          on_step=on_step)
+                send("ahead", result=None if result is None else {
+                    "tokens": result.tokens, "computed": result.computed, "finish_reason": result.finish_reason})
+                return
             wants_logprobs = request.sampling.get("logprobs") is not None
             response = await self.backend.complete(
                 request, on_step=on_step, on_start=on_start, on_text=lambda text: send("text", text=text),

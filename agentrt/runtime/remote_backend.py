@@ -4,8 +4,8 @@ The runtime sees what it sees with an in-process engine: a call's text deltas, i
 (on_step: phases, service, α) and an EngineResponse with token ids (KV holds), plus every
 worker's engine lane (subscribe_steps, as RemoteEngineStep records naming the worker).
 
-Routing. Each call goes to one worker's own call topic:
-- KV affinity: a call that continues an earlier call of its run (hints["continues"], set by the
+Routing (remote_routing.py). Each call goes to one worker's own call topic:
+- KV affinity: a call whose prefill-ahead ran on a worker, a call that continues an earlier call of its run (hints["continues"], set by the
   runtime for `continues=`), or whose messages begin with a conversation a worker recently cached
   (its own record of where calls ran, and the conversation hashes workers report), goes to that
   worker while it has room (fewer requests than its max_num_seqs, free KV blocks);
@@ -25,7 +25,6 @@ attempt stay counted (that work was done).
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import os
 import random
@@ -38,41 +37,20 @@ from typing import Any, Callable, Mapping
 import aiomqtt
 
 from agentrt.errors import AgentRTError, RequestError
-from agentrt.runtime.backend import EngineStep, KVPin, LLMRequest, LLMResponse, StepCallback, Usage
+from agentrt.runtime.backend import AheadResult, EngineStep, KVPin, LLMRequest, LLMResponse, StepCallback, Usage
 from agentrt.runtime.engine_backend import reusable_tokens
-from agentrt.runtime.remote_protocol import (LLMTopics, RemoteResponse, conversation_hash, engine_step_from_dict,
-                                             prefix_hashes, request_to_dict, response_from_dict, step_event_from_dict)
+from agentrt.runtime.remote_protocol import (LLMTopics, RemoteResponse, engine_step_from_dict, request_to_dict,
+                                             response_from_dict, step_event_from_dict)
+from agentrt.runtime.remote_routing import Router, WorkerState
 from agentrt.tools.mqtt_protocol import ClientSignals, MqttConfig, decode, encode, message_property, request_properties
 
 log = logging.getLogger("agentrt.remote_engine")
 
-PLACEMENTS = 4096  # (run, node) -> worker and conversation -> worker entries remembered for affinity
+PENDING_PINS = 4096  # pin answers awaited at most (a worker that died never sends its answers)
 
 
 class NoEngineWorkerError(AgentRTError):
     """No engine worker is online (or none came online in time)."""
-
-
-@dataclass
-class WorkerState:
-    """An online engine worker as its last status message describes it."""
-
-    worker: str
-    status: dict[str, Any]
-    seen: float  # time.monotonic() of its last status
-    in_flight: int = 0  # this backend's calls on it
-
-    @property
-    def load(self) -> int:
-        return max(self.in_flight, int(self.status.get("running", 0)) + int(self.status.get("waiting", 0)))
-
-    @property
-    def kv_free(self) -> int:
-        return int((self.status.get("kv") or {}).get("free", 0))
-
-    @property
-    def has_room(self) -> bool:
-        return self.load < int(self.status.get("max_num_seqs", 1 << 30)) and self.kv_free > 0
 
 
 @dataclass
@@ -109,14 +87,13 @@ class RemoteEngineBackend(ClientSignals):
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task | None = None
         self._changed: asyncio.Condition | None = None
-        self._workers: dict[str, WorkerState] = {}
+        self.router = Router()
+        self._workers = self.router.workers  # the same dict: online workers by id
         self._attempts: dict[str, _Attempt] = {}
         self._pins: dict[str, tuple[KVPin, Callable[[KVPin], None] | None]] = {}
         self._lanes: list[Callable[[EngineStep], None]] = []
-        self._placed: collections.OrderedDict[Any, str] = collections.OrderedDict()
         self._background: set[asyncio.Task] = set()
         self._closing = False
-        self.affinity_routed = 0  # calls sent to a worker for its KV
         self.retried = 0  # calls sent again after their worker was lost
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -158,6 +135,11 @@ class RemoteEngineBackend(ClientSignals):
         if self._model_name:
             return self._model_name
         return next((str(s.status.get("model")) for s in self._workers.values()), "remote")
+
+    @property
+    def affinity_routed(self) -> int:
+        """Calls sent to a worker for the KV it holds (not for its load)."""
+        return self.router.affinity_routed
 
     @property
     def precision(self) -> str:
@@ -258,30 +240,8 @@ class RemoteEngineBackend(ClientSignals):
                 fn(step)
 
     # -- routing --------------------------------------------------------------------------------
-    def _remember(self, key: Any, worker: str) -> None:
-        self._placed[key] = worker
-        self._placed.move_to_end(key)
-        while len(self._placed) > PLACEMENTS:
-            self._placed.popitem(last=False)
-
-    def _route(self, request: LLMRequest, avoid: set[str]) -> str | None:
-        candidates = {w: s for w, s in self._workers.items() if w not in avoid} or dict(self._workers)
-        if not candidates:
-            return None
-        wanted = []
-        if request.hints.get("continues"):
-            wanted.append(self._placed.get(("node", request.node.run_id, request.hints["continues"])))
-        for h in prefix_hashes(request.messages)[1:]:  # the whole conversation is new: its prefixes may not be
-            wanted.append(self._placed.get(("conversation", h)))
-            wanted += [w for w, s in candidates.items() if h in (s.status.get("prefixes") or ())]
-        for w in wanted:
-            if w in candidates and candidates[w].has_room:
-                self.affinity_routed += 1
-                return w
-        return min(candidates.values(), key=lambda s: (s.load, -s.kv_free, s.worker)).worker
-
     async def _pick_worker(self, request: LLMRequest, avoid: set[str]) -> str:
-        worker = self._route(request, avoid) if self._client is not None else None
+        worker = self.router.route(request, avoid) if self._client is not None else None
         if worker is not None:
             return worker
         try:
@@ -290,7 +250,7 @@ class RemoteEngineBackend(ClientSignals):
             raise NoEngineWorkerError(f"no engine worker is online at {self.config.url} (group '{self.config.group}') "
                                       f"after waiting {self.worker_wait_s:g}s: start one with `agentrt engine-worker "
                                       f"--broker {self.config.url}`") from None
-        return self._route(request, avoid) or await self._pick_worker(request, avoid)
+        return self.router.route(request, avoid) or await self._pick_worker(request, avoid)
 
     # -- calls ----------------------------------------------------------------------------------
     async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
@@ -346,7 +306,7 @@ class RemoteEngineBackend(ClientSignals):
                         on_step(step_event_from_dict(msg["step"], worker))
                     elif kind == "result":
                         response = response_from_dict(msg["response"], worker, retry)
-                        self._placed_after(request, response)
+                        self.router.placed_after(request, response)
                         return response
                     elif kind == "error":
                         if msg.get("invalid"):
@@ -375,13 +335,43 @@ class RemoteEngineBackend(ClientSignals):
         return LLMResponse("".join(streamed), None, "error", Usage(0, 0), error=f"{why}; gave up after "
                            f"{self.max_retries} retries on other engine workers")
 
-    async def _send_call(self, attempt: _Attempt, request: LLMRequest) -> None:
+    async def prefill_ahead(self, request: LLMRequest, marker: str, ttl_s: float, *,
+                            on_step: StepCallback | None = None) -> AheadResult | None:
+        """EngineBackend.prefill_ahead on the worker the call would go to now; the call itself then
+        goes to that worker (while it has room). A lost worker ends it as "dropped" (not retried:
+        it only saves time). Cancelling the awaiting task cancels it there."""
+        worker = await self._pick_worker(request, set())
+        self.router.remember(("ahead", request.node.run_id, request.node.node), worker)
+        attempt = _Attempt(uuid.uuid4().hex, worker)
+        self._attempts[attempt.call_id] = attempt
+        try:
+            await self._send_call(attempt, request, {"marker": marker, "ttl_s": ttl_s})
+            while True:
+                msg = await attempt.inbox.get()
+                kind = msg.get("kind")
+                if kind == "step" and on_step is not None:
+                    on_step(step_event_from_dict(msg["step"], worker))
+                elif kind == "ahead":
+                    result = msg.get("result")
+                    return None if result is None else AheadResult(int(result["tokens"]), int(result["computed"]),
+                                                                    str(result["finish_reason"]))
+                elif kind in ("lost", "error"):
+                    if msg.get("invalid"):
+                        raise RequestError(str(msg.get("error")))
+                    return AheadResult(0, 0, "dropped")
+        except asyncio.CancelledError:
+            self._spawn(self._control(worker, {"op": "cancel", "call_id": attempt.call_id}))
+            raise
+        finally:
+            del self._attempts[attempt.call_id]
+
+    async def _send_call(self, attempt: _Attempt, request: LLMRequest, ahead: dict[str, Any] | None = None) -> None:
         client = self._client
         if client is None:
             attempt.inbox.put_nowait({"kind": "lost", "why": "not connected to the MQTT broker"})
             return
         try:
-            await client.publish(self.topics.worker_call(attempt.worker), encode({"request": request_to_dict(request)}),
+            await client.publish(self.topics.worker_call(attempt.worker), encode({"request": request_to_dict(request), "ahead": ahead}),
                                  qos=1, properties=request_properties(self.reply_topic, attempt.call_id, None))
         except aiomqtt.MqttError as e:
             attempt.inbox.put_nowait({"kind": "lost", "why": f"sending the call failed ({e})"})
@@ -401,12 +391,6 @@ class RemoteEngineBackend(ClientSignals):
             streamed.append(fresh)
             if on_text is not None:
                 on_text(fresh)
-
-    def _placed_after(self, request: LLMRequest, response: RemoteResponse) -> None:
-        self._remember(("node", request.node.run_id, request.node.node), response.worker)
-        sent = list(response.sent_messages or request.messages)
-        self._remember(("conversation", conversation_hash([*sent, {"role": "assistant", "content": response.text}])),
-                       response.worker)
 
     async def _control(self, worker: str, body: dict[str, Any], props: Any = None) -> None:
         client = self._client
@@ -442,7 +426,7 @@ class RemoteEngineBackend(ClientSignals):
         pin = KVPin(response.request_id, response.prompt_token_ids + response.token_ids, float(ttl_s))
         pin_id = uuid.uuid4().hex
         self._pins[pin_id] = (pin, on_pinned)
-        while len(self._pins) > PLACEMENTS:  # answers that never came (the worker died)
+        while len(self._pins) > PENDING_PINS:  # answers that never came (the worker died)
             self._pins.pop(next(iter(self._pins)))
         body = {"op": "pin", "request_id": response.request_id, "tokens": list(pin.tokens), "ttl_s": pin.ttl_s}
         self._spawn(self._control(response.worker, body, request_properties(self.reply_topic, pin_id, None)))

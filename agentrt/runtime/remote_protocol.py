@@ -18,12 +18,14 @@ monotonic clock (machines' clocks are assumed NTP-synchronised).
 """
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, fields
 from typing import Any, Mapping
 
 from agentrt.runtime.backend import EngineStep, LLMRequest, LLMStepEvent, NodeIdentity, PromptRecord, Usage
 from agentrt.runtime.engine_backend import EngineResponse
+from agentrt.spec.report import SpecReport
 from agentrt.tools.mqtt_protocol import MqttConfig
 
 
@@ -103,7 +105,8 @@ def request_to_dict(request: LLMRequest) -> dict[str, Any]:
     return {"messages": [dict(m) for m in request.messages], "response_format": dict(request.response_format),
             "max_tokens": request.max_tokens, "temperature": request.temperature,
             "node": {"run_id": request.node.run_id, "program": request.node.program, "node": request.node.node},
-            "priority": request.priority, "hints": dict(request.hints), "sampling": dict(request.sampling)}
+            # a prefill-ahead's priority is +inf, which JSON has no number for
+            "priority": request.priority if math.isfinite(request.priority) else None, "hints": dict(request.hints), "sampling": dict(request.sampling)}
 
 
 def request_from_dict(d: Mapping[str, Any]) -> LLMRequest:
@@ -112,7 +115,7 @@ def request_from_dict(d: Mapping[str, Any]) -> LLMRequest:
         node = d["node"]
         return LLMRequest(tuple(d["messages"]), dict(d["response_format"]), int(d["max_tokens"]),
                           float(d["temperature"]), NodeIdentity(str(node["run_id"]), str(node["program"]), str(node["node"])),
-                          float(d.get("priority", 0.0)), dict(d.get("hints") or {}), dict(d.get("sampling") or {}))
+                          float("inf") if d.get("priority", 0.0) is None else float(d.get("priority", 0.0)), dict(d.get("hints") or {}), dict(d.get("sampling") or {}))
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"malformed LLM request ({type(e).__name__}: {e})") from None
 
@@ -149,7 +152,7 @@ def response_to_dict(r: EngineResponse) -> dict[str, Any]:
     return {"text": r.text, "parsed": r.parsed, "finish_reason": r.finish_reason,
             "usage": {"input_tokens": r.usage.input_tokens, "output_tokens": r.usage.output_tokens,
                       "cached_input_tokens": r.usage.cached_input_tokens},
-            "spec": dict(r.spec), "request_id": r.request_id, "error": r.error,
+            "spec": r.spec.to_dict(), "request_id": r.request_id, "error": r.error,
             "sent_messages": None if r.sent_messages is None else [dict(m) for m in r.sent_messages],
             "logprobs": None if r.logprobs is None else [dict(lp) for lp in r.logprobs], "prompt": prompt,
             "prompt_token_ids": list(getattr(r, "prompt_token_ids", ())), "token_ids": list(getattr(r, "token_ids", ()))}
@@ -161,7 +164,7 @@ def response_from_dict(d: Mapping[str, Any], worker: str, retries: int) -> Remot
                                                  None if p.get("tools") is None else tuple(p["tools"]))
     return RemoteResponse(
         text=d["text"], parsed=d.get("parsed"), finish_reason=d["finish_reason"], usage=Usage(**d["usage"]),
-        spec=d.get("spec") or {}, request_id=d.get("request_id"), error=d.get("error"),
+        spec=SpecReport.from_dict(d.get("spec")), request_id=d.get("request_id"), error=d.get("error"),
         sent_messages=None if d.get("sent_messages") is None else tuple(d["sent_messages"]),
         logprobs=None if d.get("logprobs") is None else tuple(d["logprobs"]), prompt=prompt,
         prompt_token_ids=tuple(d.get("prompt_token_ids") or ()), token_ids=tuple(d.get("token_ids") or ()),

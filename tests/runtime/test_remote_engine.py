@@ -220,7 +220,7 @@ async def test_cancel_aborts_on_the_worker_and_pin_holds_kv_there(remote):
                        NodeIdentity("run-pin", "p", "held"), sampling={"ignore_eos": True})
     response = await remote.complete(short)
     pinned = asyncio.Event()
-    pin = remote.pin(response, 30.0, lambda _pin: pinned.set())
+    pin = remote.pin(response, 3.0, lambda _pin: pinned.set())
     await asyncio.wait_for(pinned.wait(), 10)
     assert pin.blocks and pin.blocks > 0
     await worker_status(response.worker, lambda s: (s.get("kv") or {}).get("pinned", 0) >= pin.blocks)
@@ -234,3 +234,45 @@ async def test_cancel_aborts_on_the_worker_and_pin_holds_kv_there(remote):
     with pytest.raises(asyncio.CancelledError):
         await task
     await worker_status(handles[0].worker, lambda s: s.get("calls") == 0 and s.get("running") == 0)
+
+
+async def test_a_prefill_ahead_runs_on_a_worker_and_its_call_follows_it_there(remote):
+    from agentrt.tools import tool
+
+    holder: list[str] = []
+
+    def pinned() -> dict[str, int]:
+        return {w: (s.get("kv") or {}).get("pinned", 0) for w, s in remote.workers().items()}
+
+    before = pinned()
+
+    @tool
+    async def weather(city: str) -> str:
+        """The weather report for a city."""
+        for _ in range(200):  # returns once a worker holds the next call's prompt start
+            holder[:] = [w for w, n in pinned().items() if n > before.get(w, 0)]
+            if holder:
+                break
+            await asyncio.sleep(0.05)
+        # that worker looks busier than the other (calls of other programs), so load alone would
+        # send the call elsewhere
+        remote._workers[holder[0]].in_flight += 5
+        return f"{city}: sunny, 21 C"
+
+    p = Program("ahead", inputs={"city": str}, tools=[weather])
+    report = p.tool("report", "weather", args={"city": p.input("city")})
+    p.output(p.llm("plan", system="You plan one day outdoors from the weather report. " * 6,
+                   prompt="Plan a day in {city}. Weather: {report}.", max_tokens=6))
+    rt = Runtime(remote, tools=[weather], prefill_ahead=True)
+    try:
+        result = await asyncio.wait_for(rt.run(p, {"city": "Oslo"}), 60)
+    finally:
+        await rt.aclose()
+        if holder:
+            remote._workers[holder[0]].in_flight -= 5
+    assert result.ok, result.error
+    (plan,) = [s["attributes"] for s in rt.trace.records() if s["type"] == "span" and s["parent_id"] is None
+               and s["attributes"].get("agentrt.node") == "plan"]
+    assert plan["agentrt.prefill_ahead.tokens"] > 0
+    # the call went where that KV was
+    assert plan["gen_ai.usage.cache_read.input_tokens"] > 0
