@@ -328,6 +328,9 @@ class RemoteEngineBackend(ClientSignals):
                 del self._attempts[attempt.call_id]
                 if worker in self._workers:
                     self._workers[worker].in_flight -= 1
+            if self._closing:
+                return LLMResponse("".join(streamed), None, "error", Usage(0, 0),
+                                   error="the remote engine backend was closed with the call in flight")
             avoid.add(worker)
             self.retried += 1
             log.warning("remote engines: %s; sending node %s of run %s to another worker", why,
