@@ -292,7 +292,7 @@ class LLMEngine:
         self.kv.copy_blocks(self.blocks.pop_copies())  # copy-on-write of shared, partly filled blocks
         logits = self.model.forward(build_forward_batch(rows, self.blocks, self.device), self.kv,
                                     batch_invariant=self.config.batch_invariant).logits  # [rows, vocab]
-        sample_rows(rows, logits, masks)
+        sample_rows(rows, logits, masks, self.model.kernel_backend)
         duration = time.monotonic() - t0
         events = [ev for r in rows if (ev := self._advance_or_fail(r)) is not None]
         self._record(rows, batch.preempted, drafting, t0, duration)

@@ -14,24 +14,60 @@ The logits hold only sampling rows, k + 1 per row from its first_row: the next t
 after each draft token. Greedy rows skip the [rows, vocab] distributions altogether: the argmax
 under the grammar mask is exactly what masking, one-hot processing and sampling or verification
 would return (~1 ms of a 10-16 ms batch-1 step, more with drafts).
+
+The greedy argmax, the draw and both verifications run on the model's kernel backend: the
+Triton kernels (kernels/triton: masked_sample, verify; equal bit for bit to the torch ones on the
+same uniforms) where the model's device takes Triton, else the CPU kernels and torch.
 """
 from __future__ import annotations
 
+import functools
 import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
 from agentrt.engine.constraints import StepMasks, greedy_tokens
 from agentrt.engine.outputs import TokenLogprob
 from agentrt.engine.step_rows import StepRow
+from agentrt.kernels.backend import KernelBackend
 from agentrt.spec.penalties import penalize
 from agentrt.spec.sampling import position_uniforms, process_logits, sample_from_probs
 from agentrt.spec.verify import VerifyResult, verify_drafts, verify_greedy
 
 
-def sample_rows(rows: list[StepRow], logits: torch.Tensor, masks: StepMasks | None) -> None:
+@dataclass(frozen=True)
+class _SamplingOps:
+    greedy: Callable  # (logits, masks) -> [rows] the argmax under each row's mask
+    sample: Callable  # (probs, uniform) -> [rows] the inverse-CDF draw
+    verify_greedy: Callable  # spec.verify.verify_greedy's arguments and result fields
+    verify_drafts: Callable  # spec.verify.verify_drafts's
+
+
+_CPU_OPS = _SamplingOps(greedy_tokens, sample_from_probs, verify_greedy, verify_drafts)
+
+
+@functools.cache
+def _triton_ops() -> _SamplingOps:
+    """Imported on first use only: a process that never takes the Triton path never imports triton."""
+    from agentrt.kernels.triton import masked_sample, verify
+
+    def greedy(logits: torch.Tensor, masks: StepMasks | None) -> torch.Tensor:
+        if masks is None:
+            return masked_sample.masked_argmax(logits)
+        mask_rows = torch.full((logits.shape[0],), -1, dtype=torch.long)
+        mask_rows[masks.rows] = torch.tensor(masks.rows, dtype=torch.long)  # a masked row obeys its own mask row
+        return masked_sample.masked_argmax(logits, masks.bitmask, mask_rows)
+
+    return _SamplingOps(greedy, masked_sample.masked_sample, verify.verify_greedy, verify.verify_drafts)
+
+
+def sample_rows(rows: list[StepRow], logits: torch.Tensor, masks: StepMasks | None,
+                backend: KernelBackend = KernelBackend.CPU) -> None:
     """Set row.emitted, and row.logprobs where asked, for every sampling row. logits
-    [logits rows, vocab] is modified (penalties, masks)."""
+    [logits rows, vocab] is modified (penalties, masks). backend: the model's kernel backend."""
+    ops = _triton_ops() if backend is KernelBackend.TRITON else _CPU_OPS
     sampling = [r for r in rows if r.samples]
     if not sampling:
         return
@@ -39,10 +75,10 @@ def sample_rows(rows: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
     _penalize(sampling, logits)
     drafts = _flat_drafts(sampling) if any(r.draft for r in sampling) else None
     if all(r.seq.params.temperature == 0 for r in sampling):
-        best = greedy_tokens(logits, masks)  # [logits rows]
-        emitted = _unpack(verify_greedy(best, *drafts)) if drafts else [[t] for t in best.tolist()]
+        best = ops.greedy(logits, masks)  # [logits rows]
+        emitted = _unpack(ops.verify_greedy(best, *drafts)) if drafts else [[t] for t in best.tolist()]
     else:
-        emitted = _sample(sampling, logits, masks, drafts)
+        emitted = _sample(sampling, logits, masks, drafts, ops)
     for r, toks in zip(sampling, emitted):
         r.emitted = toks
         if r in raw:
@@ -58,7 +94,7 @@ def _flat_drafts(sampling: list[StepRow]) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _sample(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | None,
-            drafts: tuple[torch.Tensor, torch.Tensor] | None) -> list[list[int]]:
+            drafts: tuple[torch.Tensor, torch.Tensor] | None, ops: _SamplingOps) -> list[list[int]]:
     if masks is not None:
         masks.apply(logits)
     per_row = torch.tensor([r.num_rows for r in sampling])
@@ -73,16 +109,16 @@ def _sample(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
     q = _draft_q(sampling, probs.shape[-1]) if drafts is not None else None
     if q is None:
         u = torch.cat([position_uniforms(r.seq.seed, len(r.seq.output_ids), r.num_rows) for r in sampling])
-        own = sample_from_probs(probs, u)  # [logits rows]: each position's own draw
-        return _unpack(verify_greedy(own, *drafts)) if drafts is not None else [[t] for t in own.tolist()]
+        own = ops.sample(probs, u)  # [logits rows]: each position's own draw
+        return _unpack(ops.verify_greedy(own, *drafts)) if drafts is not None else [[t] for t in own.tolist()]
     gens = [r.seq.generator for r in sampling]
     u_acc = torch.cat([torch.rand(r.k, generator=g) for r, g in zip(sampling, gens)])  # [sum k]
     u_smp = torch.stack([torch.rand((), generator=g) for g in gens])  # [rows]
     draft_tokens, cu = drafts
-    return _unpack(verify_drafts(probs, draft_tokens, cu, q, u_acc, u_smp))
+    return _unpack(ops.verify_drafts(probs, draft_tokens, cu, q, u_acc, u_smp))
 
 
-def _unpack(res: VerifyResult) -> list[list[int]]:
+def _unpack(res: VerifyResult) -> list[list[int]]:  # or the Triton kernels' VerifyOutput: the same fields
     return [toks[:n] for toks, n in zip(res.output_tokens.tolist(), res.num_emitted.tolist())]
 
 

@@ -20,12 +20,13 @@ from agentrt.engine.config import ModelConfig
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.models.attention import AttentionMetadata, paged_attention  # noqa: F401  (re-export)
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F401  (re-export)
-from agentrt.engine.models import invariant
 from agentrt.engine.models.kernel_forward import KernelDecoder, kernel_forward, kernel_support
-from agentrt.engine.models.layers import Linear, RotaryEmbedding, apply_rotary, gemma_rms_norm, rms_norm
+from agentrt.engine.models.layer_ops import TorchLayerOps, TritonLayerOps, triton_support
+from agentrt.engine.models.layers import Linear, RotaryEmbedding
 from agentrt.engine.models.quant_forward import QuantDecoder, cache_supported, quant_forward, quant_support
 from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear, gather_weights
 from agentrt.errors import ModelLoadError
+from agentrt.kernels.backend import KernelBackend, choose_backend
 from agentrt.kernels.quant_formats import QuantWeight, dequantize
 
 log = logging.getLogger(__name__)
@@ -72,21 +73,6 @@ def _gemma_norm_weight(w: torch.Tensor) -> torch.Tensor:
     return (1.0 + w.float()).contiguous()
 
 
-class _TorchOps:
-    """The batch-dependent ops of the PyTorch forward: plain, or batch invariant (invariant.py)."""
-
-    def __init__(self, cfg: ModelConfig, batch_invariant: bool):
-        norm = gemma_rms_norm if cfg.gemma_norms else rms_norm
-        eps = cfg.rms_norm_eps
-        if batch_invariant:
-            self.norm = lambda x, w: invariant.rms_norm(x, w, eps, norm)  # noqa: E731
-            self.linear, self.attention = invariant.linear, invariant.attention
-        else:
-            self.norm = lambda x, w: norm(x, w, eps)  # noqa: E731
-            self.linear = lambda layer, x: layer(x)  # noqa: E731
-            self.attention = paged_attention
-
-
 class LlamaModel:
     """Inference-only model. Weights come in Hugging Face names (see engine/weights.py).
 
@@ -95,7 +81,9 @@ class LlamaModel:
     AGENTRT_KERNELS=0; True = require them (ModelLoadError naming why not); False = PyTorch only.
     `kernels_enabled` switches between the two paths at run time (the weights stay packed).
     A quantized model runs on the fused quantized decoder wherever it can (quant_forward.py);
-    `quant_fused` switches it off and on."""
+    `quant_fused` switches it off and on. Where the kernel backend of the model's device is
+    Triton (kernels/backend.py: CUDA by default, or AGENTRT_KERNELS=triton), the layer loop runs
+    on the Triton ops (models/layer_ops.py; linears stay torch matmuls): `triton_enabled`."""
 
     def __init__(self, cfg: ModelConfig, state_dict: dict[str, torch.Tensor], max_positions: int | None = None,
                  use_kernels: bool | None = None):
@@ -107,7 +95,8 @@ class LlamaModel:
             emb = QuantEmbedding(emb) if isinstance(emb, QuantWeight) else emb
             use_kernels = False
         self.device, self.dtype = emb.device, emb.dtype
-        kernel = _want_kernels(use_kernels, cfg, self.dtype, self.device)
+        self.kernel_backend, self.triton_enabled = _kernel_backend(cfg, self.dtype, self.device, bool(self.quantized))
+        kernel = _want_kernels(use_kernels, cfg, self.dtype, self.device, self.kernel_backend)
         pack = self.device.type == "cpu" and self.dtype == torch.bfloat16
         self.embed = emb
         self.layers = [_Layer(cfg, state_dict, i, pack, kernel) for i in range(cfg.num_hidden_layers)]
@@ -176,50 +165,34 @@ class LlamaModel:
     @torch.inference_mode()
     def _forward(self, batch: ForwardBatch, kv: KVCache, n_layers: int, return_hidden: bool,
                  batch_invariant: bool) -> ForwardOutput:
-        """The PyTorch forward; batch_invariant replaces every batch-dependent op (models/invariant.py)."""
+        """The layer loop over the Triton ops or the PyTorch ops (models/layer_ops.py); batch_invariant
+        takes the PyTorch path with every batch-dependent op replaced (models/invariant.py)."""
         if self._kernels_enabled:
             return kernel_forward(self, batch, kv, n_layers, return_hidden)
         cfg, T = self.cfg, batch.input_ids.shape[0]
-        ops = _TorchOps(cfg, batch_invariant)
-        h = self.embed[batch.input_ids]  # [T, hidden]
+        ops = (TritonLayerOps(self, batch) if self.triton_enabled and not batch_invariant
+               else TorchLayerOps(self, batch, batch_invariant))
+        h = self.embed[batch.input_ids]  # [T, hidden]: the residual stream
         if self.embed_scale is not None:
             h = h * self.embed_scale.to(h.dtype)
-        ropes = {False: self.rope.tables(batch.positions, self.dtype)}  # [T, 1, d] cos, sin
-        if self.local_rope is not None:
-            ropes[True] = self.local_rope.tables(batch.positions, self.dtype)
-        nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
-        act = _activation(cfg.hidden_act)
+        nq, d = cfg.num_attention_heads, cfg.head_dim
+        pending = None  # the last sublayer's output, added to h by the next norm (fused there on Triton)
         for li, layer in enumerate(self.layers[:n_layers]):
-            x = ops.norm(h, layer.attn_norm)
-            qkv = ops.linear(layer.qkv, x)  # [T, (nq + 2 nkv) d]
-            q, k, v = qkv.split([nq * d, nkv * d, nkv * d], dim=-1)
-            q, k = q.reshape(T, nq, d), k.reshape(T, nkv, d)
-            if layer.q_norm is not None:  # over each head's vector, before rotary
-                q = ops.norm(q.reshape(T * nq, d), layer.q_norm).view(T, nq, d)
-                k = ops.norm(k.reshape(T * nkv, d), layer.k_norm).view(T, nkv, d)
-            cos, sin = ropes[layer.local_rope]
-            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
-            kv.write(li, batch.slot_mapping, k, v.view(T, nkv, d))
-            o = ops.attention(q, kv.k[li], kv.v[li], batch.attn, self.scale, layer.window)  # [T, nq, d]
+            x, h = ops.add_norm(pending, h, layer.attn_norm)
+            q = ops.rotary_kv_write(layer, li, ops.linear(layer.qkv, x), batch, kv)  # [T, nq, d]
+            o = ops.attention(q, li, kv, batch.attn, self.scale, layer.window)  # [T, nq, d]
             o = ops.linear(layer.o, o.reshape(T, nq * d))
-            h = h + (o if layer.attn_out_norm is None else ops.norm(o, layer.attn_out_norm))
-            x = ops.norm(h, layer.mlp_norm)
-            gate, up = ops.linear(layer.gate_up, x).chunk(2, dim=-1)
-            m = ops.linear(layer.down, act(gate) * up)
-            h = h + (m if layer.mlp_out_norm is None else ops.norm(m, layer.mlp_out_norm))
+            x, h = ops.add_norm(o if layer.attn_out_norm is None else ops.norm(o, layer.attn_out_norm), h, layer.mlp_norm)
+            m = ops.linear(layer.down, ops.gate(ops.linear(layer.gate_up, x)))
+            pending = m if layer.mlp_out_norm is None else ops.norm(m, layer.mlp_out_norm)
         if batch.logits_indices is not None:
             h = h[batch.logits_indices]
-        h = ops.norm(h, self.norm)  # [n_out, hidden]
+            pending = None if pending is None else pending[batch.logits_indices]
+        h, _ = ops.add_norm(pending, h, self.norm)  # [n_out, hidden], final-normed
         logits = ops.linear(self.lm_head, h).float()  # [n_out, vocab]
         if cfg.final_logit_softcapping is not None:
             logits = torch.tanh(logits / cfg.final_logit_softcapping) * cfg.final_logit_softcapping
         return ForwardOutput(logits=logits, hidden=h if return_hidden else None)
-
-
-def _activation(name: str):
-    if name == "gelu_tanh":
-        return lambda x: torch.nn.functional.gelu(x, approximate="tanh")
-    return torch.nn.functional.silu
 
 
 def _quantized_modules(cfg: ModelConfig, sd: dict) -> dict[str, list[str]]:
@@ -240,8 +213,28 @@ def _quantized_modules(cfg: ModelConfig, sd: dict) -> dict[str, list[str]]:
     return out
 
 
-def _want_kernels(use_kernels: bool | None, cfg: ModelConfig, dtype: torch.dtype, device: torch.device) -> bool:
-    if use_kernels is False or (use_kernels is None and os.environ.get("AGENTRT_KERNELS", "1") == "0"):
+def _kernel_backend(cfg: ModelConfig, dtype: torch.dtype, device: torch.device, quantized: bool
+                    ) -> tuple[KernelBackend, bool]:
+    """The kernel family for this model's device (kernels/backend.py: AGENTRT_KERNELS, read now,
+    when the model is built), and whether its layers run on the Triton ops. A model the Triton
+    ops cannot run takes the PyTorch path, or is refused naming why when AGENTRT_KERNELS=triton."""
+    try:
+        choice = choose_backend(device)
+    except ValueError as e:
+        raise ModelLoadError(str(e)) from None
+    if choice.backend is not KernelBackend.TRITON:
+        return choice.backend, False
+    reason = triton_support(cfg, dtype, quantized)
+    if reason is not None and os.environ.get("AGENTRT_KERNELS", "").strip().lower() == "triton":
+        raise ModelLoadError(f"AGENTRT_KERNELS=triton but {reason}")
+    if reason is not None:
+        log.info("%s: the PyTorch path runs it", reason)
+    return choice.backend, reason is None
+
+
+def _want_kernels(use_kernels: bool | None, cfg: ModelConfig, dtype: torch.dtype, device: torch.device,
+                  backend: KernelBackend) -> bool:
+    if use_kernels is False or (use_kernels is None and backend is not KernelBackend.CPU):
         return False
     reason = kernel_support(cfg, dtype, device)
     if reason is not None and use_kernels:

@@ -18,20 +18,48 @@ import torch
 _ENV_INTERPRET = os.environ.get("TRITON_INTERPRET", "")
 INTERPRETED: bool = _ENV_INTERPRET == "1" or (_ENV_INTERPRET != "0" and not torch.cuda.is_available())
 if INTERPRETED:
-    # Set before triton is first imported: triton.language's own @jit functions (tl.sum, tl.max,
-    # tl.cumsum) are decorated at that import, and decorated for a GPU they fail when an
-    # interpreted kernel calls them.
+    # Set before triton is first imported where we can: triton.language's own @jit functions
+    # (tl.sum, tl.max, tl.cumsum) are decorated at that import, and decorated for a GPU they fail
+    # when an interpreted kernel calls them (_interpret_triton_language rewraps them otherwise).
     _TRITON_ALREADY_IMPORTED = "triton" in sys.modules
     os.environ["TRITON_INTERPRET"] = "1"
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+
+
+def _interpret_triton_language() -> None:
+    """Rewrap triton.language's own @jit functions for the interpreter, wherever triton.language
+    holds them: its modules' attributes (tl.sum, tl.standard.max) and the closures of the tensor
+    methods that call them (x.sum()). Needed when triton was imported before this module, as
+    torch._dynamo's import does (transformers imports torch._dynamo): its functions were then
+    decorated for a GPU, and a GPU JITFunction refuses to be called from an interpreted kernel."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+
+    wrapped: dict[int, InterpretedFunction] = {}
+
+    def interpreted(fn: JITFunction) -> InterpretedFunction:
+        if id(fn) not in wrapped:
+            wrapped[id(fn)] = InterpretedFunction(fn.fn)
+        return wrapped[id(fn)]
+
+    modules = [m for name, m in list(sys.modules.items()) if m is not None and name.startswith("triton.language")]
+    for module in modules:
+        for attr, value in list(vars(module).items()):
+            if isinstance(value, JITFunction):
+                setattr(module, attr, interpreted(value))
+    for value in vars(tl.core.tensor).values():
+        for cell in getattr(value, "__closure__", None) or ():
+            if isinstance(cell.cell_contents, JITFunction):
+                cell.cell_contents = interpreted(cell.cell_contents)
+
+
 if INTERPRETED:
     triton.knobs.runtime.interpret = True
-    if _TRITON_ALREADY_IMPORTED and not isinstance(tl.standard.sum, triton.runtime.interpreter.InterpretedFunction):
-        raise ImportError("agentrt.kernels.triton must be imported before triton on a machine without CUDA "
-                          "(or run with TRITON_INTERPRET=1): triton.language was already set up to compile for a GPU")
+    if _TRITON_ALREADY_IMPORTED:
+        _interpret_triton_language()
 
 
 def kernel_device() -> torch.device:
