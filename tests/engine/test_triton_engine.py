@@ -21,13 +21,28 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
     "type": "object", "properties": {"city": {"type": "string", "maxLength": 3}}, "required": ["city"]}}}
 
 
+# On a CUDA machine (scripts/gpu_check.sh) the same tests run compiled on the GPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _load(path, kernels: str):
+    """The tiny Llama 3 with AGENTRT_KERNELS=kernels: the backend is chosen when the model is built."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("AGENTRT_KERNELS", kernels)
+        return load_model(str(path), "float32", device=DEVICE, progress=False)
+
+
 @pytest.fixture(scope="module")
 def triton_llama(tiny_model_dir):
-    """The tiny Llama 3 loaded with AGENTRT_KERNELS=triton: the backend is chosen when the model is built."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("AGENTRT_KERNELS", "triton")
-        loaded = load_model(str(tiny_model_dir("llama3")), "float32", progress=False)
+    loaded = _load(tiny_model_dir("llama3"), "triton")
     assert loaded.model.kernel_backend is KernelBackend.TRITON and loaded.model.triton_enabled
+    return loaded
+
+
+@pytest.fixture(scope="module")
+def torch_llama(tiny_model_dir):
+    loaded = _load(tiny_model_dir("llama3"), "torch")
+    assert loaded.model.kernel_backend is KernelBackend.TORCH and not loaded.model.triton_enabled
     return loaded
 
 
@@ -36,33 +51,31 @@ def _generate(engine, chats, params):
 
 
 @pytest.mark.parametrize("drafter", ["none", "suffix"])
-def test_greedy_output_on_triton_equals_the_pytorch_path(triton_llama, tiny_loaded, make_engine, drafter):
-    torch_llama = tiny_loaded("llama3")
-    assert torch_llama.model.kernel_backend is not KernelBackend.TRITON and not torch_llama.model.triton_enabled
+def test_greedy_output_on_triton_equals_the_pytorch_path(triton_llama, torch_llama, make_engine, drafter):
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
-    want = _generate(make_engine(torch_llama, kv_cache_tokens=512), CHATS, params)
-    engine = make_engine(triton_llama, kv_cache_tokens=512, spec=SpecConfig(drafter=drafter, k=3))
+    want = _generate(make_engine(torch_llama, kv_cache_tokens=512, device=DEVICE), CHATS, params)
+    engine = make_engine(triton_llama, kv_cache_tokens=512, device=DEVICE, spec=SpecConfig(drafter=drafter, k=3))
     assert _generate(engine, CHATS, params) == want
     assert all(len(t) == 10 for t in want)
 
 
-def test_a_constrained_tool_call_decodes_valid_on_triton_with_template_drafting(triton_llama, tiny_loaded, make_engine):
+def test_a_constrained_tool_call_decodes_valid_on_triton_with_template_drafting(triton_llama, torch_llama, make_engine):
     rf = {"type": "tool_call", "tools": [WEATHER]}
     params = SamplingParams(max_tokens=100, temperature=0, response_format=rf)
     chat = ["weather in Lisbon? "]  # a text prompt: the tiny model's 256 positions leave no room to describe the tool
-    engine = make_engine(triton_llama, kv_cache_tokens=512, spec=SpecConfig(drafter="template"))
+    engine = make_engine(triton_llama, kv_cache_tokens=512, device=DEVICE, spec=SpecConfig(drafter="template"))
     r = engine.generate(chat, params)[0]
     assert r.error is None, r.error
     assert r.parsed["name"] == "get_weather" and isinstance(r.parsed["arguments"]["city"], str)
     assert r.spec.total.forced > 0  # the template drafter's forced tokens went through verify_greedy
-    plain = make_engine(tiny_loaded("llama3"), kv_cache_tokens=512).generate(chat, params)[0]
+    plain = make_engine(torch_llama, kv_cache_tokens=512, device=DEVICE).generate(chat, params)[0]
     assert r.token_ids == plain.token_ids
 
 
 def test_a_family_the_triton_path_lacks_is_refused_naming_its_features(tiny_model_dir, monkeypatch):
     monkeypatch.setenv("AGENTRT_KERNELS", "triton")
     with pytest.raises(ModelLoadError, match="AGENTRT_KERNELS=triton but .*QK-norm"):
-        load_model(str(tiny_model_dir("qwen3")), "float32", progress=False)
+        load_model(str(tiny_model_dir("qwen3")), "float32", device=DEVICE, progress=False)
 
 
 def test_cuda_takes_the_triton_path_by_default(tiny_loaded):
@@ -73,6 +86,7 @@ def test_cuda_takes_the_triton_path_by_default(tiny_loaded):
     assert "sliding-window layers" in triton_support(gemma, torch.bfloat16, quantized=False)
 
 
+@pytest.mark.skipif(DEVICE != "cpu", reason="a CPU machine's import graph")
 def test_a_cpu_engine_never_imports_the_triton_kernels():
     code = ("import sys, json; import agentrt.engine.llm_engine, agentrt.engine.step_sampler; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('agentrt.kernels.triton'))))")

@@ -1,0 +1,88 @@
+"""The engine's timings on one CUDA GPU, on the Triton path: greedy decode at several batch sizes,
+speculation (suffix drafter) against plain decoding, and constrained tool calls with the template
+drafter. `agentrt bench decode/spec/toolcall/batch-sweep` time the CPU engine and take no device,
+so scripts/gpu_check.sh runs this instead; it writes one JSON object to --json.
+
+Each measurement runs once after a short warm-up generation (Triton compiles each kernel for its
+shapes' constexprs on first launch) and covers whole generations, prefill included.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import torch
+
+from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
+from agentrt.engine.model_loader import load_model
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
+                                            "parameters": {"type": "object", "required": ["city"],
+                                                           "properties": {"city": {"type": "string"}}}}}
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def _timed(engine: LLMEngine, prompts: list, params: SamplingParams) -> tuple[list, float]:
+    engine.generate(prompts[:1], SamplingParams(max_tokens=4, temperature=0))  # compile and warm
+    _sync(engine.config.device)
+    t0 = time.perf_counter()
+    results = engine.generate(prompts, params)
+    _sync(engine.config.device)
+    return results, time.perf_counter() - t0
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--batches", default="1,8,32,64")
+    p.add_argument("--tokens", type=int, default=128, help="tokens generated per request")
+    p.add_argument("--json", required=True, metavar="PATH")
+    p.add_argument("--device", default="cuda", help="cpu: a dry run of this script (AGENTRT_KERNELS=triton: the interpreter)")
+    args = p.parse_args()
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_engine_bench: no CUDA device in this process (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 2
+    loaded = load_model(args.model, args.dtype, device=args.device, progress=False)
+    model = loaded.model
+    engine = lambda **kw: LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device,  # noqa: E731
+                                                 kv_cache_tokens=65536, **kw), loaded=loaded)
+    summary: dict = {"gpu": torch.cuda.get_device_name(0) if args.device.startswith("cuda") else None, "model": args.model, "dtype": str(model.dtype),
+                     "kernel_backend": model.kernel_backend.value, "triton_layers": model.triton_enabled}
+
+    greedy = SamplingParams(max_tokens=args.tokens, temperature=0, ignore_eos=True)
+    summary["decode"] = []
+    for b in [int(x) for x in args.batches.split(",")]:
+        prompts = [[{"role": "user", "content": f"Tell a long story about the number {i}."}] for i in range(b)]
+        results, secs = _timed(engine(), prompts, greedy)
+        n = sum(len(r.token_ids) for r in results)
+        summary["decode"].append({"batch": b, "tokens": n, "seconds": round(secs, 4), "tokens_per_s": round(n / secs, 1)})
+
+    chat = [[{"role": "user", "content": "Repeat this line five times: alpha beta gamma delta epsilon."}]]
+    plain, plain_s = _timed(engine(), chat, greedy)
+    spec, spec_s = _timed(engine(spec=SpecConfig(drafter="suffix")), chat, greedy)
+    summary["spec"] = {"drafter": "suffix", "plain_tokens_per_s": round(args.tokens / plain_s, 1),
+                       "spec_tokens_per_s": round(args.tokens / spec_s, 1),
+                       "same_tokens": plain[0].token_ids == spec[0].token_ids, "spec": spec[0].spec}
+
+    asks = [[{"role": "user", "content": f"What's the weather in {city}?"}] for city in ("Lisbon", "Rome", "Oslo", "Lima")] * 2
+    tool = SamplingParams(max_tokens=96, temperature=0, response_format={"type": "tool_call", "tools": [WEATHER]})
+    calls, calls_s = _timed(engine(spec=SpecConfig(drafter="template")), asks, tool)
+    valid = [r.error is None and r.parsed is not None and r.parsed.get("name") == "get_weather" for r in calls]
+    summary["toolcall"] = {"requests": len(calls), "valid": sum(valid), "seconds": round(calls_s, 4),
+                           "tokens": sum(len(r.token_ids) for r in calls),
+                           "forced": sum(r.spec["total"]["forced"] for r in calls if r.spec)}
+    with open(args.json, "w") as f:
+        json.dump(summary, f, indent=2, default=str)
+    print(json.dumps({k: summary[k] for k in ("gpu", "kernel_backend", "triton_layers")}))
+    return 0 if all(valid) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
