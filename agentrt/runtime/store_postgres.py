@@ -25,6 +25,8 @@ The schema is versioned in a `schema_version` table and migrated forward when th
 all steps in one transaction under an advisory lock (two servers starting at once migrate once);
 a database written by a newer agentrt is refused and left as it is. The tables live in the
 connection's search_path: give a dedicated database, or ?options=-csearch_path%3Dagentrt.
+Version 2 adds run ownership for several server replicas on one database (store_leases.py: each
+unfinished run's owner and lease, the replicas, inputs forwarded to a run's owner).
 """
 from __future__ import annotations
 
@@ -39,13 +41,13 @@ from psycopg_pool import ConnectionPool
 
 from agentrt.runtime.store_api import (ENDED, RUN_FIELDS, NodeChange, Recorded, StoredRun, StoreError,
                                        StoreUnavailable, ToolAttempt, check_run_fields, doomed_runs, to_json)
+from agentrt.runtime.store_leases import LEASE_MIGRATION, LeaseStore
 from agentrt.runtime.store_location import redact_url
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 MIGRATIONS: dict[int, list[str]] = {  # version -> the statements that reach it from the one before
     1: [
-        # seq orders runs created in the same instant; a later version adds the owner and lease
-        # expiry of a run (replicas), both nullable, without touching what is here
+        # seq orders runs created in the same instant
         """CREATE TABLE runs (
             run_id TEXT PRIMARY KEY, seq BIGINT GENERATED ALWAYS AS IDENTITY, program TEXT NOT NULL,
             program_hash TEXT NOT NULL, inputs JSON NOT NULL, status TEXT NOT NULL,
@@ -71,6 +73,7 @@ MIGRATIONS: dict[int, list[str]] = {  # version -> the statements that reach it 
             run_id TEXT NOT NULL REFERENCES runs (run_id) ON DELETE CASCADE, id BIGINT NOT NULL,
             type TEXT NOT NULL, data JSON NOT NULL, PRIMARY KEY (run_id, id))""",
     ],
+    2: LEASE_MIGRATION,  # replicas: each unfinished run's owner and lease expiry (store_leases.py)
 }
 _MIGRATION_LOCK = 0x61677274  # pg_advisory_xact_lock key ("agrt"): one migrating opener at a time
 _CASTS = {"inputs": "json", "output": "json", "metadata": "jsonb", "error": "jsonb"}
@@ -107,7 +110,7 @@ def _finite(value: Any) -> Any:
     return value
 
 
-class PostgresRunStore:
+class PostgresRunStore(LeaseStore):
     def __init__(self, url: str, *, connect_timeout_s: float = 5.0, wait_s: float = 3.0,
                  max_connections: int = 4) -> None:
         """Connect, migrate the schema, open the pool. StoreUnavailable naming the URL (without
@@ -200,9 +203,13 @@ class PostgresRunStore:
 
     # -- runs --
     def create_run(self, run: StoredRun) -> None:
+        with self._conn() as conn:
+            self._insert_run(conn, run)
+
+    def _insert_run(self, conn: psycopg.Connection, run: StoredRun) -> None:
         values = [self._param(f, getattr(run, f)) for f in RUN_FIELDS]
         marks = ", ".join(self._mark(f) for f in RUN_FIELDS)
-        self._execute(f"INSERT INTO runs ({', '.join(RUN_FIELDS)}) VALUES ({marks})", values)
+        conn.execute(f"INSERT INTO runs ({', '.join(RUN_FIELDS)}) VALUES ({marks})", values)
 
     def update_run(self, run_id: str, **fields: Any) -> None:
         check_run_fields(fields)
