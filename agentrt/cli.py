@@ -14,6 +14,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "run": ("agentrt.runtime.cli_run", "run an agent program (examples/*.py)"),
     "resume": ("agentrt.runtime.cli_resume", "go on with a stored run that did not end (agentrt run --db)"),
     "runs": ("agentrt.runtime.cli_runs", "list or prune the runs in a run store"),
+    "status": ("agentrt.runtime.cli_status", "the replicas serving a run store and who owns its unfinished runs"),
     "inspect": ("agentrt.runtime.cli_inspect", "re-render a saved run trace"),
     "worker": ("agentrt.tools.cli_worker", "serve a module's tools over MQTT"),
     "engine-worker": ("agentrt.server.cli_engine_worker", "serve an engine's LLM calls over MQTT (agentrt serve --engines)"),

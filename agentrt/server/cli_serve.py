@@ -64,6 +64,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the run store: a SQLite file, a path or sqlite:///PATH (default: RUNS_DIR/agentrt.db), or "
                         "postgresql://USER[:PASSWORD]@HOST[:PORT]/DB; unfinished runs in it resume on start")
     p.add_argument("--no-db", action="store_true", help="keep runs in memory only (nothing survives a restart)")
+    p.add_argument("--lease-s", type=float, default=ServerConfig.lease_s, metavar="S",
+                   help="with a PostgreSQL --db (several replicas on one database): how long this server's hold on "
+                        "its runs lasts unless renewed (renewed every S/3); runs of a replica silent this long are "
+                        "taken over by another")
     p.add_argument("--allow-changed-programs", action="store_true",
                    help="resume stored runs even when their program file changed since they started")
     p.add_argument("--prune-after", default=None, metavar="DURATION",
@@ -134,12 +138,14 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
                              f"to 127.0.0.1")
     from agentrt.runtime.cli_runs import duration_s
 
+    if args.lease_s <= 0:
+        raise RunConfigError(f"--lease-s must be positive, got {args.lease_s:g}")
     runs_dir = Path(args.runs_dir)
     db = None if args.no_db else args.db or runs_dir / "agentrt.db"
     return ServerConfig(host=args.host, port=args.port, api_keys=keys, limits=limits, runs_dir=runs_dir,
                         keep_runs=args.keep_runs, db=db, allow_changed_programs=args.allow_changed_programs,
                         prune_after_s=duration_s(args.prune_after) if args.prune_after else None,
-                        prune_keep=args.prune_keep, cors_origins=tuple(args.cors_origin),
+                        prune_keep=args.prune_keep, cors_origins=tuple(args.cors_origin), lease_s=args.lease_s,
                         shutdown_grace_s=args.shutdown_grace, access_log=not args.no_access_log)
 
 

@@ -38,6 +38,9 @@ class ServerConfig:
     # the run store: a SQLite file or a PostgreSQL database (None: runs live in memory only)
     db: Path | PostgresLocation | None = Path("runs/serve/agentrt.db")
     store_retry_s: float = 1.0  # while the store is unavailable, how often a run it stopped tries to resume
+    # on a PostgreSQL store: how long a replica's hold on its runs lasts unless renewed (it beats
+    # every lease_s/3); a replica dead this long has its runs taken over by another
+    lease_s: float = 10.0
     allow_changed_programs: bool = False  # resume runs whose program file changed since they started
     prune_after_s: float | None = None  # delete ended runs (store rows and traces) this long after they end
     prune_keep: int | None = None  # ... and beyond the newest this many ended runs

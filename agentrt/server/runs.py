@@ -17,6 +17,11 @@ When the store becomes unavailable (PostgreSQL restarting), a submit answers 503
 recorded) and a run whose write fails stops as at a shutdown: what it did since its last recorded
 write is dropped (the event that failed is not in its log either), and it is resumed from the
 store once the store answers again (polled every `store_retry_s`).
+
+On a PostgreSQL store shared by several replicas (`lease_s` given) this manager runs only the runs
+its replica owns (replicas.py): it records a submitted run as its own, resumes at start only the
+runs no live replica holds, releases a run's lease when it ends; a run another replica owns is
+served from the store (`ServedRun.remote`), its cancel and input recorded there for its owner.
 """
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ from agentrt.runtime.summary import summarize
 from agentrt.runtime.trace import new_id, read_trace, write_records
 from agentrt.server.config import Limits
 from agentrt.server.errors import ApiError
+from agentrt.server.replicas import Replica, check_forwarded_input, follow_store, remote_waiting
 
 log = logging.getLogger("agentrt.server")
 ENDED = ("done", "failed", "cancelled")
@@ -70,6 +76,7 @@ class ServedRun:
     store: RunStore | None = None  # where its events are recorded
     interrupted: bool = False  # stopped by a shutdown, to be resumed by the next start
     store_lost: bool = False  # a write of it failed (the store unavailable): stopping, resumed when it is back
+    remote: bool = False  # another replica owns it: what is shown is read back from the store
     _changed: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -85,6 +92,8 @@ class ServedRun:
 
     async def changed(self, after: int, timeout: float | None = None) -> bool:
         """Wait until the log has an event past id `after` or the run ended; False on timeout."""
+        if self.remote:
+            return await follow_store(self, after, timeout)
         while len(self.events) <= after and not self.ended:
             self._changed.clear()
             try:
@@ -99,7 +108,8 @@ class RunManager:
                  keep_runs: int = 1000,
                  on_end: Callable[[ServedRun, list[dict[str, Any]] | None], None] | None = None, *,
                  allow_changed_programs: bool = False, prune_after_s: float | None = None,
-                 prune_keep: int | None = None, store_retry_s: float = 1.0) -> None:
+                 prune_keep: int | None = None, store_retry_s: float = 1.0, lease_s: float | None = None,
+                 replica_id: str | None = None) -> None:
         self.runtime, self.programs, self.limits = runtime, dict(programs), limits
         self.runs_dir, self.keep_runs, self.on_end = Path(runs_dir), keep_runs, on_end
         self.store: RunStore | None = runtime.store
@@ -114,6 +124,9 @@ class RunManager:
         self.accepting = True
         self.watchers: list[Callable[[ServedRun], None]] = []  # told when a run is queued or changes status
         self._unsubscribe = runtime.subscribe_events(self._on_event)
+        # on a store several replicas share: which runs this one runs (replicas.py)
+        self.replica = Replica(self, self.store, lease_s, replica_id) \
+            if lease_s is not None and getattr(self.store, "supports_leases", False) else None
 
     # -- counts --
     @property
@@ -141,8 +154,9 @@ class RunManager:
             existing = self.runs.get(self._by_key.get(idempotency_key, ""))
             if existing is None and self.store is not None:  # bound before a restart
                 stored = self.store.run_by_key(idempotency_key)
-                if stored is not None and stored.status in UNFINISHED and stored.run_id not in self.runs:
-                    self._resume_stored(stored)  # recorded, but its first start did not get going
+                if stored is not None and stored.status in UNFINISHED and stored.run_id not in self.runs \
+                        and (self.replica is None or self.replica.claim(stored.run_id)):
+                    self.resume_stored(stored)  # recorded, but its first start did not get going
                 existing = None if stored is None else self.get(stored.run_id)
             if existing is not None:
                 if existing.request_digest != digest:
@@ -162,9 +176,13 @@ class RunManager:
         run = ServedRun(run_id, program, full, dict(metadata or {}), float(priority or 0.0), time.time(),
                         next(self._seq), idempotency_key, digest, store=self.store)
         if self.store is not None:  # durable before the client hears of it
-            self.store.create_run(StoredRun(run_id, program, self._hashes[program], full, "queued", run.created_at,
-                                            idempotency_key=idempotency_key, request_digest=digest,
-                                            priority=run.priority, metadata=run.metadata))
+            stored = StoredRun(run_id, program, self._hashes[program], full, "queued", run.created_at,
+                               idempotency_key=idempotency_key, request_digest=digest, priority=run.priority,
+                               metadata=run.metadata)
+            if self.replica is not None:
+                self.store.create_owned_run(stored, self.replica.id, self.replica.lease_s)
+            else:
+                self.store.create_run(stored)
         self.runs[run_id] = run
         if idempotency_key is not None:
             self._by_key[idempotency_key] = run_id
@@ -235,6 +253,8 @@ class RunManager:
                 self.store.update_run(run.run_id, status=status, ended_at=run.ended_at, output=output, error=error)
             except StoreUnavailable as e:  # it stays unfinished there: the next start takes it up again
                 log.error("run %s ended (%s) but its end is not recorded: %s", run.run_id, status, e)
+        if self.replica is not None:
+            self.replica.release(run.run_id)
         records = self.runtime.release(run.run_id) if run.run_id in self.runtime.programs else None
         if records is not None:
             run.summary = summarize(records)
@@ -284,9 +304,11 @@ class RunManager:
             return []
         if self.prune_after_s is not None or self.prune_keep is not None:
             self.prune()  # retention holds from the start, not only as runs end
-        return [stored.run_id for stored in self.store.runs(UNFINISHED) if self._resume_stored(stored)]
+        if self.replica is not None:  # only the runs no live replica holds
+            return self.replica.start()
+        return [stored.run_id for stored in self.store.runs(UNFINISHED) if self.resume_stored(stored)]
 
-    def _resume_stored(self, stored: StoredRun) -> bool:
+    def resume_stored(self, stored: StoredRun) -> bool:
         """Serve a stored unfinished run again and go on with it (False: it failed, not resumable)."""
         run = self._served(stored)
         self.runs[run.run_id] = run
@@ -328,6 +350,9 @@ class RunManager:
                 run.add_event("run_resumed", {"program": run.program, "was": stored.status})
             except StoreUnavailable:
                 continue
+            if self.replica is not None and not self.replica.claim(run.run_id):  # another replica took it over
+                self.runs.pop(run.run_id, None)
+                return
             log.info("run %s resumed: the store answers again", run.run_id)
             await self._run(run, resume)
             return
@@ -386,10 +411,17 @@ class RunManager:
     # -- outside input --
     def waiting_for(self, run: ServedRun) -> dict[str, Any]:
         """The run's wait_for nodes waiting now: node -> InputWait (schema, prompt)."""
+        if run.remote:
+            return remote_waiting(run) if not run.ended else {}
         return self.runtime.waiting_for(run.run_id) if not run.ended else {}
 
     def provide_input(self, run: ServedRun, node: str, value: Any, *, by: str | None = None) -> None:
-        """Raises RunConfigError (not waiting there) or InputValueError (the schema says no)."""
+        """Raises RunConfigError (not waiting there) or InputValueError (the schema says no). For
+        a run another replica owns the value is checked here, recorded, and given by its owner."""
+        if run.remote:
+            check_forwarded_input(run, node, value)
+            self.store.forward_input(run.run_id, node, value, by)
+            return
         self.runtime.provide_input(run.run_id, node, value, by=by, via="http")
 
     # -- reading --
@@ -399,7 +431,9 @@ class RunManager:
             return run
         stored = self.store.get_run(run_id) if self.store is not None else None
         if stored is not None:
-            return self._served(stored)
+            run = self._served(stored)
+            run.remote = self.replica is not None and not run.ended
+            return run
         return self._from_disk(run_id)
 
     def _from_disk(self, run_id: str) -> ServedRun:
@@ -445,7 +479,9 @@ class RunManager:
 
     # -- control --
     def cancel(self, run: ServedRun) -> None:
-        if not run.ended and run.task is not None:
+        if run.remote:  # its owner cancels it at its next heartbeat
+            self.store.request_cancel(run.run_id)
+        elif not run.ended and run.task is not None:
             run.task.cancel()
 
     async def shutdown(self, grace_s: float) -> None:
@@ -466,4 +502,6 @@ class RunManager:
                 t.cancel()
             if pending:
                 await asyncio.wait(pending)
+        if self.replica is not None:  # its unfinished runs go to the other replicas now
+            await self.replica.stop()
         self._unsubscribe()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 import time
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, Mapping
@@ -50,7 +51,8 @@ class ServerState:
                                self.config.keep_runs, on_end=self._run_ended,
                                allow_changed_programs=self.config.allow_changed_programs,
                                prune_after_s=self.config.prune_after_s, prune_keep=self.config.prune_keep,
-                               store_retry_s=self.config.store_retry_s)
+                               store_retry_s=self.config.store_retry_s, lease_s=self.config.lease_s,
+                               replica_id=f"{socket.gethostname()}:{self.config.port}")
         self.chat = ChatService(runtime, self.model, self.config.limits, on_response=self.metrics.on_response,
                                 tool_format=getattr(runtime.backend, "tool_format", HOUSE))  # no model: house
         runtime.backend.subscribe_steps(self.metrics.on_step)
