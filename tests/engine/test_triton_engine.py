@@ -4,6 +4,7 @@ masked_argmax / verify_greedy, against the PyTorch path on the same tiny fp32 Ll
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -46,17 +47,49 @@ def torch_llama(tiny_model_dir):
     return loaded
 
 
+@pytest.fixture
+def triton_sampler_calls(monkeypatch):
+    """{op name: calls} of the step sampler's Triton ops in this test."""
+    from agentrt.engine import step_sampler
+
+    calls: dict[str, int] = {}
+    real = step_sampler._triton_ops()
+
+    def counted(name):
+        def op(*args):
+            calls[name] = calls.get(name, 0) + 1
+            return getattr(real, name)(*args)
+        return op
+
+    spied = step_sampler._SamplingOps(*(counted(n) for n in ("greedy", "sample", "verify_greedy", "verify_drafts")))
+    monkeypatch.setattr(step_sampler, "_triton_ops", lambda: spied)
+    return calls
+
+
 def _generate(engine, chats, params):
     return [r.token_ids for r in engine.generate(chats, params)]
 
 
 @pytest.mark.parametrize("drafter", ["none", "suffix"])
-def test_greedy_output_on_triton_equals_the_pytorch_path(triton_llama, torch_llama, make_engine, drafter):
+def test_greedy_output_on_triton_equals_the_pytorch_path(triton_llama, torch_llama, make_engine, drafter,
+                                                        triton_sampler_calls):
     params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
     want = _generate(make_engine(torch_llama, kv_cache_tokens=512, device=DEVICE), CHATS, params)
     engine = make_engine(triton_llama, kv_cache_tokens=512, device=DEVICE, spec=SpecConfig(drafter=drafter, k=3))
+    assert not triton_sampler_calls  # the PyTorch-path model samples on the CPU ops
     assert _generate(engine, CHATS, params) == want
     assert all(len(t) == 10 for t in want)
+    assert triton_sampler_calls["greedy"] > 0 and ("verify_greedy" in triton_sampler_calls) == (drafter != "none")
+
+
+def test_seeded_sampling_on_triton_equals_the_pytorch_path_with_and_without_drafts(triton_llama, torch_llama, make_engine,
+                                                                                    triton_sampler_calls):
+    params = SamplingParams(max_tokens=8, temperature=0.8, top_p=0.9, seed=7, ignore_eos=True)
+    want = _generate(make_engine(torch_llama, kv_cache_tokens=512, device=DEVICE), CHATS, params)
+    for drafter in ("none", "suffix"):  # masked_sample draws, verify_greedy couples the point-mass drafts
+        engine = make_engine(triton_llama, kv_cache_tokens=512, device=DEVICE, spec=SpecConfig(drafter=drafter, k=3))
+        assert _generate(engine, CHATS, params) == want, drafter
+    assert triton_sampler_calls["sample"] > 0 and triton_sampler_calls["verify_greedy"] > 0
 
 
 def test_a_constrained_tool_call_decodes_valid_on_triton_with_template_drafting(triton_llama, torch_llama, make_engine):
@@ -92,3 +125,18 @@ def test_a_cpu_engine_never_imports_the_triton_kernels():
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('agentrt.kernels.triton'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []
+
+
+@pytest.mark.skipif(DEVICE != "cpu", reason="the interpreter runs on CPU-only machines")
+def test_the_interpreter_runs_the_kernels_when_torch_imported_triton_first():
+    # torch._dynamo imports triton (transformers imports torch._dynamo): triton.language's own
+    # functions are then set up for a GPU, and kernels/triton rewraps them for the interpreter
+    code = ("import sys, torch, torch._dynamo; assert 'triton' in sys.modules; "
+            "from agentrt.kernels.triton.masked_sample import masked_argmax; "
+            "from agentrt.kernels.triton.rmsnorm import rmsnorm_residual, rmsnorm_residual_reference; "
+            "x, w = torch.randn(5, 70), torch.randn(70); "
+            "assert torch.equal(masked_argmax(x), x.argmax(-1)); "
+            "torch.testing.assert_close(rmsnorm_residual(x, x, w, 1e-6), rmsnorm_residual_reference(x, x, w, 1e-6)); print('ok')")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
+    assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
