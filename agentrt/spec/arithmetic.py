@@ -36,15 +36,16 @@ def expected_tokens(alpha: float, k: int) -> float:
     return (1.0 - a ** (k + 1)) / (1.0 - a)
 
 
+def expected_accepted(accept_probs: Sequence[float]) -> float:
+    """Expected accepted drafts when draft position j is accepted with probability accept_probs[j]
+    given that every earlier draft was: sum_j prod_{i<=j} a_i (the sum of the marginal gains).
+    Grammar-forced positions have a = 1; len(accept_probs) is the draft length."""
+    return sum(marginal_gains(accept_probs), 0.0)
+
+
 def expected_tokens_positional(accept_probs: Sequence[float]) -> float:
-    """Expected tokens emitted when draft position j is accepted with probability accept_probs[j]
-    given that every earlier draft was: 1 + sum_j prod_{i<=j} a_i. Grammar-forced positions have
-    a = 1; len(accept_probs) is the draft length."""
-    total, survive = 1.0, 1.0
-    for j, p in enumerate(accept_probs):
-        survive *= _check_alpha(p, f"accept_probs[{j}]")
-        total += survive
-    return total
+    """Expected tokens emitted by that pass: the accepted drafts plus the target's own token."""
+    return 1.0 + expected_accepted(accept_probs)
 
 
 def marginal_gains(accept_probs: Sequence[float]) -> list[float]:

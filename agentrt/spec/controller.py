@@ -21,7 +21,7 @@ from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
 from agentrt.errors import SpecConfigError
-from agentrt.spec.arithmetic import expected_tokens, marginal_gains
+from agentrt.spec.arithmetic import expected_accepted, expected_tokens, marginal_gains
 from agentrt.spec.cost_model import StepCostModel
 
 POLICIES = ("adaptive", "fixed", "off")
@@ -117,7 +117,7 @@ class KController:
             ks = [min(self.fixed_k, len(g)) for g in gains]
         else:
             ks = self._greedy(seqs, gains, prefill)
-        return self._allocation(seqs, gains, ks, prefill)
+        return self._allocation(seqs, ks, prefill)
 
     def _gains(self, s: SeqDraftState) -> list[float]:
         if s.context_len < 0 or not (s.draft_cost_s_per_token >= 0):
@@ -127,15 +127,16 @@ class KController:
         except SpecConfigError as e:
             raise SpecConfigError(f"sequence {s.seq_id!r}: {e}") from e
 
-    def _allocation(self, seqs, gains, ks: list[int], prefill: StepPrefill) -> Allocation:
+    def _allocation(self, seqs, ks: list[int], prefill: StepPrefill) -> Allocation:
         step = _Step(self.cost_model, seqs, prefill)
-        for s, g, k in zip(seqs, gains, ks):
-            step.add(sum(g[:k]), k, k * s.context_len, _draft_s(s, k))
+        accepted = [expected_accepted(s.accept_probs[:k]) for s, k in zip(seqs, ks)]
+        for s, a, k in zip(seqs, accepted, ks):
+            step.add(a, k, k * s.context_len, _draft_s(s, k))
         target = step.target_s() if seqs else 0.0
         total = target + step.draft_s
         return Allocation(
             k=ks,
-            expected_tokens=[1.0 + sum(g[:k]) for g, k in zip(gains, ks)],
+            expected_tokens=[1.0 + a for a in accepted],
             predicted_step_s=total,
             predicted_goodput=step.emitted / total if seqs else 0.0,
             predicted_target_s=target,

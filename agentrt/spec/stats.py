@@ -1,13 +1,6 @@
-"""Acceptance accounting: per (request, drafter) totals and per-step events for traces/timelines.
-
-Two acceptance rates are reported, because verification stops at the first rejection:
-* alpha = accepted / drafted: the fraction of proposed tokens that were kept (what the k-sized
-  drafts bought). Drafts after a rejection count as not accepted although they were never tested.
-* alpha_tested = accepted / (accepted + rejections): the per-position acceptance probability (each
-  tested draft is either accepted or is the one rejection of its pass); the α of Leviathan et al. (2023).
-tokens_per_pass = emitted / target_passes is the speed-up numerator. `forced` counts draft tokens
-that a grammar forced (always 0 until grammar drafting exists), kept apart so α can later be split
-into forced and free tokens.
+"""Acceptance accounting while requests run: per (request, drafter) totals and per-step events
+for traces/timelines. A finished request's totals are frozen into `spec.report.SpecReport`, which
+also defines the rates (α, α tested, tokens per pass); the properties here read them from there.
 """
 from __future__ import annotations
 
@@ -16,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from agentrt.errors import SpecError
+from agentrt.spec.report import SpecFigures, SpecReport
 
 
 @dataclass(frozen=True)
@@ -95,39 +89,30 @@ class DraftStats:
             out.merge(part)
         return out
 
+    def figures(self) -> SpecFigures:
+        """These counts, frozen (the derived rates are computed there)."""
+        return SpecFigures(self.drafted, self.accepted, self.rejections, self.forced, self.target_passes,
+                           self.emitted, self.run_lengths)
+
     @property
     def spec_passes(self) -> int:
-        """Passes that verified at least one draft."""
-        return sum(self.run_lengths.values())
+        return self.figures().spec_passes
 
     @property
     def alpha(self) -> float | None:
-        return self.accepted / self.drafted if self.drafted else None
+        return self.figures().alpha
 
     @property
     def alpha_tested(self) -> float | None:
-        tested = self.accepted + self.rejections
-        return self.accepted / tested if tested else None
+        return self.figures().alpha_tested
 
     @property
     def tokens_per_pass(self) -> float | None:
-        return self.emitted / self.target_passes if self.target_passes else None
+        return self.figures().tokens_per_pass
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready; histogram keys are strings, rates are None when undefined."""
-        return {
-            "drafted": self.drafted,
-            "accepted": self.accepted,
-            "rejections": self.rejections,
-            "forced": self.forced,
-            "target_passes": self.target_passes,
-            "spec_passes": self.spec_passes,
-            "emitted": self.emitted,
-            "run_lengths": {str(j): self.run_lengths[j] for j in sorted(self.run_lengths)},
-            "alpha": self.alpha,
-            "alpha_tested": self.alpha_tested,
-            "tokens_per_pass": self.tokens_per_pass,
-        }
+        return self.figures().to_dict()
 
 
 @dataclass
@@ -147,12 +132,12 @@ class RequestSpecStats:
     def total(self) -> DraftStats:
         return DraftStats.total(self.by_drafter.values())
 
+    def report(self) -> SpecReport:
+        """The request's figures, frozen: what the engine hands out when it finishes."""
+        return SpecReport.of_drafters(self.seq_id, {name: s.figures() for name, s in self.by_drafter.items()})
+
     def to_dict(self, with_events: bool = False) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "seq_id": self.seq_id,
-            "total": self.total().to_dict(),
-            "by_drafter": {name: s.to_dict() for name, s in self.by_drafter.items()},
-        }
+        out = self.report().to_dict()
         if with_events:
             out["events"] = [e.to_dict() for e in self.events]
         return out

@@ -7,6 +7,7 @@ import pytest
 
 from agentrt.errors import SpecConfigError
 from agentrt.spec.arithmetic import (
+    expected_accepted,
     expected_tokens,
     expected_tokens_positional,
     marginal_gains,
@@ -47,6 +48,8 @@ def test_expected_tokens_limits():
 )
 def test_positional_matches_enumerated_patterns(probs):
     assert expected_tokens_positional(probs) == pytest.approx(expected_by_patterns(probs), rel=1e-12)
+    # the accepted drafts are the emitted tokens less the target's own one
+    assert expected_accepted(probs) == pytest.approx(expected_by_patterns(probs) - 1.0, abs=1e-12)
 
 
 def test_positional_with_equal_probs_is_the_closed_form_and_forced_positions_count_fully():
@@ -64,6 +67,8 @@ def test_bad_alpha_is_named(bad):
         expected_tokens_positional([0.5, bad])
     with pytest.raises(SpecConfigError, match=r"accept_probs\[1\]"):
         marginal_gains([0.5, bad])
+    with pytest.raises(SpecConfigError, match=r"accept_probs\[1\]"):
+        expected_accepted([0.5, bad])
 
 
 def test_bad_k():
