@@ -37,6 +37,7 @@ from rich.console import Console
 from agentrt.bench.common import BenchResult
 from agentrt.bench.prompts import mixed_prompts
 from agentrt.bench.spec import new_engine
+from agentrt.spec.report import SpecFigures
 
 MIN_QUEUED = 4  # requests waiting behind the first B, at least
 
@@ -103,19 +104,15 @@ class PolicyRun:
 
 def pooled(runs: list[PolicyRun]) -> dict[str, Any]:
     """Goodput and α totals over the runs of one (B, policy): sums of tokens over sums of seconds."""
-    tot: dict[str, int] = {}
-    for r in (res for run in runs for res in run.results):
-        for key in ("drafted", "accepted", "rejections", "target_passes", "emitted"):
-            tot[key] = tot.get(key, 0) + int(r.spec["total"].get(key) or 0)
-    tested = tot["accepted"] + tot["rejections"]
+    tot = SpecFigures.sum(res.spec.total for run in runs for res in run.results)
     decode_s = sum(r.decode_s for r in runs)
     ctx = [c for r in runs for c in r.ctx]
     ks = [k for r in runs for k in r.ks]
     return {
         "goodput": sum(r.decode_tokens for r in runs) / decode_s if decode_s else 0.0,
         "e2e_goodput": sum(r.tokens for r in runs) / sum(r.all_s for r in runs),
-        "alpha_tested": tot["accepted"] / tested if tested else None,
-        "tok_per_pass": tot["emitted"] / tot["target_passes"],
+        "alpha_tested": tot.alpha_tested,
+        "tok_per_pass": tot.tokens_per_pass,
         "mean_k": sum(ks) / len(ks) if ks else 0.0,
         "context": sum(ctx) / len(ctx) if ctx else 0.0,
         "full_batch_steps": len(ctx),
@@ -171,14 +168,8 @@ def predicted_breakeven(best: dict, batches: list[int], cost_model, k: int = 4) 
     k = 4's per-position acceptance over the whole sweep, weighted by tokens."""
     from agentrt.spec.controller import break_even_batch
 
-    acc = rej = 0
-    ctx = []
-    for b in batches:
-        t = best[b, f"k={k}"]["totals"]
-        acc, rej = acc + t["accepted"], rej + t["rejections"]
-        ctx.append(best[b, f"k={k}"]["context"])
-    alpha = acc / (acc + rej) if acc + rej else 0.0
-    context = sum(ctx) / len(ctx)
+    alpha = SpecFigures.sum(best[b, f"k={k}"]["totals"] for b in batches).alpha_tested or 0.0
+    context = sum(best[b, f"k={k}"]["context"] for b in batches) / len(batches)
     return break_even_batch(alpha, k, int(context), cost_model=cost_model), alpha, context
 
 

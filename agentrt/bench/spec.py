@@ -30,6 +30,7 @@ from rich.console import Console
 
 from agentrt.bench.common import BenchResult
 from agentrt.bench.prompts import SPEC_PROMPTS
+from agentrt.spec.report import SpecFigures
 
 HF_PROMPT_LOOKUP_TOKENS = 10  # transformers' documented example value
 LLAMACPP_LOOKUP = "llama.cpp prompt-lookup 10"  # llama-cpp-python's default num_pred_tokens (bench/llamacpp.py)
@@ -83,7 +84,7 @@ def run_ours(loaded, drafter: str, k: int | None, prompt_ids: list[int], max_tok
     t0 = time.monotonic()
     result = engine.generate([list(prompt_ids)], params)[0]
     return _timed(result.token_ids, t0, result.timings["first_token"], result.timings["finished"],
-                  spec=result.spec.get("total", {}), result=result)
+                  spec=result.spec.total.to_dict(), result=result)
 
 
 def new_engine(loaded, spec, max_len: int, cost_model=None):
@@ -228,14 +229,13 @@ def table_rows(best: dict, prompts: dict, vs: list[Variant], failed: dict[str, s
                              **({"vs_lcpp_pl": None} if lcpp_pl else {}), "failed": failed.get(v.label)})
                 continue
             s = b["spec"]
-            passes = s.get("target_passes") or 0
             rows.append({
                 "prompt": kind,
                 "config": v.label,
                 "tokens": b["tokens"],
                 "alpha": s.get("alpha"),
                 "tok_per_pass": s.get("tokens_per_pass"),
-                "drafts_per_pass": s["drafted"] / passes if passes else None,
+                "drafts_per_pass": SpecFigures.from_dict(s).drafts_per_pass,
                 "tok_s": b["tok_s"],
                 "e2e_tok_s": b["e2e_tok_s"],
                 "vs_nospec": b["tok_s"] / base,

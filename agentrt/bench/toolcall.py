@@ -34,6 +34,7 @@ from agentrt.tables import print_table
 from agentrt.bench.toolcall_budget import run_budgets
 from agentrt.bench.prompts import TOOLCALL_REQUESTS, TOOLS, toolcall_messages
 from agentrt.bench.spec import load_hf, new_engine, run_hf, run_ours, shared_cost_model
+from agentrt.spec.report import SpecFigures
 
 WARMUP_CHAT = [{"role": "user", "content": "Say hello."}]
 HF_MAX_TOKENS = 64  # the unconstrained reference rambles to any limit; its tok/s needs no more
@@ -154,22 +155,18 @@ def policy_row(label: str, runs: list[dict[str, Any]], fmt, expected: list[str],
         ok = parsed is not None and error is None
         valid += ok
         correct += ok and isinstance(parsed, dict) and parsed.get("name") == want
-    tot: dict[str, int] = {}
-    for run in runs:
-        for key in ("drafted", "accepted", "forced", "target_passes", "emitted"):
-            tot[key] = tot.get(key, 0) + int(run["spec"].get(key) or 0)
+    tot = SpecFigures.sum(SpecFigures.from_dict(run["spec"]) for run in runs)
     tokens = sum(r["tokens"] for r in runs)
     earlier = [e for r in runs if (e := first_call_start_earlier(tokenizer.decode, r["token_ids"], r["decode_s"]))]
-    drafted, accepted, forced = tot.get("drafted", 0), tot.get("accepted", 0), tot.get("forced", 0)
     return {
         "policy": label,
         "valid": valid,
         "right_tool": correct,
         "tokens": tokens,
-        "tok_per_pass": tot["emitted"] / tot["target_passes"] if tot.get("target_passes") else None,
-        "alpha": accepted / drafted if drafted else None,
-        "alpha_free": (accepted - forced) / (drafted - forced) if drafted > forced else None,
-        "forced_share": forced / tot["emitted"] if tot.get("emitted") else None,
+        "tok_per_pass": tot.tokens_per_pass,
+        "alpha": tot.alpha,
+        "alpha_free": tot.alpha_free,
+        "forced_share": tot.forced / tot.emitted if tot.emitted else None,
         "tok_s": sum(r["tokens"] - 1 for r in runs) / sum(r["decode_s"] for r in runs),
         "e2e_tok_s": tokens / sum(r["e2e_s"] for r in runs),
         "start_earlier_tokens": sum(t for t, _ in earlier) / len(earlier) if earlier else None,

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from agentrt.spec.report import NO_SPEC, SpecReport
+
 
 @dataclass(frozen=True)
 class TokenLogprob:
@@ -37,7 +39,7 @@ class GenerationResult:
     finish_reason: str  # "stop" | "length" | "abort" | "error"
     error: str | None = None
     parsed: Any = None  # structured output: the JSON value, or {"name", "arguments"} for a tool call
-    spec: dict[str, Any] = field(default_factory=dict)  # α accounting (DraftStats.to_dict())
+    spec: SpecReport = NO_SPEC  # speculation figures (drafted, accepted, α, tokens per pass, ...)
     timings: dict[str, float] = field(default_factory=dict)  # queued, first_token, finished (monotonic s)
     num_preemptions: int = 0
     prompt_token_ids: list[int] = field(default_factory=list)

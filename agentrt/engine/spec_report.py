@@ -14,15 +14,15 @@ def print_spec_summary(result, console: Console | None = None) -> None:
         console = Console(stderr=True)
         if not console.is_terminal:  # piped: don't wrap the table to 80 columns
             console = Console(stderr=True, width=140)
-    spec = result.spec or {}
+    spec = result.spec
     table = Table(title="speculation")
     for col in ("drafter", "target passes", "drafted", "accepted", "forced", "α", "tokens/pass", "accepted-run histogram"):
         table.add_column(col)
-    rows = [(name, st) for name, st in spec.get("by_drafter", {}).items()]
+    rows = list(spec.by_drafter.items())
     if len(rows) != 1:
-        rows.append(("total", spec.get("total", {})))
+        rows.append(("total", spec.total))
     for name, st in rows:
-        hist = " ".join(f"{k}:{v}" for k, v in st.get("run_lengths", {}).items())
-        table.add_row(name, _fmt(st.get("target_passes")), _fmt(st.get("drafted")), _fmt(st.get("accepted")),
-                      _fmt(st.get("forced")), _fmt(st.get("alpha")), _fmt(st.get("tokens_per_pass")), hist)
+        hist = " ".join(f"{k}:{v}" for k, v in sorted(st.run_lengths.items()))
+        table.add_row(name, _fmt(st.target_passes), _fmt(st.drafted), _fmt(st.accepted),
+                      _fmt(st.forced), _fmt(st.alpha), _fmt(st.tokens_per_pass), hist)
     console.print(table)

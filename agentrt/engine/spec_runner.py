@@ -21,9 +21,11 @@ from agentrt.engine.step_rows import StepRow
 from agentrt.errors import SpecConfigError
 from agentrt.spec.acceptance import AcceptanceCalibration
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
+from agentrt.spec.arithmetic import expected_accepted
 from agentrt.spec.controller import KController, SeqDraftState, StepPrefill
 from agentrt.spec.cost_model import PredictionTracker, StepCostModel
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
+from agentrt.spec.report import NO_SPEC, SpecReport
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
 
 log = logging.getLogger(__name__)
@@ -123,7 +125,7 @@ class SpecRunner:
                 self.drafter.attach(seq.seq_id, seq.grammar)
             self._seq_alpha[seq.seq_id] = self.alpha.new_sequence(self.kind)
 
-    def finish(self, seq: Sequence) -> dict:
+    def finish(self, seq: Sequence) -> SpecReport:
         if self.drafter is not None:
             if seq.finish_reason in ("stop", "length"):
                 self.drafter.finish(seq.seq_id, seq.output_ids)
@@ -131,7 +133,7 @@ class SpecRunner:
         self._seq_alpha.pop(seq.seq_id, None)
         self._scores.pop(seq.seq_id, None)
         stats = self._stats.pop(seq.seq_id, None)
-        return stats.to_dict() if stats else {}
+        return stats.report() if stats else NO_SPEC
 
     # ---- per step -------------------------------------------------------------------------
     def propose(self, rows: list[StepRow]) -> DraftStep:
@@ -169,7 +171,7 @@ class SpecRunner:
                 continue
             d = d.truncated(ks[r])
             r.draft, r.q, r.forced = d.tokens, d.probs, d.forced or [False] * len(d.tokens)
-            r.expected_accepted = _expected_accepted(accept[r][: len(d.tokens)])
+            r.expected_accepted = expected_accepted(accept[r][: len(d.tokens)])
             if self.drafter.deterministic:  # what verification will tell the calibration about
                 self._scores[r.seq.seq_id] = scores[r][: len(d.tokens)]
         step = DraftStep(alloc.predicted_step_s, time.monotonic() - t0)
@@ -248,14 +250,6 @@ def _prefill_of(rows: list[StepRow]) -> StepPrefill:
 
 def _with_k(req: DraftRequest, k: int) -> DraftRequest:
     return DraftRequest(req.seq_id, req.token_ids, k, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
-
-
-def _expected_accepted(accept_probs: list[float]) -> float:
-    total, run = 0.0, 1.0
-    for a in accept_probs:
-        run *= a
-        total += run
-    return total
 
 
 def build_drafter(spec: str, engine) -> Drafter:

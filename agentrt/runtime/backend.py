@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol, runtime_checkable
 
+from agentrt.spec.report import NO_SPEC, SpecReport
+
 
 @dataclass(frozen=True)
 class NodeIdentity:
@@ -82,8 +84,8 @@ class PromptRecord:
 class LLMResponse:
     """text: what the model wrote; parsed: the structured value the engine decoded (JSON for
     json_schema, {"name", "arguments"} for tool_call, None otherwise or when the model answered
-    in text). spec: the engine's α accounting ({"total": {drafted, accepted, forced, target_passes,
-    emitted, ...}, "by_drafter": {...}}). error is set when finish_reason is "error".
+    in text). spec: the engine's speculation figures (total and by drafter; α and tokens per pass
+    are its properties). error is set when finish_reason is "error".
     sent_messages: the messages as the model got them when the backend added to them (format
     instructions, say); a call that continues this one replays these, so its prompt starts with
     exactly the tokens already cached. None: sent as given."""
@@ -92,7 +94,7 @@ class LLMResponse:
     parsed: Any
     finish_reason: str
     usage: Usage
-    spec: Mapping[str, Any] = field(default_factory=dict)
+    spec: SpecReport = NO_SPEC
     request_id: Any = None
     error: str | None = None
     sent_messages: tuple[Mapping[str, Any], ...] | None = None

@@ -217,7 +217,7 @@ class EngineBackend:
         return EngineResponse(
             text=result.text, parsed=result.parsed, finish_reason=result.finish_reason,
             usage=Usage(result.prompt_tokens, len(result.token_ids), getattr(result, "cached_tokens", 0) or 0),
-            spec=result.spec or {},
+            spec=result.spec,
             request_id=result.request_id, error=result.error,
             prompt_token_ids=tuple(result.prompt_token_ids), token_ids=tuple(result.token_ids),
             # replayed by a call that continues this one; None: sent as given, or the tools went to

@@ -26,6 +26,7 @@ from agentrt.runtime.policy import NodeContext, ProgramStats
 from agentrt.runtime.store import args_hash
 from agentrt.runtime.trace import new_id
 from agentrt.runtime.values import OutputParseError, node_value
+from agentrt.spec.report import SpecReport
 
 if TYPE_CHECKING:
     from agentrt.runtime.program_state import ProgramState
@@ -158,21 +159,16 @@ def charge(stats: ProgramStats, node: str, ev: LLMStepEvent) -> None:
     stats.node_service_s[node] = stats.node_service_s.get(node, 0.0) + share
 
 
-def spec_attributes(spec: dict[str, Any]) -> dict[str, Any]:
-    """α of one LLM call, split into grammar-forced and free drafts, and tokens per target pass."""
-    total = (spec or {}).get("total") or {}
-    drafted, accepted, forced = int(total.get("drafted", 0)), int(total.get("accepted", 0)), int(total.get("forced", 0))
-    passes, emitted = int(total.get("target_passes", 0)), int(total.get("emitted", 0))
-    free_drafted, free_accepted = drafted - forced, accepted - forced
+def spec_attributes(spec: SpecReport) -> dict[str, Any]:
+    """The trace attributes of one LLM call's speculation: counts, α (split into grammar-forced
+    and free drafts) and tokens per target pass, as the engine's report computes them."""
+    t = spec.total
     return {
-        "agentrt.spec.drafted": drafted, "agentrt.spec.accepted": accepted, "agentrt.spec.forced": forced,
-        "agentrt.spec.target_passes": passes, "agentrt.spec.emitted": emitted,
-        "agentrt.spec.alpha": accepted / drafted if drafted else None,
-        "agentrt.spec.alpha_free": free_accepted / free_drafted if free_drafted > 0 else None,
-        # the engine counts forced drafts among the accepted ones: their α is 1 by construction
-        "agentrt.spec.alpha_forced": 1.0 if forced else None,
-        "agentrt.spec.tokens_per_pass": emitted / passes if passes else None,
-        "agentrt.spec.by_drafter": sorted((spec or {}).get("by_drafter", {})),
+        "agentrt.spec.drafted": t.drafted, "agentrt.spec.accepted": t.accepted, "agentrt.spec.forced": t.forced,
+        "agentrt.spec.target_passes": t.target_passes, "agentrt.spec.emitted": t.emitted,
+        "agentrt.spec.alpha": t.alpha, "agentrt.spec.alpha_free": t.alpha_free,
+        "agentrt.spec.alpha_forced": t.alpha_forced, "agentrt.spec.tokens_per_pass": t.tokens_per_pass,
+        "agentrt.spec.by_drafter": sorted(spec.by_drafter),
     }
 
 
@@ -284,7 +280,7 @@ def record_response(rt: Runtime, ps: ProgramState, ns: NodeState, request: LLMRe
         "gen_ai.usage.output_tokens": response.usage.output_tokens,
         "gen_ai.usage.cache_read.input_tokens": response.usage.cached_input_tokens,
         "gen_ai.response.finish_reasons": [response.finish_reason],
-        **spec_attributes(dict(response.spec)),
+        **spec_attributes(response.spec),
     })
     ps.stats.cached_tokens += response.usage.cached_input_tokens
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from agentrt.runtime.backend import EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, StepCallback, Usage
+from agentrt.spec.report import SpecFigures, SpecReport
 
 Reply = Any  # str | dict | list | LLMResponse | BaseException | Callable[[LLMRequest], Reply]
 
@@ -201,12 +202,9 @@ class ScriptedBackend:
                     seq.future.set_result(self._response(seq))
 
     def _response(self, seq: _Active) -> LLMResponse:
-        st = dict(seq.stats)
-        st["alpha"] = st["accepted"] / st["drafted"] if st["drafted"] else None
-        st["tokens_per_pass"] = st["emitted"] / st["target_passes"] if st["target_passes"] else None
         words = seq.text.split()
         truncated = seq.output_tokens < len(words)
         text = " ".join(words[: seq.output_tokens]) if truncated else seq.text
         return LLMResponse(text, None if truncated else seq.parsed, "length" if truncated else "stop",
-                           Usage(seq.prompt_tokens, seq.output_tokens), {"seq_id": seq.seq_id, "total": st},
+                           Usage(seq.prompt_tokens, seq.output_tokens), SpecReport(seq.seq_id, SpecFigures(**seq.stats)),
                            request_id=seq.seq_id)

@@ -72,9 +72,9 @@ class ServerMetrics:
         self.output_tokens.inc(response.usage.output_tokens)
         self.prompt_tokens.inc(response.usage.input_tokens)
         self.cached_tokens.inc(response.usage.cached_input_tokens)
-        for drafter, stats in ((response.spec or {}).get("by_drafter") or {}).items():
-            self.drafted.labels(drafter).inc(int(stats.get("drafted", 0)))
-            self.accepted.labels(drafter).inc(int(stats.get("accepted", 0)))
+        for drafter, figures in response.spec.by_drafter.items():
+            self.drafted.labels(drafter).inc(figures.drafted)
+            self.accepted.labels(drafter).inc(figures.accepted)
 
     def on_run_end(self, status: str, summary: Mapping[str, Any] | None) -> None:
         self.runs.labels(status).inc()

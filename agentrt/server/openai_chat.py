@@ -32,6 +32,7 @@ from agentrt.server.schemas import (AssistantMessage, ChatCompletion, ChatComple
                                     Choice, ChoiceLogprobs, ChunkChoice, TokenLogprobOut, Delta, FunctionCallDelta, FunctionCallOut,
                                     PromptTokensDetails, SpecStats, ToolCallDelta, ToolCallOut, UsageOut)
 from agentrt.server.tool_stream import Delta as CallDelta, FamilyToolCallStream, ToolCallStream
+from agentrt.spec.report import SpecFigures
 from agentrt.spec.structured import dumps
 from agentrt.spec.tool_formats import HOUSE, ToolCallFormat
 from agentrt.spec.tool_parse import parse_tool_calls
@@ -180,19 +181,12 @@ def prepare_chat(req: ChatCompletionRequest, model: str, limits: Limits, registr
                         req.seed, n, tools, parallel)
 
 
-def spec_stats(spec: dict[str, Any]) -> SpecStats:
-    total = (spec or {}).get("total") or {}
-    drafted, accepted = int(total.get("drafted", 0)), int(total.get("accepted", 0))
-    passes, emitted = int(total.get("target_passes", 0)), int(total.get("emitted", 0))
-    return SpecStats(drafted=drafted, accepted=accepted, forced=int(total.get("forced", 0)),
-                     alpha=round(accepted / drafted, 4) if drafted else None, target_passes=passes,
-                     tokens_per_pass=round(emitted / passes, 4) if passes else None)
-
-
 def _sum_spec(responses: list[LLMResponse]) -> SpecStats:
-    keys = ("drafted", "accepted", "forced", "target_passes", "emitted")
-    total = {k: sum(int(((r.spec or {}).get("total") or {}).get(k, 0)) for r in responses) for k in keys}
-    return spec_stats({"total": total})
+    """The body's speculation figures, over the call's choices (rates rounded for the API)."""
+    t = SpecFigures.sum(r.spec.total for r in responses)
+    return SpecStats(drafted=t.drafted, accepted=t.accepted, forced=t.forced, target_passes=t.target_passes,
+                     alpha=None if t.alpha is None else round(t.alpha, 4),
+                     tokens_per_pass=None if t.tokens_per_pass is None else round(t.tokens_per_pass, 4))
 
 
 def _usage(responses: list[LLMResponse]) -> UsageOut:

@@ -110,7 +110,7 @@ def test_batch_sweep_rows_and_breakeven(tiny):
     assert set(summary) == {"worst_adaptive_vs_best", "breakeven_measured", "breakeven_predicted",
                             "adaptive_beats_k4_where_k4_loses"}
     # every request emitted exactly max_tokens (ignore_eos), in every policy
-    assert all(v["totals"]["emitted"] == 6 * 4 for v in best.values())
+    assert all(v["totals"].emitted == 6 * 4 for v in best.values())
 
 
 def test_attention_bench_rows_and_summary():

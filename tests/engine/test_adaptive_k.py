@@ -37,7 +37,7 @@ def _run(engine, rid: int) -> dict:
     results = {}
     while engine.has_work():
         results.update({ev.request_id: ev.result for ev in engine.step() if ev.finished})
-    return results[rid].spec["total"]
+    return results[rid].spec.total.to_dict()
 
 
 def test_high_alpha_request_drafts_alone_and_not_in_a_full_batch(smollm2_fp32, make_engine):

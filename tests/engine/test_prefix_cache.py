@@ -71,7 +71,7 @@ def test_no_block_leaks_with_preemption_and_speculation(tiny_loaded, make_engine
     prompts = [("one two three four " * (3 + i)).strip() for i in range(5)]
     results = _run(engine, prompts, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True))
     assert sum(r.num_preemptions for r in results) > 0
-    assert sum(r.spec["total"]["drafted"] for r in results) > 0
+    assert sum(r.spec.total.drafted for r in results) > 0
     assert engine.scheduler.shared_prefill_tokens > 0  # the prompts extend each other: shared in-step too
     engine.blocks.check_invariants()
     assert not engine.blocks.tables and engine.blocks.num_free == engine.blocks.allocator.num_blocks

@@ -175,7 +175,7 @@ def test_greedy_identity_with_speculation_without_batch_invariant(quant, make_en
     assert [r.token_ids for r in got] == want
     total = collections.Counter()
     for r in got:
-        total.update({k: v for k, v in r.spec["total"].items() if isinstance(v, int)})
+        total.update({k: v for k, v in r.spec.total.to_dict().items() if isinstance(v, int)})
     assert total["drafted"] > 0 and total["emitted"] == sum(len(w) for w in want)
 
 

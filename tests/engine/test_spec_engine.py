@@ -77,7 +77,7 @@ def test_greedy_identity_smollm2(batch, weights, request, smollm2_source, make_e
         assert [r.token_ids for r in got] == want, spec.drafter
         total = collections.Counter()
         for r in got:
-            total.update({k: v for k, v in r.spec["total"].items() if isinstance(v, int)})
+            total.update({k: v for k, v in r.spec.total.to_dict().items() if isinstance(v, int)})
         assert total["drafted"] > 0 and total["emitted"] == sum(len(w) for w in want)
         if spec.drafter.startswith("draft:"):
             # The target drafting for itself agrees everywhere but past the end of the output
@@ -99,7 +99,7 @@ def test_stops_inside_an_accepted_run_cut_exactly(tiny_loaded, make_engine):
         a = plain.generate([REPEATY], p)[0]
         b = spec.generate([REPEATY], p)[0]
         assert (a.token_ids, a.text, a.finish_reason) == (b.token_ids, b.text, b.finish_reason)
-        assert b.spec["total"]["accepted"] > 0
+        assert b.spec.total.accepted > 0
 
 
 def test_unknown_drafter_is_a_clear_error(tiny_loaded, make_engine):
@@ -148,7 +148,7 @@ def test_greedy_identity_with_penalties_every_drafter(batch, tiny_loaded, make_e
     for spec in _drafters(loaded.source.path):
         got = _batched(make_engine(loaded, spec=spec), prompts, params)
         assert [r.token_ids for r in got] == want, spec.drafter
-        accepted[spec.drafter] = sum(r.spec["total"]["accepted"] for r in got)
+        accepted[spec.drafter] = sum(r.spec.total.accepted for r in got)
     # rows after accepted drafts were penalized with those drafts counted
     assert sum(accepted.values()) > 0, accepted
 
@@ -190,7 +190,7 @@ def test_logprobs_are_the_model_rows_with_and_without_speculation(tiny_loaded, m
         assert math.isclose(lp.top[0][1], lp.logprob, abs_tol=1e-6)
     for spec in _drafters(loaded.source.path)[:1] + _drafters(loaded.source.path)[3:]:
         [got] = make_engine(loaded, spec=spec).generate([REPEATY], params)
-        assert got.token_ids == plain.token_ids and got.spec["total"]["accepted"] > 0, spec.drafter
+        assert got.token_ids == plain.token_ids and got.spec.total.accepted > 0, spec.drafter
         for a, b in zip(got.logprobs, plain.logprobs):
             assert a.token_id == b.token_id and math.isclose(a.logprob, b.logprob, abs_tol=1e-4)
     [none] = make_engine(loaded).generate([REPEATY], SamplingParams(max_tokens=4, temperature=0))

@@ -69,7 +69,7 @@ def test_every_generated_call_is_schema_valid(smollm2_greedy, make_engine):
             continue
         jsonschema.validate(r.parsed, SCHEMAS[name])
     assert not invalid, invalid
-    assert sum(r.spec["total"]["forced"] for r in results.values()) > 0
+    assert sum(r.spec.total.forced for r in results.values()) > 0
 
 
 def test_constrained_greedy_identity_with_template_drafting(smollm2_fp32, make_engine):
@@ -91,8 +91,8 @@ def test_constrained_greedy_identity_with_template_drafting(smollm2_fp32, make_e
     spec = run(make_engine(smollm2_fp32, spec=SpecConfig(drafter="template")))
     assert [r.token_ids for r in plain] == [r.token_ids for r in spec]
     assert plain[0].parsed["name"] == "get_weather" and plain[1].parsed["name"] == "search_web"
-    forced = sum(r.spec["total"]["forced"] for r in spec)
-    passes = sum(r.spec["total"]["target_passes"] for r in spec)
+    forced = sum(r.spec.total.forced for r in spec)
+    passes = sum(r.spec.total.target_passes for r in spec)
     assert forced > 0 and passes < sum(len(r.token_ids) for r in spec)
 
 

@@ -36,11 +36,11 @@ async def test_steps_usage_and_alpha_reach_the_caller(engine):
     assert events[0].num_new == resp.usage.input_tokens - resp.usage.cached_input_tokens
     assert all(e.num_new == 1 for e in events[1:])
     assert [e.step for e in events] == sorted(e.step for e in events)
-    total = resp.spec["total"]
+    total = resp.spec.total
     # a stop string or EOS can cut the last step's accepted drafts: the stats count what was kept
-    assert sum(e.accepted for e in events[:-1]) <= total["accepted"] <= sum(e.accepted for e in events)
-    assert sum(e.k for e in events) == total["drafted"]
-    assert len(events) == total["target_passes"]
+    assert sum(e.accepted for e in events[:-1]) <= total.accepted <= sum(e.accepted for e in events)
+    assert sum(e.k for e in events) == total.drafted
+    assert len(events) == total.target_passes
     assert {e.step for e in events} <= {s.step for s in lane}
     assert backend._on_engine_step not in engine.engine.step_listeners
 
