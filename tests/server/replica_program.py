@@ -1,6 +1,6 @@
 """A program for the replica tests, tools only (no LLM call, so every replica runs it the same):
 `record` counts its calls in a file, then `wait_go` (idempotent) counts its starts and waits for a
-go-file, so a test can cancel the run, or kill its replica, while that tool runs. AGENTRT_TEST_DIR
+go-file (go-N), so a test can cancel the run, or kill its replica, while that tool runs. AGENTRT_TEST_DIR
 names the folder of the files."""
 import os
 import time
@@ -26,9 +26,9 @@ def record(n: int) -> int:
 
 @tool(idempotent=True)
 def wait_go(n: int) -> int:
-    "Double a number once the go-file exists."
+    "Double a number once its go-file (go-N) exists."
     count("wait_go", f"start {n}")
-    while not (DIR / "go").exists():
+    while not (DIR / f"go-{n}").exists():
         time.sleep(0.05)
     count("wait_go", f"end {n}")
     return 2 * n

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -28,11 +29,13 @@ LEASE_S = 1.5
 
 
 class Replica:
-    def __init__(self, tmp: Path, name: str, db: str) -> None:
+    def __init__(self, tmp: Path, name: str, db: str, port: int | None = None) -> None:
         self.runs = tmp / name
-        self.runs.mkdir()
-        self.proc, url = start_server([str(PROGRAM), str(APPROVAL_PROGRAM), "--spec", "none", "--runs-dir", str(self.runs), "--db", db,
-                                       "--lease-s", str(LEASE_S), "--shutdown-grace", "2"], self.runs, free_port(), ROOT)
+        self.runs.mkdir(exist_ok=True)
+        self.port = port or free_port()  # the replica's id is HOST:PORT
+        self.proc, url = start_server([str(PROGRAM), str(APPROVAL_PROGRAM), "--spec", "none", "--runs-dir",
+                                       str(self.runs), "--db", db, "--lease-s", str(LEASE_S), "--shutdown-grace", "1"],
+                                      self.runs, self.port, ROOT)
         self.client = Client(url)
 
     def stop(self) -> None:
@@ -49,17 +52,17 @@ def replicas(tmp_path_factory, postgres_cluster):
     programs' call files)."""
     tmp = tmp_path_factory.mktemp("replicas")
     db = postgres_cluster.new_database()
-    with pytest.MonkeyPatch.context() as env:
+    with pytest.MonkeyPatch.context() as env:  # for every replica the tests start
         env.setenv("AGENTRT_TEST_DIR", str(tmp))
         with ThreadPoolExecutor(2) as pool:  # both load at once
             starting = [pool.submit(Replica, tmp, name, db) for name in ("a", "b")]
-    started = [f.result() for f in starting if f.exception() is None]
-    try:
-        assert len(started) == 2, [f.exception() for f in starting]
-        yield db, *started, tmp
-    finally:
-        for r in started:
-            r.stop()
+        started = [f.result() for f in starting if f.exception() is None]
+        try:
+            assert len(started) == 2, [f.exception() for f in starting]
+            yield db, *started, tmp
+        finally:
+            for r in started:
+                r.stop()
 
 
 def calls(tmp: Path, name: str) -> list[str]:
@@ -129,7 +132,7 @@ def test_a_killed_replicas_run_is_taken_over_when_its_lease_lapses_and_no_finish
     a.proc.send_signal(signal.SIGKILL)
     a.proc.wait(timeout=30)
     killed_at = time.time()
-    (tmp_path / "go").touch()
+    (tmp_path / "go-21").touch()
     followed = list(b.client.events(run_id))  # through B, before and after the takeover
     assert time.time() - killed_at >= LEASE_S / 2  # not before the lease lapsed
     info = b.client.get_run(run_id)
@@ -147,3 +150,29 @@ def test_a_killed_replicas_run_is_taken_over_when_its_lease_lapses_and_no_finish
         store.close()
     rows = status(db)["replicas"]  # the killed one's row stays (no clean shutdown), its heartbeat stopped
     assert sorted(r["alive"] for r in rows) == [False, True]
+
+
+def test_a_replica_stopped_cleanly_hands_its_runs_over_at_once(replicas):
+    db, a, b, tmp_path = replicas
+    again = Replica(tmp_path, "a", db, port=a.port)  # A again, under its id (the run it had was taken over)
+    try:
+        assert again.client.get_run(run_id := b.client.start_run("replica", {"n": 7}).run_id).status in (
+            "queued", "running")
+        wait_for(lambda: "start 7" in calls(tmp_path, "wait_go"))
+        b.proc.terminate()  # SIGTERM: after --shutdown-grace (1 s) the run stops, its lease released
+        assert b.proc.wait(timeout=30) == 0
+        a_id = f"{socket.gethostname()}:{a.port}"
+        store = open_store(db)
+        try:  # released as B stopped (not left to lapse): free for A's next heartbeat, or A's already
+            assert [lease.owner for lease in store.leases() if lease.run_id == run_id] in ([None], [a_id])
+        finally:
+            store.close()
+        (tmp_path / "go-7").touch()
+        info = again.client.wait(run_id, timeout=60)
+        assert info.status == "done" and info.output == 14, info
+        assert calls(tmp_path, "record").count("7") == 1
+        assert [c for c in calls(tmp_path, "wait_go") if c.endswith(" 7")] == ["start 7", "start 7", "end 7"]
+        replicas_now = status(db)["replicas"]
+        assert [r["replica"] for r in replicas_now] == [a_id]  # B left the list
+    finally:
+        again.stop()
