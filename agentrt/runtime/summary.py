@@ -15,7 +15,7 @@ HTML views read it too). Computed from the records alone:
                           prompt, schema, answered_by, via, asked_at, answered_at (wait_for),
                           usage: {input_tokens, cached_input_tokens, output_tokens},
                           spec: {drafted, accepted, forced, alpha, alpha_free, alpha_forced,
-                                 target_passes, tokens_per_pass}, steps, finish_reason, tool_call}]}],
+                                 target_passes, emitted, tokens_per_pass}, steps, finish_reason, tool_call}]}],
      "engine": {steps, busy_s, idle_s, busy_fraction, mean_batch, max_batch, drafted, accepted,
                 alpha, max_k}}
 
@@ -113,7 +113,8 @@ def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str
                         "cached_input_tokens": a.get("gen_ai.usage.cache_read.input_tokens"),
                         "output_tokens": a.get("gen_ai.usage.output_tokens")}
         out["spec"] = {k: a.get(f"agentrt.spec.{k}") for k in (
-            "drafted", "accepted", "forced", "alpha", "alpha_free", "alpha_forced", "target_passes", "tokens_per_pass")}
+            "drafted", "accepted", "forced", "alpha", "alpha_free", "alpha_forced", "target_passes", "emitted",
+            "tokens_per_pass")}
         out["steps"] = steps
         out["finish_reason"] = (a.get("gen_ai.response.finish_reasons") or [None])[0]
         out["tool_call"] = a.get("agentrt.tool_call")  # the tool it called (its value is that call)

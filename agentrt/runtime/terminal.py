@@ -11,6 +11,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentrt.runtime.summary import LLM_ACTIVE, TOOL_ACTIVE
+from agentrt.spec.report import SpecFigures
 
 # phase -> (character, style): readable without colour too
 PHASE_STYLE: dict[str, tuple[str, str]] = {
@@ -48,7 +49,7 @@ def alpha_table(run: dict[str, Any]) -> Table:
     t = Table(title=f"speculation per LLM node ({run['program']})", title_justify="left")
     for col in ("node", "in", "cached", "out", "drafted", "accepted", "forced", "α", "α free", "α forced", "tok/pass", "steps"):
         t.add_column(col, justify="left" if col == "node" else "right", overflow="fold")  # wrap, never "…"
-    tot = dict(drafted=0, accepted=0, forced=0, emitted=0, passes=0)
+    per_node = []
     for n in run["nodes"]:
         if n["kind"] != "llm":
             continue
@@ -57,18 +58,11 @@ def alpha_table(run: dict[str, Any]) -> Table:
                   str(u["output_tokens"] or 0), str(s["drafted"] or 0),
                   str(s["accepted"] or 0), str(s["forced"] or 0), _f(s["alpha"]), _f(s["alpha_free"]),
                   _f(s["alpha_forced"]), _f(s["tokens_per_pass"]), str(n["steps"]))
-        tot["drafted"] += s["drafted"] or 0
-        tot["accepted"] += s["accepted"] or 0
-        tot["forced"] += s["forced"] or 0
-        tot["passes"] += s["target_passes"] or 0
-        tot["emitted"] += round((s["tokens_per_pass"] or 0) * (s["target_passes"] or 0))
-    free = tot["drafted"] - tot["forced"]
+        per_node.append(SpecFigures.from_dict(s))
+    tot = SpecFigures.sum(per_node)
     t.add_section()
-    t.add_row("all", "", "", "", str(tot["drafted"]), str(tot["accepted"]), str(tot["forced"]),
-              _f(tot["accepted"] / tot["drafted"] if tot["drafted"] else None),
-              _f((tot["accepted"] - tot["forced"]) / free if free > 0 else None),
-              _f(1.0 if tot["forced"] else None),
-              _f(tot["emitted"] / tot["passes"] if tot["passes"] else None), "")
+    t.add_row("all", "", "", "", str(tot.drafted), str(tot.accepted), str(tot.forced), _f(tot.alpha),
+              _f(tot.alpha_free), _f(tot.alpha_forced), _f(tot.tokens_per_pass), "")
     return t
 
 

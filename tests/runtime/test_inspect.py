@@ -121,6 +121,13 @@ def test_terminal_report_shows_alpha_table_and_timeline(trace_path):
     assert split == pytest.approx(run["duration_s"], abs=0.002)  # the first part adds up to the run
     lane = next(line for line in text.splitlines() if "│ mirror" in line).split("mirror", 1)[1]
     assert "r" in lane and "X" in lane and "T" not in lane  # retried, then failed
+    # the "all" row sums the LLM nodes' counts and derives its rates from the sums
+    llm = [n["spec"] for n in run["nodes"] if n["kind"] == "llm"]
+    drafted, accepted = sum(s["drafted"] or 0 for s in llm), sum(s["accepted"] or 0 for s in llm)
+    passes, emitted = sum(s["target_passes"] or 0 for s in llm), sum(s["emitted"] or 0 for s in llm)
+    assert passes > 0 and emitted >= passes
+    cells = next(line for line in text.splitlines() if line.strip("│ ").startswith("all ")).replace("│", " ").split()
+    assert cells[1:3] == [str(drafted), str(accepted)] and cells[-1] == f"{emitted / passes:.2f}"
 
 
 def test_inspect_cli_reports_bad_traces(tmp_path, capsys):
