@@ -157,6 +157,11 @@ class LeaseStore:
         self._execute(f"INSERT INTO run_inputs (run_id, node, value, given_by, time) VALUES (%s, %s, %s::json, %s, {NOW})",
                       (run_id, node, json_text(value), by))
 
+    def events_after(self, run_id: str, after: int) -> list[tuple[int, str, dict[str, Any]]]:
+        """A run's events past id `after` (a replica following a run another one owns)."""
+        return self._fetch("SELECT id, type, data FROM run_events WHERE run_id = %s AND id > %s ORDER BY id",
+                           (run_id, after))
+
     def replicas(self) -> list[ReplicaInfo]:
         return [ReplicaInfo(*row) for row in self._fetch(
             "SELECT replica_id, host, pid, started_at, heartbeat_at, lease_s FROM replicas ORDER BY started_at")]

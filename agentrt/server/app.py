@@ -257,9 +257,16 @@ def _trace_records(runs: RunManager, run: ServedRun) -> list[dict[str, Any]]:
     finished, and the program record with its status now)."""
     if not run.ended and run.run_id in runs.runtime.programs:
         return runs.runtime.run_snapshot(run.run_id)
+    if not run.ended and run.remote:
+        raise ApiError(409, f"run '{run.run_id}' runs on another replica, which serves its trace so far "
+                            "(`agentrt status --db URL` names its owner)", code="run_elsewhere")
     if not run.ended:
         raise ApiError(409, f"run '{run.run_id}' has no trace yet (status {run.status}): nothing of it has run",
                        code="run_not_started")
+    if run.trace_path is None and run.started_at is not None:
+        raise ApiError(409, f"run '{run.run_id}' ended ({run.status}) and its trace file is not in this "
+                            f"server's --runs-dir ({runs.runs_dir}): another replica ran it, or the file was removed",
+                       code="run_trace_elsewhere")
     if run.trace_path is None:
         raise ApiError(409, f"run '{run.run_id}' ended ({run.status}) without a trace: it never started",
                        code="run_without_trace")

@@ -88,7 +88,7 @@ def read_back(run: ServedRun) -> None:
     stored = run.store.get_run(run.run_id)
     if stored is None:  # pruned
         return
-    run.events = run.store.events(run.run_id)
+    run.events = run.events + run.store.events_after(run.run_id, len(run.events))  # ids run 1, 2, ...
     # ended once its last event is recorded too (an owner records the end, then run_finished)
     if stored.status in ENDED and not any(t == "run_finished" for _, t, _ in run.events[-3:]) \
             and time.time() - (stored.ended_at or 0) < 2 * REMOTE_POLL_S + 1:

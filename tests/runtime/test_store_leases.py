@@ -34,6 +34,9 @@ def test_a_new_run_is_its_creators_and_is_taken_over_only_once_its_lease_lapses(
         beat = store.heartbeat("b", 0.5)
         assert beat.cancels == ("r1",) and [(i.node, i.value, i.by) for i in beat.inputs] == [("approve", {"ok": True}, "ann")]
         assert store.heartbeat("b", 0.5).inputs == ()  # an input is handed over once
+        for event_id in (1, 2, 3):
+            store.add_event("r1", event_id, "note", {"n": event_id})
+        assert [e[0] for e in store.events_after("r1", 1)] == [2, 3]
         store.update_run("r1", status="cancelled")
         store.release_run("r1", "b")
         assert store.leases() == []

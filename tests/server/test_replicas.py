@@ -93,6 +93,8 @@ def test_a_run_started_on_one_replica_is_followed_and_cancelled_through_the_othe
     assert len(now["replicas"]) == 2 and all(r["alive"] for r in now["replicas"])
     lease = next(r for r in now["runs"] if r["run"] == run_id)
     assert lease["owner"] in {r["replica"] for r in now["replicas"]} and lease["lease_left_s"] > 0
+    with pytest.raises(Conflict, match="runs on another replica"):
+        b.client.trace(run_id)
     assert b.client.cancel(run_id).status == "cancelled"  # A, its owner, cancels it at its next heartbeat
     events = list(b.client.events(run_id))  # the whole log, through B
     ids = [e.id for e in events]
@@ -100,6 +102,9 @@ def test_a_run_started_on_one_replica_is_followed_and_cancelled_through_the_othe
     assert events[-1].type == "run_finished" and events[-1].data["status"] == "cancelled"
     assert list(b.client.events(run_id, last_event_id=ids[-2])) == events[-1:]  # Last-Event-ID through B
     assert a.client.get_run(run_id).status == "cancelled"
+    assert any(r.get("type") == "program" for r in a.client.trace(run_id))  # the trace is where it ran
+    with pytest.raises(Conflict, match="another replica ran it"):
+        b.client.trace(run_id)
     assert calls(tmp_path, "record") == ["4"] and calls(tmp_path, "wait_go") == ["start 4"]
     with pytest.raises(Conflict):
         b.client.cancel(run_id)
