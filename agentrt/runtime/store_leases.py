@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from agentrt.runtime.store_api import UNFINISHED, StoredRun
+from agentrt.runtime.store_api import RUN_FIELDS, UNFINISHED, StoredRun
 
 # the statements of the schema version that adds ownership (store_postgres.MIGRATIONS[2])
 LEASE_MIGRATION = [
@@ -156,6 +156,25 @@ class LeaseStore:
 
         self._execute(f"INSERT INTO run_inputs (run_id, node, value, given_by, time) VALUES (%s, %s, %s::json, %s, {NOW})",
                       (run_id, node, json_text(value), by))
+
+    def runs_page(self, program: str | None, status: str | None, limit: int,
+                  before: str | None) -> list[StoredRun] | None:
+        """Runs newest first (as submitted), of a program and status if given, those submitted
+        before the run `before` if given: what any replica lists. None when `before` names no run."""
+        where, params = ["TRUE"], []
+        if before is not None:
+            found = self._fetch("SELECT seq FROM runs WHERE run_id = %s", (before,))
+            if not found:
+                return None
+            where.append("seq < %s")
+            params.append(found[0][0])
+        for column, value in (("program", program), ("status", status)):
+            if value is not None:
+                where.append(f"{column} = %s")
+                params.append(value)
+        rows = self._fetch(f"SELECT {', '.join(RUN_FIELDS)} FROM runs WHERE {' AND '.join(where)} "
+                           "ORDER BY seq DESC LIMIT %s", (*params, limit))
+        return [StoredRun(**dict(zip(RUN_FIELDS, row))) for row in rows]
 
     def events_after(self, run_id: str, after: int) -> list[tuple[int, str, dict[str, Any]]]:
         """A run's events past id `after` (a replica following a run another one owns)."""

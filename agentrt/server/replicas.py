@@ -28,6 +28,7 @@ import jsonschema
 from agentrt.errors import InputValueError, RunConfigError
 from agentrt.runtime.store import ENDED, StoreUnavailable
 from agentrt.runtime.trace import new_id
+from agentrt.server.errors import ApiError
 
 if TYPE_CHECKING:
     from agentrt.runtime.store_leases import LeaseStore
@@ -95,6 +96,17 @@ def read_back(run: ServedRun) -> None:
         return
     run.status, run.started_at, run.ended_at = stored.status, stored.started_at, stored.ended_at
     run.output, run.error = stored.output, stored.error
+
+
+def list_from_store(runs: RunManager, program: str | None, status: str | None, limit: int,
+                    cursor: str | None) -> tuple[list[ServedRun], str | None]:
+    """GET /v1/runs on a replica: the runs of every replica, newest first, from the store (those
+    this one holds from memory)."""
+    page = runs.store.runs_page(program, status, limit + 1, cursor)
+    if page is None:
+        raise ApiError(400, f"cursor '{cursor}' names no run", param="cursor")
+    served = [runs.runs.get(stored.run_id) or runs.view(stored) for stored in page[:limit]]
+    return served, (served[-1].run_id if len(page) > limit else None)
 
 
 class Replica:

@@ -46,7 +46,7 @@ from agentrt.runtime.summary import summarize
 from agentrt.runtime.trace import new_id, read_trace, write_records
 from agentrt.server.config import Limits
 from agentrt.server.errors import ApiError
-from agentrt.server.replicas import Replica, check_forwarded_input, follow_store, remote_waiting
+from agentrt.server.replicas import Replica, check_forwarded_input, follow_store, list_from_store, remote_waiting
 
 log = logging.getLogger("agentrt.server")
 ENDED = ("done", "failed", "cancelled")
@@ -431,10 +431,14 @@ class RunManager:
             return run
         stored = self.store.get_run(run_id) if self.store is not None else None
         if stored is not None:
-            run = self._served(stored)
-            run.remote = self.replica is not None and not run.ended
-            return run
+            return self.view(stored)
         return self._from_disk(run_id)
+
+    def view(self, stored: StoredRun) -> ServedRun:
+        """A stored run this server does not hold in memory, as the API shows it."""
+        run = self._served(stored)
+        run.remote = self.replica is not None and not run.ended
+        return run
 
     def _from_disk(self, run_id: str) -> ServedRun:
         path = self.runs_dir / f"{run_id}.jsonl"
@@ -467,6 +471,8 @@ class RunManager:
         return nodes
 
     def list(self, program: str | None, status: str | None, limit: int, cursor: str | None) -> tuple[list[ServedRun], str | None]:
+        if self.replica is not None:  # every replica's runs
+            return list_from_store(self, program, status, limit, cursor)
         runs = sorted(self.runs.values(), key=lambda r: r.seq, reverse=True)
         if cursor is not None:
             after = self.runs.get(cursor)

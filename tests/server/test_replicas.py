@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.client.errors import Conflict, UnprocessableEntity
+from agentrt.client.errors import BadRequest, Conflict, UnprocessableEntity
 from agentrt.client.sync import Client
 from agentrt.runtime.store_location import open_store
 from agentrt.server.process import start_server
@@ -89,6 +89,8 @@ def test_a_run_started_on_one_replica_is_followed_and_cancelled_through_the_othe
     run_id = a.client.start_run("replica", {"n": 4}).run_id
     wait_for(lambda: calls(tmp_path, "wait_go"))
     assert b.client.get_run(run_id).status == "running"  # B reads it from the store
+    listed = b.client.list_runs(program="replica", status="running")  # every replica's runs, from the store
+    assert [r.run_id for r in listed.data] == [run_id] and listed.next_cursor is None
     now = status(db)
     assert len(now["replicas"]) == 2 and all(r["alive"] for r in now["replicas"])
     lease = next(r for r in now["runs"] if r["run"] == run_id)
@@ -103,6 +105,8 @@ def test_a_run_started_on_one_replica_is_followed_and_cancelled_through_the_othe
     assert list(b.client.events(run_id, last_event_id=ids[-2])) == events[-1:]  # Last-Event-ID through B
     assert a.client.get_run(run_id).status == "cancelled"
     assert any(r.get("type") == "program" for r in a.client.trace(run_id))  # the trace is where it ran
+    with pytest.raises(BadRequest, match="cursor 'run_nope' names no run"):
+        b.client.list_runs(cursor="run_nope")
     with pytest.raises(Conflict, match="another replica ran it"):
         b.client.trace(run_id)
     assert calls(tmp_path, "record") == ["4"] and calls(tmp_path, "wait_go") == ["start 4"]
@@ -153,6 +157,10 @@ def test_a_killed_replicas_run_is_taken_over_when_its_lease_lapses_and_no_finish
         assert [c.state for c in store.node_changes(run_id) if c.node == "record"] == ["running", "ok"]
     finally:
         store.close()
+    first = b.client.list_runs(limit=1)  # newest first, in pages, whoever ran them
+    assert [r.run_id for r in first.data] == [run_id] and first.next_cursor == run_id
+    rest = b.client.list_runs(limit=100, cursor=first.next_cursor)
+    assert len(rest.data) == 2 and rest.next_cursor is None  # the cancelled run and the approved one
     rows = status(db)["replicas"]  # the killed one's row stays (no clean shutdown), its heartbeat stopped
     assert sorted(r["alive"] for r in rows) == [False, True]
 
