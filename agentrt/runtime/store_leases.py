@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from agentrt.runtime.store_api import RUN_FIELDS, UNFINISHED, StoredRun
+from agentrt.runtime.store_api import RUN_FIELDS, UNFINISHED, StoredRun, StoreUnavailable
 
 # the statements of the schema version that adds ownership (store_postgres.MIGRATIONS[2])
 LEASE_MIGRATION = [
@@ -79,10 +79,26 @@ class Heartbeat:
     inputs: tuple[ForwardedInput, ...]
 
 
+class RunTakenOver(StoreUnavailable):
+    """A write of a run this replica no longer owns (its lease lapsed and another replica took the
+    run over): refused, nothing recorded. It stops the run here as an unavailable store does."""
+
+
 class LeaseStore:
     """Run ownership on a PostgreSQL run store (see the module's docstring)."""
 
     supports_leases = True
+    # the replica this store serves: each write of a run checks, in its transaction, that the run
+    # is still this replica's (a replica stalled past its lease must not write beside the new owner)
+    fence_owner: str | None = None
+
+    def _check_owner(self, conn: Any, run_id: str) -> None:
+        """In a write's transaction: RunTakenOver if another replica owns the run. FOR SHARE holds
+        the row until the write commits, so a claim cannot slip in between (claims skip it)."""
+        row = conn.execute("SELECT owner FROM runs WHERE run_id = %s FOR SHARE", (run_id,)).fetchone()
+        if row is not None and row[0] is not None and row[0] != self.fence_owner:
+            raise RunTakenOver(f"run {run_id} is owned by replica {row[0]} now (this replica, {self.fence_owner}, "
+                               "lost its lease); the write was refused, nothing was recorded")
 
     def register_replica(self, replica_id: str, host: str, pid: int, lease_s: float) -> None:
         self._execute(f"INSERT INTO replicas VALUES (%s, %s, %s, {NOW}, {NOW}, %s) ON CONFLICT (replica_id) "

@@ -190,8 +190,12 @@ class PostgresRunStore(LeaseStore):
             raise StoreUnavailable(f"run store {self.location} is unavailable ({self._reason(e)}); "
                                    "nothing was recorded") from None
 
-    def _execute(self, sql: str, params: Iterable[Any] = ()) -> None:
+    def _execute(self, sql: str, params: Iterable[Any] = (), *, run_id: str | None = None) -> None:
+        """One write in one transaction; a write of a run (run_id) is fenced when this store
+        serves a replica: refused if another replica owns the run now (store_leases.py)."""
         with self._conn() as conn:
+            if run_id is not None and self.fence_owner is not None:
+                self._check_owner(conn, run_id)
             conn.execute(sql, tuple(params))
 
     def _fetch(self, sql: str, params: Iterable[Any] = ()) -> list[tuple]:
@@ -215,7 +219,7 @@ class PostgresRunStore(LeaseStore):
         check_run_fields(fields)
         cols = ", ".join(f"{k} = {self._mark(k)}" for k in fields)
         self._execute(f"UPDATE runs SET {cols} WHERE run_id = %s",
-                      [*(self._param(k, v) for k, v in fields.items()), run_id])
+                      [*(self._param(k, v) for k, v in fields.items()), run_id], run_id=run_id)
 
     @staticmethod
     def _mark(field: str) -> str:
@@ -247,7 +251,8 @@ class PostgresRunStore(LeaseStore):
     def node_started(self, run_id: str, node: str, kind: str, *, seed: int | None = None,
                      args_hash: str | None = None) -> None:
         self._execute("INSERT INTO node_changes (run_id, node, kind, state, time, seed, args_hash) "
-                      "VALUES (%s, %s, %s, 'running', %s, %s, %s)", (run_id, node, kind, time.time(), seed, args_hash))
+                      "VALUES (%s, %s, %s, 'running', %s, %s, %s)", (run_id, node, kind, time.time(), seed, args_hash),
+                      run_id=run_id)
 
     def node_finished(self, run_id: str, node: str, kind: str, ok: bool, value: Any = None,
                       error: str | None = None, error_type: str | None = None, sent: Any = None) -> None:
@@ -255,7 +260,7 @@ class PostgresRunStore(LeaseStore):
             self._execute("INSERT INTO node_changes (run_id, node, kind, state, time, value, error, error_type, sent) "
                           "VALUES (%s, %s, %s, %s, %s, %s::json, %s, %s, %s::json)",
                           (run_id, node, kind, "ok" if ok else "error", time.time(), json_text(value) if ok else None, error,
-                           error_type, None if sent is None else json_text(list(sent))))
+                           error_type, None if sent is None else json_text(list(sent))), run_id=run_id)
         except psycopg.errors.UniqueViolation:
             raise StoreError(f"run {run_id}: node {node} already has a recorded outcome") from None
 
@@ -268,7 +273,7 @@ class PostgresRunStore(LeaseStore):
         self._execute(f"INSERT INTO tool_attempts (run_id, {cols}) VALUES ({', '.join(['%s'] * 11)}) "
                       f"ON CONFLICT (run_id, node, attempt, status) DO UPDATE SET {updates}",
                       (run_id, node, attempt, status, args_hash, started, finished, error_kind, error, backoff_s,
-                       not_retried))
+                       not_retried), run_id=run_id)
 
     def node_changes(self, run_id: str) -> list[NodeChange]:
         return [NodeChange(*row) for row in self._fetch(
@@ -285,7 +290,7 @@ class PostgresRunStore(LeaseStore):
     # -- events --
     def add_event(self, run_id: str, event_id: int, type: str, data: Any) -> None:
         self._execute("INSERT INTO run_events (run_id, id, type, data) VALUES (%s, %s, %s, %s::json)",
-                      (run_id, event_id, type, json_text(data)))
+                      (run_id, event_id, type, json_text(data)), run_id=run_id)
 
     def events(self, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
         return self._fetch("SELECT id, type, data FROM run_events WHERE run_id = %s ORDER BY id", (run_id,))

@@ -119,6 +119,7 @@ class Replica:
         self.runs, self.store, self.lease_s = runs, store, lease_s
         self.host, self.pid = socket.gethostname(), os.getpid()
         self.id = replica_id or f"{self.host}-{self.pid}-{new_id(4)}"
+        store.fence_owner = self.id  # its writes of a run another replica took over are refused
         self._task: asyncio.Task | None = None
 
     def start(self) -> list[str]:

@@ -350,7 +350,8 @@ class RunManager:
                 run.add_event("run_resumed", {"program": run.program, "was": stored.status})
             except StoreUnavailable:
                 continue
-            if self.replica is not None and not self.replica.claim(run.run_id):  # another replica took it over
+            if self.replica is not None and not self.replica.claim(run.run_id):
+                log.warning("run %s: another replica took it over; it goes on there", run.run_id)
                 self.runs.pop(run.run_id, None)
                 return
             log.info("run %s resumed: the store answers again", run.run_id)

@@ -1,6 +1,7 @@
 """Run ownership on the PostgreSQL run store (store_leases.py), the store's side of several
 `agentrt serve` replicas on one database: claims never overlap, a lapsed lease is taken over,
-heartbeats renew and carry other replicas' cancels and inputs, and a database of the version
+heartbeats renew and carry other replicas' cancels and inputs, a replica that lost a run cannot
+write it any more, and a database of the version
 before leases migrates with its unfinished runs unowned (taken by the first replica)."""
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psycopg
+import pytest
 
 from agentrt.runtime.store_api import StoredRun
+from agentrt.runtime.store_leases import RunTakenOver
 from agentrt.runtime.store_postgres import MIGRATIONS, PostgresRunStore
 
 
@@ -91,3 +94,27 @@ def test_a_restarted_replica_takes_its_own_runs_back_at_once(postgres_cluster):
         assert store.claim_lapsed("host:8000", 60, 10, restarted=True) == ["mine"]
     finally:
         store.close()
+
+
+def test_a_replica_that_lost_its_lease_cannot_write_beside_the_new_owner(postgres_cluster):
+    url = postgres_cluster.new_database()
+    stalled, new_owner = PostgresRunStore(url), PostgresRunStore(url)
+    stalled.fence_owner, new_owner.fence_owner = "a", "b"
+    try:
+        stalled.create_owned_run(run("r"), "a", 0.3)
+        stalled.add_event("r", 1, "run_queued", {})  # its own run: written
+        time.sleep(0.4)
+        assert new_owner.claim_lapsed("b", 30, 10) == ["r"]
+        with pytest.raises(RunTakenOver, match="run r is owned by replica b now"):
+            stalled.add_event("r", 2, "node_started", {"node": "x"})
+        with pytest.raises(RunTakenOver):
+            stalled.node_finished("r", "x", "tool", True, 1)
+        with pytest.raises(RunTakenOver):
+            stalled.update_run("r", status="done")
+        new_owner.node_finished("r", "x", "tool", True, 2)  # the new owner's outcome is the one recorded
+        assert [e[0] for e in new_owner.events("r")] == [1]
+        assert [(c.state, c.value) for c in new_owner.node_changes("r")] == [("ok", 2)]
+        assert new_owner.get_run("r").status == "running"
+    finally:
+        stalled.close()
+        new_owner.close()
