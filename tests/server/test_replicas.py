@@ -133,6 +133,29 @@ def test_an_input_given_through_a_replica_that_does_not_own_the_run_reaches_it(r
     assert len(given) == 1 and given[0]["node"] == "approval" and given[0].get("by") == "ann"
 
 
+def test_a_replica_stalled_past_its_lease_loses_its_run_and_writes_nothing_of_it_after(replicas):
+    db, a, b, tmp_path = replicas
+    run_id = a.client.start_run("replica", {"n": 5}).run_id
+    wait_for(lambda: "start 5" in calls(tmp_path, "wait_go"))
+    time.sleep(0.3)  # the tool's start is recorded
+    a.proc.send_signal(signal.SIGSTOP)  # stalled: no heartbeat
+    try:
+        b_id = f"{socket.gethostname()}:{b.port}"
+        wait_for(lambda: next(r["owner"] for r in status(db)["runs"] if r["run"] == run_id) == b_id)
+        (tmp_path / "go-5").touch()  # both tools may finish now: B's and the stalled one's
+    finally:
+        a.proc.send_signal(signal.SIGCONT)
+    info = b.client.wait(run_id, timeout=60)
+    assert info.status == "done" and info.output == 10, info
+    events = list(a.client.events(run_id))  # A, awake, serves it from the store: B's log only
+    ids = [e.id for e in events]
+    assert ids == list(range(1, len(ids) + 1)) and [e.type for e in events].count("run_finished") == 1
+    time.sleep(LEASE_S)  # A's heartbeat has run since it woke
+    assert a.client.get_run(run_id).status == "done" and a.proc.poll() is None
+    assert calls(tmp_path, "record").count("5") == 1
+    assert "another replica" in (a.runs / "server.log").read_text()
+
+
 def test_a_killed_replicas_run_is_taken_over_when_its_lease_lapses_and_no_finished_tool_runs_again(replicas):
     db, a, b, tmp_path = replicas
     run_id = a.client.start_run("replica", {"n": 21}).run_id
@@ -160,7 +183,8 @@ def test_a_killed_replicas_run_is_taken_over_when_its_lease_lapses_and_no_finish
     first = b.client.list_runs(limit=1)  # newest first, in pages, whoever ran them
     assert [r.run_id for r in first.data] == [run_id] and first.next_cursor == run_id
     rest = b.client.list_runs(limit=100, cursor=first.next_cursor)
-    assert len(rest.data) == 2 and rest.next_cursor is None  # the cancelled run and the approved one
+    assert rest.data and rest.next_cursor is None and run_id not in [r.run_id for r in rest.data]
+    assert [r.created_at for r in rest.data] == sorted((r.created_at for r in rest.data), reverse=True)
     rows = status(db)["replicas"]  # the killed one's row stays (no clean shutdown), its heartbeat stopped
     assert sorted(r["alive"] for r in rows) == [False, True]
 
