@@ -124,3 +124,10 @@ def loop_attributes(run: ProgramRun, node: str) -> dict[str, Any]:
         out.update({"agentrt.loop.ended": attrs["ended"], "agentrt.loop.llm_steps": attrs["llm_steps"],
                     "agentrt.loop.tool_steps": attrs["tool_steps"]})
     return out
+
+
+def program_record(ps: ProgramState, end: float, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The trace's program record of a run, as it stands at `end` (a finished run's, or a snapshot's)."""
+    return {"type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
+            "start": round(ps.start, 6), "end": round(end, 6), "status": status, "error": error,
+            "service": ps.stats.to_record(), "nodes": len(ps.nodes), "graph": ps.run.to_json()}

@@ -30,7 +30,8 @@ from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStep
 from agentrt.runtime.events import RunEvent, RunEventListener
 from agentrt.runtime.node_exec import InputAnswer, InputWait, charge, run_input, run_llm, run_recorded, run_tool
 from agentrt.runtime.node_state import NodeState, Outcome
-from agentrt.runtime.program_state import ProgramHandle, ProgramState, RunResult, loop_attributes, task_outcome
+from agentrt.runtime.program_state import (ProgramHandle, ProgramState, RunResult, loop_attributes, program_record,
+                                           task_outcome)
 from agentrt.runtime.prefill_ahead import cancel_prefill_ahead, start_prefill_ahead
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
@@ -274,10 +275,7 @@ class Runtime:
             return self.trace.run_records(run_id)
         spans = [span.to_record() for ns in list(ps.nodes.values()) if ns.finished
                  for span in ns.spans(ps.run_id, ps.trace_id)]
-        program = {"type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
-                   "start": round(ps.start, 6), "end": round(self.trace.now(), 6),
-                   "status": "waiting" if ps.waiting else "running", "error": None, "output": None,
-                   "service": ps.stats.to_record(), "nodes": len(ps.nodes), "graph": ps.run.to_json()}
+        program = {**program_record(ps, self.trace.now(), "waiting" if ps.waiting else "running"), "output": None}
         return self.trace.records_of(spans + [program])
 
     async def aclose(self) -> None:
@@ -475,12 +473,7 @@ class Runtime:
         ps.status = status
         ps.result = RunResult(ps.run_id, ps.program.name, status, output, error, failed_node, ps.start, end, node_errors,
                               dict(ps.run.values))
-        record = {
-            "type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
-            "start": round(ps.start, 6), "end": round(end, 6), "status": status,
-            "error": None if error is None else {"node": failed_node, "message": error},
-            "service": ps.stats.to_record(), "nodes": len(ps.nodes), "graph": ps.run.to_json(),
-        }
+        record = program_record(ps, end, status, None if error is None else {"node": failed_node, "message": error})
         if self.trace_content.redact:  # the values whole otherwise: a server serves runs from them
             record.update(inputs={}, output=None, **{REDACTED_ATTR: ["inputs", "output"]})
         else:
