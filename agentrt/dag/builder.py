@@ -261,9 +261,15 @@ class Scope:
     def agent_loop(self, id: str, prompt: str, tools: Sequence[str], *, system: str | None = None,
                    max_steps: int = 8, max_tokens: int = 512, temperature: float = 0.0,
                    on_max_steps: Literal["answer", "error"] = "answer", tool_choice: str = "auto",
-                   output: Literal["text", "detail"] = "text", sampling: Mapping[str, Any] | None = None) -> Ref:
+                   output: Literal["text", "detail"] = "text", sampling: Mapping[str, Any] | None = None,
+                   parallel_calls: bool = False) -> Ref:
         """A bounded agent loop: at each step the model picks one of `tools` (its result, or its
         error, goes back to the model) or gives a final text answer, which is the output.
+
+        parallel_calls=True: a step may make several calls in one turn (a JSON list of calls, each
+        under its tool's schema). Each call runs as its own tool node "<id>#k.tool[i]", all at
+        once, an idempotent one from the moment its own arguments close while the model still
+        writes the turn; the next step gets the results in the order the calls were made.
 
         At most max_steps LLM steps. on_max_steps="answer": the last step must answer in text
         (its tools stay described, as OpenAI's tool_choice "none", so its prompt extends the step
@@ -278,7 +284,8 @@ class Scope:
         all the tools and that text may answer, so each step extends the step before's prompt.
 
         output="detail": the value is {"answer", "ended", "steps", "tool_calls": [{"name",
-        "arguments", "ok"}]}; "ended" is "answered" (the model chose to) or
+        "arguments", "ok"}]} (every call in the order made; with parallel_calls each also has
+        "step", the LLM step that made it); "ended" is "answered" (the model chose to) or
         "answered_at_max_steps" (the last step had to), so later nodes may branch on it. Either
         way the run's graph and trace record how the loop ended.
 
@@ -312,12 +319,14 @@ class Scope:
         _check_loop_choice(node, tool_choice, tuple(tools), max_steps, on_max_steps)
         if output not in LOOP_OUTPUTS:
             raise _fail(node, f"output must be 'text' or 'detail', got {output!r}")
+        if not isinstance(parallel_calls, bool):
+            raise _fail(node, f"parallel_calls must be True or False, got {parallel_calls!r}")
         self._check_sampling(node, max_tokens, temperature)
         spec = AgentLoopSpec(node, _check_template(node, "prompt", prompt),
                              None if system is None else _check_template(node, "system", system),
                              tuple(tools), max_steps, max_tokens, float(temperature), on_max_steps,
                              tool_choice=tool_choice, output=output,
-                             sampling=_check_extra_sampling(node, sampling))
+                             sampling=_check_extra_sampling(node, sampling), parallel_calls=parallel_calls)
         return self._add(spec)
 
     # -- internals --

@@ -84,41 +84,65 @@ class ControlFlow:
         self.graph.nodes[loop].update(llm_steps=1, tool_steps=0)
 
     def _advance_loop(self, loop: str, node: str) -> None:
-        """After a loop step: a text answer ends the loop; a tool pick adds the tool step; a tool
-        result adds the next LLM step. The loop's attribute "ended" says how it ended (see
-        _end_loop; "exceeded_max_steps": the last step called a tool, under on_max_steps="error")."""
+        """After a loop step: a text answer ends the loop; a step's calls add its tool nodes (one
+        per call); a tool result adds the next LLM step (with parallel calls, once every call of
+        the step has ended). The loop's attribute "ended" says how it ended (see _end_loop;
+        "exceeded_max_steps": the last step called a tool, under on_max_steps="error")."""
         spec, attrs, step_spec = self.spec(loop), self.graph.nodes[loop], self.spec(node)
-        step = len(step_spec.history) + 1 if step_spec.kind == "llm" else attrs["tool_steps"]
         if step_spec.kind == "llm":
+            step = len(step_spec.history) + 1
             value = self._values[node]
-            if isinstance(value, str) or value["name"] is None:
+            calls = step_calls(value)
+            if not calls:
                 self._end_loop(loop, step, value if isinstance(value, str) else value["text"])
             elif step >= spec.max_steps:
                 attrs["ended"] = "exceeded_max_steps"
-                self._die(loop, f"no final answer after max_steps={spec.max_steps}: "
-                                f"step {step} called '{value['name']}'")
-            elif spec.step_id(step, "tool") not in self.graph:  # else added as the call streamed
-                self._add_tool_step(loop, node, step, value["name"])
+                names = ", ".join(f"'{c['name']}'" for c in calls)
+                self._die(loop, f"no final answer after max_steps={spec.max_steps}: step {step} called {names}")
+            else:
+                for i, call in enumerate(calls):
+                    if spec.call_id(step, i) not in self.graph:  # else added as the call streamed
+                        self._add_tool_step(loop, node, step, i, call["name"])
+                if spec.parallel_calls:  # the calls may all have ended already (started early)
+                    self._next_step_after_calls(loop, step)
             return
-        llm = spec.step_id(step, "llm")
+        llm = step_spec.args.node
+        step = len(self.spec(llm).history) + 1
+        if spec.parallel_calls:
+            self._next_step_after_calls(loop, step)
+            return
         history = self.spec(llm).history + ((llm, node),)
         # a tool step started early may end before its LLM step: the next step reads both
         preds = [node] if self._is_done(llm) else [llm, node]
         self._add_step(loop, spec.step_spec(step + 1, history), (step + 1, 0), preds)
         attrs["llm_steps"] += 1
 
-    def _early_loop_tool(self, loop: str, node: str, name: str) -> None:
-        """LLM step `node` is still writing, but its call (to tool `name`) is known: add the
-        step's tool node now, so that it can start before the step ends. Not at max_steps: a
+    def _next_step_after_calls(self, loop: str, step: int) -> None:
+        """Parallel calls: the next LLM step, once step `step` has ended (no call may follow) and
+        every one of its calls has ended too. It reads their results in the order made."""
+        spec = self.spec(loop)
+        llm = spec.step_id(step, "llm")
+        if not self._is_done(llm) or spec.step_id(step + 1, "llm") in self.graph:
+            return
+        tools = [spec.call_id(step, i) for i in range(len(step_calls(self._values[llm])))]
+        if all(t in self.graph and self._is_done(t) for t in tools):
+            history = self.spec(llm).history + ((llm, *tools),)
+            self._add_step(loop, spec.step_spec(step + 1, history), (step + 1, 0), tools)
+            self.graph.nodes[loop]["llm_steps"] += 1
+
+    def _early_loop_tool(self, loop: str, node: str, index: int, name: str) -> None:
+        """LLM step `node` is still writing, but its call `index` (to tool `name`) is known: add
+        that call's tool node now, so that it can start before the step ends. Not at max_steps: a
         call there ends the loop (_advance_loop)."""
         step = len(self.spec(node).history) + 1
-        if step < self.spec(loop).max_steps and self.spec(loop).step_id(step, "tool") not in self.graph:
-            self._add_tool_step(loop, node, step, name)
+        if step < self.spec(loop).max_steps and self.spec(loop).call_id(step, index) not in self.graph:
+            self._add_tool_step(loop, node, step, index, name)
 
-    def _add_tool_step(self, loop: str, node: str, step: int, name: str) -> None:
-        tool = ToolSpec(self.spec(loop).step_id(step, "tool"), name, Ref(node), args_from_call=True,
-                        errors_to_output=True, loop=loop)
-        self._add_step(loop, tool, (step, 1), [node])
+    def _add_tool_step(self, loop: str, node: str, step: int, index: int, name: str) -> None:
+        spec = self.spec(loop)
+        args = Ref(node, ("calls", index)) if spec.parallel_calls else Ref(node)
+        tool = ToolSpec(spec.call_id(step, index), name, args, args_from_call=True, errors_to_output=True, loop=loop)
+        self._add_step(loop, tool, (step, 1 + index), [node])
         self.graph.nodes[loop]["tool_steps"] += 1
 
     def _end_loop(self, loop: str, step: int, answer: str) -> None:
@@ -131,10 +155,12 @@ class ControlFlow:
             self._finish(loop, answer)
             return
         calls = []
-        for k in range(1, attrs["tool_steps"] + 1):
-            call, tool = self._values[spec.step_id(k, "llm")], spec.step_id(k, "tool")
-            calls.append({"name": call["name"], "arguments": call["arguments"],
-                          "ok": "error" not in self.graph.nodes[tool]})  # ProgramRun.fail marks a failed step
+        for k in range(1, step):
+            for i, call in enumerate(step_calls(self._values[spec.step_id(k, "llm")])):
+                tool = spec.call_id(k, i)
+                calls.append({"name": call["name"], "arguments": call["arguments"],
+                              "ok": "error" not in self.graph.nodes[tool],  # ProgramRun.fail marks a failed step
+                              **({"step": k} if spec.parallel_calls else {})})
         self._finish(loop, {"answer": answer, "ended": attrs["ended"], "steps": attrs["llm_steps"],
                             "tool_calls": calls})
 
@@ -148,6 +174,15 @@ class ControlFlow:
     def _rewire(self, node: str, preds: list[str]) -> None:
         self.graph.remove_edges_from(list(self.graph.in_edges(node)))
         self.graph.add_edges_from((p, node) for p in preds)
+
+
+def step_calls(value: Any) -> list[dict[str, Any]]:
+    """The calls a loop step's (checked) value makes, in order: [] for a text answer."""
+    if isinstance(value, str):
+        return []
+    if "calls" in value:
+        return value["calls"]
+    return [value] if value.get("name") is not None else []
 
 
 def _preview(value: Any) -> str:

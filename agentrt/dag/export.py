@@ -35,6 +35,7 @@ def describe(attrs: Mapping[str, Any]) -> str:
     if kind == "branch":
         return f"branch on {spec.on!s}" + (f" -> {attrs['case']}" if "case" in attrs else "")
     choice = f", tool_choice {spec.tool_choice}" if spec.tool_choice != "auto" else ""
+    choice += ", parallel calls" if spec.parallel_calls else ""
     ended = f" -> {attrs['ended']} at step {attrs['llm_steps']}" if "ended" in attrs else ""
     return f"agent loop, max {spec.max_steps} steps{choice}: {', '.join(spec.tools)}{ended}"
 

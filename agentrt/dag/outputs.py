@@ -74,6 +74,10 @@ class ToolCall:
     {"name": None, "arguments": None, "text": "..."} when the model answered in text.
     compile() attaches the tool definitions that `to_response_format()` needs.
 
+    parallel: the model may make several calls in one turn (a JSON list of calls, each under its
+    tool's schema; OpenAI's parallel_tool_calls). The value is then {"calls": [{"name",
+    "arguments"}, ...], "text": None}, or {"calls": [], "text": "..."} for a text answer.
+
     choice (OpenAI's tool_choice) narrows what the model may write, never what its prompt says:
     that describes `tools`, and that text may answer, whatever the choice, so the steps of an
     agent loop share their prompt (and its KV) whichever they allow. "auto": a call, or text if
@@ -92,6 +96,7 @@ class ToolCall:
     allow_text: bool = False
     definitions: tuple[ToolDef, ...] = field(default=(), compare=False)
     choice: str = "auto"
+    parallel: bool = False
 
     def __post_init__(self) -> None:
         tools = (self.tools,) if isinstance(self.tools, str) else tuple(self.tools)
@@ -100,6 +105,8 @@ class ToolCall:
         if not isinstance(self.choice, str) or (self.choice not in CHOICES and self.choice not in tools):
             raise ValueError(f"ToolCall choice must be 'auto', 'none', 'required' or one of its tools "
                              f"{list(tools)}, got {self.choice!r}")
+        if not isinstance(self.parallel, bool):
+            raise ValueError(f"ToolCall parallel must be a bool, got {self.parallel!r}")
         object.__setattr__(self, "tools", tools)
         if self.choice != "auto":  # "none" answers in text; "required" and a named tool never do
             object.__setattr__(self, "allow_text", self.choice == "none")
@@ -121,7 +128,7 @@ class ToolCall:
             raise ValueError(f"ToolCall{list(self.tools)} has no tool definitions attached: use the spec of "
                              f"a compiled program (Program.compile() attaches them)")
         rf = {"type": "tool_call", "tools": [d.openai_schema() for d in self.definitions],
-              "allow_text": self.allow_text}
+              "allow_text": self.allow_text, **({"parallel": True} if self.parallel else {})}
         if self.choice == "auto":
             return rf
         choice = {"type": "function", "function": {"name": self.named}} if self.named else self.choice
@@ -131,31 +138,61 @@ class ToolCall:
         # With one callable tool, its parameters describe "arguments"; with several, they are unknown here.
         defs = [d for d in self.definitions if d.name in self.callable_tools]
         arguments = dict(defs[0].parameters) if len(defs) == 1 else {}
+        if self.parallel:
+            call = {"type": "object", "properties": {"name": {}, "arguments": arguments}, "additionalProperties": False}
+            return {"type": "object", "properties": {"calls": {"type": "array", "items": call}, "text": {}},
+                    "additionalProperties": False}
         return {"type": "object", "properties": {"name": {}, "arguments": arguments, "text": {}},
                 "additionalProperties": False}
 
     def check(self, value: Any) -> dict[str, Any]:
         if isinstance(value, str):  # a text answer given as the text itself
             value = {"text": value}
+        if self.parallel:
+            return self._check_calls(value)
         if isinstance(value, Mapping) and value.get("name") is not None:
-            if self.choice == "none":
-                raise ValueError(f"called tool '{value['name']}', but this call answers in text (the tools are "
-                                 "described, not callable)")
-            if value["name"] not in self.tools:
-                raise ValueError(f"called tool '{value['name']}', which is not one of {list(self.tools)}")
-            if self.named and value["name"] != self.named:
-                raise ValueError(f"called tool '{value['name']}', but this call must call '{self.named}'")
-            if not isinstance(value.get("arguments"), Mapping):
-                raise ValueError(f"tool call to '{value['name']}' has no arguments object")
-            return {"name": value["name"], "arguments": dict(value["arguments"]), "text": None}
+            return {**self.check_call(value), "text": None}
+        return self._check_text(value, "a ToolCall output must be {'name': tool, 'arguments': {...}} or {'text': '...'}")
+
+    def check_call(self, call: Any) -> dict[str, Any]:
+        """One call ({"name", "arguments"}) this node may make, normalised; ValueError says why not."""
+        if not isinstance(call, Mapping) or call.get("name") is None:
+            raise ValueError(f"a tool call must be {{'name': tool, 'arguments': {{...}}}}, got {call!r}")
+        if self.choice == "none":
+            raise ValueError(f"called tool '{call['name']}', but this call answers in text (the tools are "
+                             "described, not callable)")
+        if call["name"] not in self.tools:
+            raise ValueError(f"called tool '{call['name']}', which is not one of {list(self.tools)}")
+        if self.named and call["name"] != self.named:
+            raise ValueError(f"called tool '{call['name']}', but this call must call '{self.named}'")
+        if not isinstance(call.get("arguments"), Mapping):
+            raise ValueError(f"tool call to '{call['name']}' has no arguments object")
+        return {"name": call["name"], "arguments": dict(call["arguments"])}
+
+    def _check_calls(self, value: Any) -> dict[str, Any]:
+        """A parallel node's value: its calls (a list of calls, {"calls": [...]}, or one call), or its text."""
+        if isinstance(value, Mapping) and value.get("name") is not None:
+            value = [value]
+        elif isinstance(value, Mapping) and isinstance(value.get("calls"), list) and value["calls"]:
+            value = value["calls"]
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("a parallel ToolCall output makes at least one call, got an empty list")
+            return {"calls": [self.check_call(c) for c in value], "text": None}
+        return {"calls": [], **self._check_text(value, "a parallel ToolCall output must be {'calls': [{'name': tool, "
+                                                       "'arguments': {...}}, ...]} or {'text': '...'}")}
+
+    def _check_text(self, value: Any, shape: str) -> dict[str, Any]:
         if isinstance(value, Mapping) and isinstance(value.get("text"), str):
             if not self.allow_text:
                 raise ValueError(f"answered in text, but this call must call one of {list(self.callable_tools)}")
-            return {"name": None, "arguments": None, "text": value["text"]}
-        raise ValueError("a ToolCall output must be {'name': tool, 'arguments': {...}} or {'text': '...'}, "
-                         f"got {value!r}")
+            return {"text": value["text"]} if self.parallel else {"name": None, "arguments": None, "text": value["text"]}
+        raise ValueError(f"{shape}, got {value!r}")
 
     def describe(self) -> str:
+        return self._describe() + (", parallel calls" if self.parallel and self.choice != "none" else "")
+
+    def _describe(self) -> str:
         tools = "|".join(self.tools)
         if self.choice == "none":
             return f"text (tools described: {tools})"

@@ -35,16 +35,22 @@ def render_prompt(spec: LLMSpec, values: Mapping[str, Any], spec_of: Callable[[s
     return messages
 
 
-def _history_messages(history: Sequence[tuple[str, str]], values: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """An agent-loop step's earlier tool calls and their results, as chat messages."""
+def _history_messages(history: Sequence[tuple[str, ...]], values: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """An agent-loop step's earlier tool calls and their results, as chat messages: per step, the
+    assistant turn with its calls, then one tool message per call, in the order they were made."""
     messages = []
-    for step, (llm_id, tool_id) in enumerate(history, 1):
-        call, result = resolve(Ref(llm_id), values), resolve(Ref(tool_id), values)
-        call_id = f"call_{step}"
+    for step, (llm_id, *tool_ids) in enumerate(history, 1):
+        value = resolve(Ref(llm_id), values)
+        calls = value["calls"] if "calls" in value else [value]  # a parallel step's value lists its calls
+        ids = [f"call_{step}"] if len(tool_ids) == 1 and "calls" not in value else \
+            [f"call_{step}_{i}" for i in range(1, len(tool_ids) + 1)]
         messages.append({"role": "assistant", "content": None, "tool_calls": [{
             "id": call_id, "type": "function",
-            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}]})
-        messages.append({"role": "tool", "tool_call_id": call_id, "name": call["name"], "content": as_text(result)})
+            "function": {"name": call["name"], "arguments": json.dumps(call["arguments"], ensure_ascii=False)}}
+            for call_id, call in zip(ids, calls)]})
+        for call_id, call, tool_id in zip(ids, calls, tool_ids):
+            messages.append({"role": "tool", "tool_call_id": call_id, "name": call["name"],
+                             "content": as_text(resolve(Ref(tool_id), values))})
     return messages
 
 

@@ -202,24 +202,34 @@ class ProgramRun(ControlFlow):
                 if isinstance(items, list):
                     self._expand_items(fan, items)
 
-    def stream_call(self, node: str, call: dict[str, Any]) -> bool:
-        """Record the tool call a running ToolCall node is writing, once its arguments object has
-        closed in the streamed output ({"name", "arguments"}: the StreamedCalls scanner's call).
-        A tool node taking its args from the call (args_from_call) becomes ready, and in an agent
-        loop the step's tool node is added now; the runtime starts only idempotent ones. A call
-        the node's spec would reject (a tool it may not call) is not recorded: the output says
-        why when it ends. complete() checks that the output is this call. Returns whether it
-        was recorded."""
+    def stream_call(self, node: str, call: dict[str, Any], index: int = 0) -> bool:
+        """Record call `index` (from 0) of the turn a running ToolCall node is writing, once its
+        arguments object has closed in the streamed output ({"name", "arguments"}: the
+        StreamedCalls scanner's call). A tool node taking its args from the call (args_from_call)
+        becomes ready, and in an agent loop the call's tool node is added now; the runtime starts
+        only idempotent ones. A node without ToolCall(parallel=True) makes one call (index 0). A
+        call the node's spec would reject (a tool it may not call), or one out of order, is not
+        recorded: the output says why when it ends. complete() checks that the output makes
+        these calls. Returns whether it was recorded."""
         spec = self.spec(node)
+        output = getattr(spec, "output", None)
+        if not isinstance(output, ToolCall) or output.choice == "none":
+            return False
         try:
-            checked = spec.output.check(call)
-        except (AttributeError, ValueError):  # not a ToolCall node, or a call it may not make
+            checked = output.check_call(call)
+        except ValueError:  # a call it may not make
             return False
-        if checked["name"] is None:
+        if output.parallel:
+            made = self._partial.get(node, {}).get("calls", [])
+            if index != len(made):
+                return False
+            self.stream(node, [("calls", [*made, checked])])
+        elif index == 0:
+            self.stream(node, [("name", checked["name"]), ("arguments", checked["arguments"])])
+        else:
             return False
-        self.stream(node, [("name", checked["name"]), ("arguments", checked["arguments"])])
         if spec.loop is not None:
-            self._early_loop_tool(spec.loop, node, checked["name"])
+            self._early_loop_tool(spec.loop, node, index, checked["name"])
         return True
 
     # -- plumbing --
@@ -291,8 +301,11 @@ class ProgramRun(ControlFlow):
     def _finish(self, node: str, value: Any) -> None:
         streamed = self._partial.pop(node, None)
         if streamed is not None and not _extends(value, streamed):
-            call = (f" (the call of {streamed['name']!r} it streamed when its arguments closed: an idempotent "
-                    "tool may have started on it)") if isinstance(streamed, dict) and self._is_call_node(node) else ""
+            call = ""
+            if isinstance(streamed, dict) and self._is_call_node(node):
+                names = [c["name"] for c in streamed.get("calls", [streamed])]
+                call = (f" (the call{'s' if len(names) > 1 else ''} of {', '.join(map(repr, names))} it streamed when "
+                        "the arguments closed: an idempotent tool may have started on it)")
             self._die(node, f"the output differs from the members it streamed{call}")
         self._values[node] = value
         self.graph.nodes[node]["state"] = "done"
@@ -345,24 +358,43 @@ class ProgramRun(ControlFlow):
             ref = use.ref
             if ref.node in self._partial:
                 part = self._partial[ref.node]
-                if not ref.path and use.ref is self.spec(node).args and self._streamed_call_for(node, part):
+                if use.ref is self.spec(node).args and self._streamed_call_for(node, ref, part):
                     read.add(ref.node)
                     continue
-                if not ref.path or not (ref.path[0] in part if isinstance(part, dict) else
-                                        isinstance(ref.path[0], int) and 0 <= ref.path[0] < len(part)):
+                if not self._final_in_stream(ref, part):
                     return False
                 read.add(ref.node)
         return read >= set(waiting)
 
+    def _final_in_stream(self, ref: Ref, part: dict[str, Any] | list[Any]) -> bool:
+        """Whether `ref` reads only what the node streamed so far, which is final: a top-level
+        member or item, or in a parallel call turn (whose list of calls still grows) a call made."""
+        if not ref.path:
+            return False
+        if isinstance(part, list):
+            return isinstance(ref.path[0], int) and 0 <= ref.path[0] < len(part)
+        if getattr(self.spec(ref.node).output, "parallel", False):
+            index = ref.path[1] if len(ref.path) > 1 and ref.path[0] == "calls" else None
+            return isinstance(index, int) and 0 <= index < len(part.get("calls", []))
+        return ref.path[0] in part
+
     def _is_call_node(self, node: str) -> bool:
         return isinstance(getattr(self.spec(node), "output", None), ToolCall)
 
-    def _streamed_call_for(self, node: str, part: dict[str, Any] | list[Any]) -> bool:
+    def _streamed_call_for(self, node: str, ref: Ref, part: dict[str, Any] | list[Any]) -> bool:
         """A tool node taking its args from a call (args_from_call) reads a streamed call of its
-        own tool whole: the call's arguments closed before it was streamed (stream_call)."""
+        own tool whole: the call's arguments closed before it was streamed (stream_call). `ref`
+        picks the call: the node's output (one call) or a call of its list (parallel calls)."""
         spec = self.spec(node)
-        return spec.args_from_call and isinstance(part, dict) and part.get("name") == spec.tool \
-            and isinstance(part.get("arguments"), dict)
+        if not spec.args_from_call:
+            return False
+        call: Any = part
+        if ref.path:
+            if len(ref.path) != 2 or ref.path[0] != "calls" or not isinstance(part, dict):
+                return False
+            made, index = part.get("calls", []), ref.path[1]
+            call = made[index] if isinstance(index, int) and 0 <= index < len(made) else None
+        return isinstance(call, dict) and call.get("name") == spec.tool and isinstance(call.get("arguments"), dict)
 
     def _why_not_ready(self, node: str) -> str:
         attrs = self.graph.nodes[node]
@@ -380,7 +412,10 @@ class ProgramRun(ControlFlow):
 
 
 def _extends(value: Any, streamed: dict[str, Any] | list[Any]) -> bool:
-    """value has every streamed member, equal (a list: the streamed items are its first ones)."""
+    """value has every streamed member, equal (a list: the streamed items are its first ones;
+    a parallel call turn: the streamed calls are its first calls)."""
     if isinstance(streamed, list):
         return isinstance(value, list) and value[: len(streamed)] == streamed
+    if isinstance(streamed.get("calls"), list) and isinstance(value, dict) and isinstance(value.get("calls"), list):
+        return _extends(value["calls"], streamed["calls"])
     return isinstance(value, dict) and all(k in value and value[k] == v for k, v in streamed.items())

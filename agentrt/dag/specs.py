@@ -74,7 +74,8 @@ class InputSpec:
 @dataclass(frozen=True)
 class LLMSpec:
     """One LLM call: user `prompt` (+ `system`), producing `output`. Loop steps also carry `loop`
-    (the agent_loop id) and `history`: the (llm step, tool step) ids before this step.
+    (the agent_loop id) and `history`: per earlier step, (its llm node, its tool nodes...) (one
+    tool node per call: several when the loop allows parallel calls).
     `continues`: the id of an earlier LLM call whose conversation (its messages and its reply)
     comes before this call's prompt, as the next user turn (the call then has no system of its own)."""
 
@@ -85,14 +86,14 @@ class LLMSpec:
     max_tokens: int
     temperature: float
     loop: str | None = None
-    history: tuple[tuple[str, str], ...] = ()
+    history: tuple[tuple[str, ...], ...] = ()
     continues: str | None = None
     sampling: tuple[tuple[str, Any], ...] = ()  # further sampling settings (penalties, top_p, ...), sorted
     kind: ClassVar[str] = "llm"
 
     def refs(self) -> list[RefUse]:
         if self.history:  # a later loop step reads the chain before it (and, through it, the prompt)
-            return [RefUse("previous step", Ref(self.history[-1][1]))]
+            return [RefUse("previous step", Ref(tool)) for tool in self.history[-1][1:]]
         earlier = [RefUse("continues", Ref(self.continues))] if self.continues else []
         return [*earlier, *template_refs("system", self.system), *template_refs("prompt", self.prompt)]
 
@@ -100,7 +101,7 @@ class LLMSpec:
         return replace(self, id=rename(self.id), prompt=self.prompt.renamed(rename),
                        system=self.system.renamed(rename) if self.system else None,
                        loop=rename(self.loop) if self.loop else None,
-                       history=tuple((rename(a), rename(b)) for a, b in self.history),
+                       history=tuple(tuple(map(rename, entry)) for entry in self.history),
                        continues=rename(self.continues) if self.continues else None)
 
 
@@ -301,6 +302,8 @@ class AgentLoopSpec:
     none ("auto"), step 1 ("required_first"), all of them ("required"), or step 1 and only the
     named tool (a tool's name). Every step describes all the tools alike (ToolCall.choice).
     output: "text" (the answer) or "detail" (the answer and how the loop ended: detail_schema()).
+    parallel_calls: a step may make several calls in one turn (ToolCall.parallel); call i of step
+    k runs as "<loop>#k.tool[i]", and the next step follows once all of them have ended.
     """
 
     id: str
@@ -315,6 +318,7 @@ class AgentLoopSpec:
     tool_choice: str = "auto"
     output: Literal["text", "detail"] = "text"
     sampling: tuple[tuple[str, Any], ...] = ()  # every step's further sampling settings (LLMSpec.sampling)
+    parallel_calls: bool = False
     kind: ClassVar[str] = "agent_loop"
 
     def refs(self) -> list[RefUse]:
@@ -326,6 +330,10 @@ class AgentLoopSpec:
 
     def step_id(self, step: int, part: Literal["llm", "tool"]) -> str:
         return f"{self.id}#{step}.{part}"
+
+    def call_id(self, step: int, index: int) -> str:
+        """The tool node of call `index` (from 0) of step `step`."""
+        return f"{self.id}#{step}.tool[{index}]" if self.parallel_calls else self.step_id(step, "tool")
 
     def forces_answer(self, step: int) -> bool:
         """Whether step `step` must answer in text: the last one, with on_max_steps="answer"."""
@@ -344,9 +352,10 @@ class AgentLoopSpec:
     def step_output(self, step: int) -> OutputSpec:
         # Every step describes the tools and that text may answer (the last step's tools stay
         # described, not callable): each step's prompt starts as the step before's did.
-        return ToolCall(self.tools, allow_text=True, definitions=self.definitions, choice=self.step_choice(step))
+        return ToolCall(self.tools, allow_text=True, definitions=self.definitions, choice=self.step_choice(step),
+                        parallel=self.parallel_calls)
 
-    def step_spec(self, step: int, history: tuple[tuple[str, str], ...]) -> LLMSpec:
+    def step_spec(self, step: int, history: tuple[tuple[str, ...], ...]) -> LLMSpec:
         return LLMSpec(self.step_id(step, "llm"), self.prompt, self.system, self.step_output(step),
                        self.max_tokens, self.temperature, loop=self.id, history=history, sampling=self.sampling)
 
@@ -366,15 +375,20 @@ class AgentLoopSpec:
         return {"type": "string"} if self.output == "text" else self.detail_schema()
 
     def detail_schema(self) -> dict[str, Any]:
-        """output="detail": the answer, how the loop ended, its LLM steps and its tool calls (ok:
-        the tool returned; False when its error went back to the model)."""
-        call = {"type": "object", "properties": {"name": {"enum": list(self.tools)}, "arguments": {"type": "object"},
-                                                 "ok": {"type": "boolean"}},
-                "required": ["name", "arguments", "ok"], "additionalProperties": False}
+        """output="detail": the answer, how the loop ended, its LLM steps and its tool calls, in the
+        order made (ok: the tool returned; False when its error went back to the model; with
+        parallel_calls, step: the LLM step that made the call)."""
+        props = {"name": {"enum": list(self.tools)}, "arguments": {"type": "object"}, "ok": {"type": "boolean"}}
+        if self.parallel_calls:
+            props["step"] = {"type": "integer", "minimum": 1, "maximum": max(1, self.max_steps - 1)}
+        call = {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+        calls = {"type": "array", "items": call}
+        if not self.parallel_calls:  # one call per step but the last
+            calls["maxItems"] = self.max_steps - 1
         return {"type": "object",
                 "properties": {"answer": {"type": "string"}, "ended": {"enum": list(self.possible_ends())},
                                "steps": {"type": "integer", "minimum": 1, "maximum": self.max_steps},
-                               "tool_calls": {"type": "array", "items": call, "maxItems": self.max_steps - 1}},
+                               "tool_calls": calls},
                 "required": ["answer", "ended", "steps", "tool_calls"], "additionalProperties": False}
 
 

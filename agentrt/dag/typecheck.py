@@ -212,7 +212,14 @@ def _check_tool_args(spec: ToolSpec, tool: ToolDef, specs: Mapping[str, NodeSpec
     node = spec.id
     if isinstance(spec.args, Ref):
         source = specs.get(spec.args.node)
-        if isinstance(source, LLMSpec) and isinstance(source.output, ToolCall) and not spec.args.path:
+        parallel = isinstance(source, LLMSpec) and isinstance(source.output, ToolCall) and source.output.parallel
+        if parallel and not spec.args.path:
+            problems.append((node, f"args take {spec.args!s}, a ToolCall with parallel calls (a list of calls): "
+                                   f"take one of them, args={spec.args!s}['calls'][i]"))
+            return spec
+        one_call = spec.args.path[:1] == ("calls",) and len(spec.args.path) == 2 and isinstance(spec.args.path[1], int) \
+            if parallel else not spec.args.path
+        if isinstance(source, LLMSpec) and isinstance(source.output, ToolCall) and one_call:
             if tool.name not in source.output.tools:
                 problems.append((node, f"args take {spec.args!s}, a ToolCall for {list(source.output.tools)}, "
                                        f"which never calls '{tool.name}'"))
