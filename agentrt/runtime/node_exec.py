@@ -90,9 +90,10 @@ def tool_stall_s(rt: Runtime, ps: ProgramState, node: str, spec: LLMSpec, value:
     (consecutive tools add up, parallel ones take the max), or None when no tool follows: a
     tool-call node that answered in text, or a node with no tool after it."""
     hold = rt.kv_hold
-    if isinstance(spec.output, ToolCall):
-        name = value.get("name") if isinstance(value, dict) else None
-        return None if name is None else hold.estimate(name)
+    if isinstance(spec.output, ToolCall):  # its calls run at once: the slowest one stalls the program
+        names = [c["name"] for c in value.get("calls", [value]) if c.get("name") is not None] \
+            if isinstance(value, dict) else []
+        return max((hold.estimate(n) for n in names), default=None)
     graph, memo = ps.run.graph, {}
 
     def wait(n: str) -> float:  # tool time on the longest path from n's end to an LLM node
@@ -186,7 +187,8 @@ class LLMCall:
         self.priority = rt.policy.priority(ps.stats, self.ctx) + ps.priority
         self.dynamic = getattr(rt.policy, "dynamic", False)
         self.members = JsonMembers() if response_format["type"] == "json_schema" and rt.stream_outputs else None
-        # a call turn: its call's tool may start once the call's arguments close (stream_call)
+        # a call turn: each call's tool may start once its arguments close (stream_call)
+        self.parallel = bool(response_format.get("parallel"))
         self.calls = StreamedCalls() if response_format["type"] == "tool_call" and rt.stream_outputs \
             and response_format.get("tool_choice") != "none" else None
 
@@ -255,13 +257,30 @@ class LLMCall:
             self.rt.start_streamed(self.ps, self.ns.node)
 
     def on_call_text(self, delta: str) -> None:
-        """A ToolCall node writes one call: once its arguments object closes, the call is known
-        (ProgramRun.stream_call) and the tool taking it starts if idempotent."""
+        """A ToolCall node writes one call, or with parallel calls a list of them: once a call's
+        arguments object closes, that call is known (ProgramRun.stream_call) and the tool taking
+        it starts if idempotent, while the model writes the next calls."""
+        attrs = self.ns.attributes
         for index, call in self.calls.feed(delta):
-            if index == 0 and self.calls.kind == "object" and self.ps.run.status == "running" \
-                    and self.ps.run.stream_call(self.ns.node, call):
-                self.ns.attributes["agentrt.call_streamed_at_chars"] = self.calls.closed_at[index]
+            if not self.parallel and (index != 0 or self.calls.kind != "object"):
+                continue
+            if self.ps.run.status == "running" and self.ps.run.stream_call(self.ns.node, call, index):
+                closed = self.calls.closed_at[index]
+                attrs.setdefault("agentrt.call_streamed_at_chars", closed)  # the first call's
+                if self.parallel:
+                    attrs.setdefault("agentrt.calls_streamed_at_chars", []).append(closed)
                 self.rt.start_streamed(self.ps, self.ns.node)
+
+
+def mark_early_calls(ps: ProgramState, llm_node: str, end: float) -> None:
+    """The LLM node ended at `end`: each tool it started early (on a call or members it had
+    streamed) gets how long before that end it started (agentrt.started_before_caller_end_s)."""
+    if ps.nodes[llm_node].kind != "llm":
+        return
+    for ns in ps.nodes.values():
+        if ns.waited_on == llm_node and ns.attributes.get("agentrt.started_early"):
+            started = next((t for phase, t in ns.log.transitions if phase != "waiting"), end)
+            ns.attributes["agentrt.started_before_caller_end_s"] = round(max(0.0, end - started), 6)
 
 
 def record_response(rt: Runtime, ps: ProgramState, ns: NodeState, request: LLMRequest, response: LLMResponse) -> None:
@@ -300,6 +319,8 @@ def response_outcome(rt: Runtime, ns: NodeState, response_format: dict[str, Any]
         return Outcome.failed(f"{shown}{hint}", "invalid_output")
     if isinstance(value, dict) and value.get("name") is not None and response_format["type"] == "tool_call":
         ns.attributes["agentrt.tool_call"] = value["name"]
+    elif isinstance(value, dict) and value.get("calls"):
+        ns.attributes["agentrt.tool_calls"] = [c.get("name") for c in value["calls"] if isinstance(c, dict)]
     rt.trace_content.put(ns.attributes, "agentrt.value", value)
     return Outcome(True, value)
 

@@ -123,6 +123,9 @@ def render_node(console: Console, records: list[dict[str, Any]], node: str, run_
                 _section(console, title, a[name], a, name)
     else:
         console.print(f"tool: {n.get('tool')}; attempts: {n.get('attempts')}")
+        if "started_before_caller_end_s" in n:
+            console.print(f"started early: {n['started_before_caller_end_s']:.3f} s before {n['waited_on']} ended "
+                          "(on what it had streamed)")
         for line in attempt_lines(n.get("attempt_log") or []):
             console.print(line)
         for title, name in (("arguments", "gen_ai.tool.call.arguments"), ("result", "gen_ai.tool.call.result")):

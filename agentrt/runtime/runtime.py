@@ -28,7 +28,8 @@ from agentrt.errors import InputValueError, ProgramRunError, RunConfigError
 from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth
 from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
 from agentrt.runtime.events import RunEvent, RunEventListener
-from agentrt.runtime.node_exec import InputAnswer, InputWait, charge, run_input, run_llm, run_recorded, run_tool
+from agentrt.runtime.node_exec import (InputAnswer, InputWait, charge, mark_early_calls, run_input, run_llm,
+                                        run_recorded, run_tool)
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.program_state import (ProgramHandle, ProgramState, RunResult, loop_attributes, program_record,
                                            task_outcome)
@@ -338,6 +339,7 @@ class Runtime:
         (an output the node's spec rejects fails the node itself)."""
         ns = ps.nodes[node]
         now = self.trace.now()
+        mark_early_calls(ps, node, now)
         if self.store is not None and not ns.attributes.get("agentrt.replayed"):
             self.store.node_finished(ps.run_id, node, ns.kind, outcome.ok, outcome.value, outcome.error,
                                      outcome.error_type, outcome.sent)

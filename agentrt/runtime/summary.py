@@ -104,6 +104,8 @@ def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str
     if out["kind"] == "tool":
         out.update(tool=a.get("gen_ai.tool.name"), attempts=a.get("agentrt.tool.attempts", 0),
                    attempt_log=a.get("agentrt.tool.attempt_log", []))
+        if "agentrt.started_before_caller_end_s" in a:  # started early, on the streamed call of waited_on
+            out["started_before_caller_end_s"] = a["agentrt.started_before_caller_end_s"]
     elif out["kind"] == "wait_for":
         out.update(prompt=a.get("agentrt.input.prompt"), schema=a.get("agentrt.input.schema"),
                    answered_by=a.get("agentrt.input.answered_by"), via=a.get("agentrt.input.via"),
@@ -118,6 +120,8 @@ def node_summary(span: dict[str, Any], phases: list[dict[str, Any]]) -> dict[str
         out["steps"] = steps
         out["finish_reason"] = (a.get("gen_ai.response.finish_reasons") or [None])[0]
         out["tool_call"] = a.get("agentrt.tool_call")  # the tool it called (its value is that call)
+        if "agentrt.tool_calls" in a:  # parallel calls: the tools it called, in order
+            out["tool_calls"] = a["agentrt.tool_calls"]
     return out
 
 

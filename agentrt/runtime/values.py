@@ -2,7 +2,8 @@
 
 Text: the text. JsonSchema: the engine's parsed value; without one (an engine that does not
 constrain decoding), the JSON found in the text. ToolCall: {"name", "arguments"} from the parsed
-call (or from a call the model wrote as JSON text), else {"text"}: the model answered in text.
+call (or from a call the model wrote as JSON text), with parallel calls {"calls": [...]}, else
+{"text"}: the model answered in text.
 ProgramRun.complete() then checks the value against the spec (schema, tool names).
 """
 from __future__ import annotations
@@ -48,17 +49,24 @@ def _tool_names(response_format: dict[str, Any]) -> set[str]:
     return {t.get("function", t).get("name") for t in response_format.get("tools", []) if isinstance(t, dict)}
 
 
-def _call_in_text(response_format: dict[str, Any], text: str) -> dict[str, Any] | None:
-    """A tool call written as JSON text ({"name": tool, "arguments": {...}}), which is how models
-    without a tool-call grammar call tools; None if the text is not exactly that."""
+def _calls(response_format: dict[str, Any], value: Any, parallel: bool) -> list[dict[str, Any]] | None:
+    """The calls in a parsed output: one call object ({"name": tool, "arguments": {...}}), or with
+    parallel calls a list of them too; None if the value is not that."""
+    names = _tool_names(response_format)
+    calls = value if parallel and isinstance(value, list) else [value]
+    if calls and all(isinstance(c, dict) and c.get("name") in names and isinstance(c.get("arguments"), dict)
+                     for c in calls):
+        return [{"name": c["name"], "arguments": c["arguments"]} for c in calls]
+    return None
+
+
+def _calls_in_text(response_format: dict[str, Any], text: str, parallel: bool) -> list[dict[str, Any]] | None:
+    """Tool calls written as JSON text, which is how models without a tool-call grammar call
+    tools; None if the text is not exactly that."""
     try:
-        value = parse_json_text(text)
+        return _calls(response_format, parse_json_text(text), parallel)
     except OutputParseError:
         return None
-    if isinstance(value, dict) and value.get("name") in _tool_names(response_format) \
-            and isinstance(value.get("arguments"), dict):
-        return {"name": value["name"], "arguments": value["arguments"]}
-    return None
 
 
 def node_value(response_format: dict[str, Any], response: LLMResponse) -> Any:
@@ -72,8 +80,15 @@ def node_value(response_format: dict[str, Any], response: LLMResponse) -> Any:
     if kind == "tool_call":
         if response_format.get("tool_choice") == "none":  # described, not callable: the text answers
             return {"text": response.text}
+        parallel = bool(response_format.get("parallel"))  # a list of calls (ToolCall.parallel)
         call = response.parsed
         if isinstance(call, dict) and call.get("name") is not None:
-            return {"name": call["name"], "arguments": call.get("arguments")}
-        return _call_in_text(response_format, response.text) or {"text": response.text}
+            calls = [{"name": call["name"], "arguments": call.get("arguments")}]
+        elif parallel and isinstance(call, list) and call:
+            calls = [{"name": c.get("name"), "arguments": c.get("arguments")} if isinstance(c, dict) else c for c in call]
+        else:
+            calls = _calls_in_text(response_format, response.text, parallel)
+        if not calls:
+            return {"text": response.text}
+        return {"calls": calls} if parallel else calls[0]
     raise OutputParseError(f"unknown response_format type {kind!r}")
