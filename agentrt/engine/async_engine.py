@@ -6,25 +6,46 @@ import asyncio
 import queue
 import threading
 import time
-from typing import AsyncIterator, Callable, TypeVar
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from agentrt.engine.calibration import fit_cost_model_when_idle
 from agentrt.engine.llm_engine import EngineConfig, LLMEngine
 from agentrt.engine.outputs import GenerationResult, TokenEvent
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.sequence import Sequence
+from agentrt.spec.tool_formats import ToolCallFormat
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What an engine is, fixed when it is built, so any thread may read it."""
+    model: str                   # the model it was loaded from (a name or a path)
+    precision: str               # its weights' number format, as `agentrt models` labels it
+    tool_format: ToolCallFormat  # the syntax the model writes tool calls in
+    block_size: int              # tokens per KV block
+    prefix_caching: bool         # whether it keeps (and can pin) the KV of earlier prompts
+    max_num_seqs: int            # sequences it runs at once
 
 
 class AsyncEngine:
     """Example:
         engine = AsyncEngine.from_config(EngineConfig())
         result = await engine.generate([{"role": "user", "content": "Hi"}], SamplingParams(max_tokens=8))
+
+    The rule: the LLMEngine's state changes on one thread only, the engine thread, between steps;
+    every other thread goes through the command queue (submit, run_on_engine_thread, and the
+    methods below built on them: kv_blocks, pin_prefix, add/remove_step_listener, load) or
+    reads `info`, which never changes.
     """
 
     def __init__(self, engine: LLMEngine):
         self.engine = engine
+        self.info = EngineInfo(str(getattr(engine.config, "model", "model")), engine.loaded.precision,
+                               engine.tool_format, engine.block_size, engine.prefix_caching,
+                               engine.config.max_num_seqs)
         self._commands: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._wake = threading.Event()
         self._streams: dict[int, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
@@ -150,6 +171,11 @@ class AsyncEngine:
 
     async def run_on_engine_thread(self, fn: Callable[[], T]) -> T:
         """fn()'s result (or its exception), fn run on the engine thread between steps."""
+        return await self.call_on_engine_thread(fn)
+
+    def call_on_engine_thread(self, fn: Callable[[], T]) -> asyncio.Future:
+        """Queue fn() now (in order with every other command) and return the future its result
+        (or its exception) settles on the calling loop; nobody needs to await it."""
         loop = asyncio.get_running_loop()
         done: asyncio.Future = loop.create_future()
 
@@ -166,7 +192,38 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(settle, done.set_result, result)
 
         self.submit(run)
-        return await done
+        return done
+
+    # ---- what the runtime reads and holds -----------------------------------------------------
+    def format_messages(self, messages: list[dict], response_format: Any) -> tuple[list[dict], list[dict] | None]:
+        """The messages and tools a chat request is encoded from (LLMEngine.format_messages:
+        reads only what `info` fixes, so any thread may call it)."""
+        return self.engine.format_messages(messages, response_format)
+
+    async def kv_blocks(self) -> dict[str, int]:
+        """The KV cache's blocks by state (LLMEngine.kv_blocks), read between steps."""
+        return await self.run_on_engine_thread(self.engine.kv_blocks)
+
+    async def load(self) -> dict[str, int]:
+        """Sequences running and waiting, read between steps."""
+        return await self.run_on_engine_thread(
+            lambda: {"running": len(self.engine.scheduler.running), "waiting": len(self.engine.scheduler.waiting)})
+
+    def pin_prefix(self, token_ids: list[int], ttl_s: float) -> asyncio.Future:
+        """Hold the cached KV of this token prefix for ttl_s seconds (LLMEngine.pin_prefix); the
+        future gives the blocks pinned."""
+        tokens = list(token_ids)
+        return self.call_on_engine_thread(lambda: self.engine.pin_prefix(tokens, ttl_s))
+
+    def add_step_listener(self, fn: Callable[[Any], None]) -> None:
+        """Call fn(StepRecord) on the engine thread after every step from the next one on."""
+        self.submit(lambda: self.engine.step_listeners.append(fn))
+
+    def remove_step_listener(self, fn: Callable[[Any], None]) -> None:
+        def remove() -> None:
+            if fn in self.engine.step_listeners:
+                self.engine.step_listeners.remove(fn)
+        self.submit(remove)
 
     def abort(self, request_id: int) -> None:
         self.submit(lambda: self._deliver_abort(request_id))

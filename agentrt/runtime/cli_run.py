@@ -205,7 +205,7 @@ def run_on_engine(args: argparse.Namespace, example: Example, inputs: Mapping[st
         # the first call of a fresh engine pays one-off costs: not inside the program's first LLM node
         warmup_s = asyncio.run(engine.warm_up())
     backend = EngineBackend(engine, model_name=args.model)
-    precision = engine.engine.loaded.precision
+    precision = engine.info.precision
     console.print(f"model: {args.model} ({precision}; {args.device}), loaded in {load_s:.1f} s", markup=False, highlight=False)
     meta = {"engine_load_s": round(load_s, 3), "engine_warmup_s": round(warmup_s, 3),
             "precision": precision, "device": args.device, "drafter": args.spec, "policy": args.policy}

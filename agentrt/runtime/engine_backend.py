@@ -18,13 +18,16 @@ import json
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from agentrt.errors import RequestError
 from agentrt.jsonutil import parse_json
 from agentrt.spec.tool_formats import ToolCallFormat
 from agentrt.runtime.backend import (AheadResult, EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, PromptRecord, StepCallback,
                                      Usage)
+
+if TYPE_CHECKING:  # the runtime imports torch only when it runs an engine
+    from agentrt.engine.async_engine import AsyncEngine
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +151,12 @@ class EngineBackend:
     """EngineBackend(AsyncEngine(LLMEngine(EngineConfig()))). close() detaches the step listener
     (the engine itself belongs to the caller)."""
 
-    def __init__(self, engine: Any, model_name: str | None = None) -> None:
+    def __init__(self, engine: AsyncEngine, model_name: str | None = None) -> None:
         self.engine = engine
-        self.model_name = model_name or getattr(engine.engine.config, "model", "model")
+        self.model_name = model_name or engine.info.model
         self._loops: dict[asyncio.AbstractEventLoop, _LoopState] = {}
         self._lock = threading.Lock()
-        engine.engine.step_listeners.append(self._on_engine_step)
+        engine.add_step_listener(self._on_engine_step)
 
     # -- the engine thread --
     def _on_engine_step(self, record: Any) -> None:
@@ -256,11 +259,10 @@ class EngineBackend:
         from agentrt.engine.prompt_parts import prompt_parts
         from agentrt.spec.structured import parse_response_format
 
-        llm = self.engine.engine
         asked = normalize_messages(messages)
-        sent, tools = llm.format_messages(asked, parse_response_format(response_format))
+        sent, tools = self.engine.format_messages(asked, parse_response_format(response_format))
         try:
-            parts = prompt_parts(llm.tokenizer, asked, sent, tools)
+            parts = prompt_parts(self.engine.tokenizer, asked, sent, tools)
         except Exception:  # noqa: BLE001
             log.warning("counting the prompt's tokens by part failed", exc_info=True)
             parts = []
@@ -269,12 +271,12 @@ class EngineBackend:
     @property
     def tool_format(self) -> ToolCallFormat:
         """The syntax the model writes tool calls in (the server's chat API streams them by it)."""
-        return self.engine.engine.tool_format
+        return self.engine.info.tool_format
 
     # -- KV holds --
     @property
     def block_size(self) -> int:
-        return self.engine.engine.block_size
+        return self.engine.info.block_size
 
     def pin(self, response: LLMResponse, ttl_s: float,
             on_pinned: Callable[[KVPin], None] | None = None) -> KVPin | None:
@@ -282,24 +284,18 @@ class EngineBackend:
         tool and will send them again). Runs on the engine thread between steps; on_pinned(pin)
         follows on this loop once pin.blocks is known. None: not an engine response, or the
         engine keeps no prefix cache."""
-        if not isinstance(response, EngineResponse) or not self.engine.engine.prefix_caching:
+        if not isinstance(response, EngineResponse) or not self.engine.info.prefix_caching:
             return None
         pin = KVPin(response.request_id, response.prompt_token_ids + response.token_ids, float(ttl_s))
-        loop = asyncio.get_running_loop()
 
-        def done(blocks: int) -> None:
-            pin.blocks = blocks
+        def done(pinned: asyncio.Future) -> None:
+            if pinned.cancelled() or pinned.exception() is not None:
+                return
+            pin.blocks = pinned.result()
             if on_pinned is not None:
                 on_pinned(pin)
 
-        def on_engine_thread() -> None:
-            blocks = self.engine.engine.pin_prefix(list(pin.tokens), pin.ttl_s)
-            try:
-                loop.call_soon_threadsafe(done, blocks)
-            except RuntimeError:  # the caller's loop is gone
-                pass
-
-        self.engine.submit(on_engine_thread)
+        self.engine.pin_prefix(pin.tokens, pin.ttl_s).add_done_callback(done)
         return pin
 
     def reuse(self, pin: KVPin, response: LLMResponse) -> tuple[int, int]:
@@ -314,18 +310,7 @@ class EngineBackend:
 
     async def kv_blocks(self) -> dict[str, int]:
         """The engine's KV blocks by state (LLMEngine.kv_blocks), read on its thread between steps."""
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[dict[str, int]] = loop.create_future()
-
-        def on_engine_thread() -> None:
-            counts = self.engine.engine.kv_blocks()
-            try:
-                loop.call_soon_threadsafe(lambda: future.done() or future.set_result(counts))
-            except RuntimeError:  # the caller's loop is gone
-                pass
-
-        self.engine.submit(on_engine_thread)
-        return await future
+        return await self.engine.kv_blocks()
 
     def subscribe_steps(self, fn: Callable[[EngineStep], None]) -> Callable[[], None]:
         state = self._state()
@@ -339,6 +324,4 @@ class EngineBackend:
         return unsubscribe
 
     def close(self) -> None:
-        listeners = self.engine.engine.step_listeners
-        if self._on_engine_step in listeners:
-            listeners.remove(self._on_engine_step)
+        self.engine.remove_step_listener(self._on_engine_step)

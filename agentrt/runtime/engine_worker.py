@@ -116,27 +116,32 @@ class EngineWorker:
                                  properties=reply_properties(correlation) if correlation else None)
 
     async def _status_loop(self) -> None:
-        kv: dict[str, int] = {}
+        counts: dict[str, Any] = {"kv": {}, "running": 0, "waiting": 0}
         counting: asyncio.Task | None = None
         while True:
-            # the KV counts are read on the engine thread between steps: a long step must not
-            # delay the heartbeat (callers would count this worker lost), so the last counts go
+            # the counts are read on the engine thread between steps: a long step must not delay
+            # the heartbeat (callers would count this worker lost), so the last counts go
             if counting is None:
-                counting = asyncio.create_task(self.backend.kv_blocks())
+                counting = asyncio.create_task(self._engine_counts())
             await asyncio.wait([counting], timeout=self.status_interval_s / 2)
             if counting.done():
-                kv, counting = counting.result(), None
-            self._publish(self.topics.status(self.worker_id), self.status(kv), retain=True)
+                counts, counting = counting.result(), None
+            self._publish(self.topics.status(self.worker_id), self.status(counts), retain=True)
             await asyncio.sleep(self.status_interval_s)
 
-    def status(self, kv: dict[str, int]) -> dict[str, Any]:
-        llm = self.backend.engine.engine
+    async def _engine_counts(self) -> dict[str, Any]:
+        engine = self.backend.engine
+        kv, load = await asyncio.gather(engine.kv_blocks(), engine.load())
+        return {"kv": kv, **load}
+
+    def status(self, counts: dict[str, Any]) -> dict[str, Any]:
+        info = self.backend.engine.info
         return {"status": "online", "worker": self.worker_id, "pid": os.getpid(), "host": socket.gethostname(),
-                "model": self.backend.model_name, "precision": getattr(getattr(llm, "loaded", None), "precision", None),
-                "tool_format": self.backend.tool_format.name, "block_size": self.backend.block_size,
-                "prefix_caching": bool(llm.prefix_caching), "max_num_seqs": llm.config.max_num_seqs,
-                "running": len(llm.scheduler.running), "waiting": len(llm.scheduler.waiting),
-                "calls": len(self._calls), "kv": kv, "prefixes": list(self._recent),
+                "model": self.backend.model_name, "precision": info.precision,
+                "tool_format": info.tool_format.name, "block_size": info.block_size,
+                "prefix_caching": info.prefix_caching, "max_num_seqs": info.max_num_seqs,
+                "running": counts["running"], "waiting": counts["waiting"],
+                "calls": len(self._calls), "kv": counts["kv"], "prefixes": list(self._recent),
                 "served": self.served, "interval_s": self.status_interval_s, "since": self.since, "ts": time.time()}
 
     def _on_engine_step(self, step: EngineStep) -> None:

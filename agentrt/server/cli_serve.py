@@ -205,7 +205,7 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
     state = app[STATE]
     try:
         engine, backend, runtime = await _start_runtime(args, tools, model, store)
-        state.precision = engine.engine.loaded.precision if engine is not None else backend.precision
+        state.precision = engine.info.precision if engine is not None else backend.precision
         state.attach(runtime)
         resumed = state.resumed
         print(f"agentrt serve: ready at {url}\n  model: {model} ({state.precision}; {args.device}, spec {args.spec}, "
@@ -257,11 +257,11 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
                           tool_format=getattr(args, "tool_format", "auto"), **engine_kw)
     engine = AsyncEngine(await asyncio.to_thread(LLMEngine, config))
     print(f"agentrt serve: {kv_cache_line(engine.engine)}", flush=True)
-    print(f"agentrt serve: tool calls in the {engine.engine.tool_format.name} format", flush=True)
+    print(f"agentrt serve: tool calls in the {engine.info.tool_format.name} format", flush=True)
     # before /ready says so, not on a client's request
     print(f"agentrt serve: engine warmed up in {await engine.warm_up():.1f} s", flush=True)
     backend = EngineBackend(engine, model_name=model)
-    return engine, backend, await _runtime(args, tools, model, store, backend, engine.engine.loaded.precision)
+    return engine, backend, await _runtime(args, tools, model, store, backend, engine.info.precision)
 
 
 async def _runtime(args: argparse.Namespace, tools: list, model: str, store: Any, backend: Any, precision: str) -> Any:

@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from agentrt.engine.sampling_params import SamplingParams
 from agentrt.errors import AgentRTError
 from agentrt.runtime import EngineBackend, LLMRequest, NodeIdentity
 from agentrt.runtime.engine_backend import chat_messages
@@ -42,6 +43,7 @@ async def test_steps_usage_and_alpha_reach_the_caller(engine):
     assert sum(e.k for e in events) == total.drafted
     assert len(events) == total.target_passes
     assert {e.step for e in events} <= {s.step for s in lane}
+    await engine.run_on_engine_thread(lambda: None)  # close() detaches on the engine thread, in order
     assert backend._on_engine_step not in engine.engine.step_listeners
 
 
@@ -107,3 +109,27 @@ async def test_an_idle_engine_starts_a_request_within_one_step(engine):
     first = min((r for r in records if r["type"] == "engine_step" and r["start"] >= phases["queued"]["start"]),
                 key=lambda r: r["start"])
     assert first["num_prefill_tokens"] > 100 and queued < first["end"] - first["start"], (queued, first)
+
+
+async def test_the_engine_surface_the_runtime_uses(engine):
+    """AsyncEngine's public surface: fixed facts in `info`; counts, pins and step listeners go
+    through the engine thread, in order with requests."""
+    llm = engine.engine
+    assert (engine.info.block_size, engine.info.prefix_caching, engine.info.tool_format) == (
+        llm.block_size, llm.prefix_caching, llm.tool_format)
+    assert engine.info.precision == llm.loaded.precision and engine.info.max_num_seqs == llm.config.max_num_seqs
+    steps: list = []
+    engine.add_step_listener(steps.append)
+    prompt = "Name the capital of each country: France, Spain, Italy, Germany, Portugal, Poland, Greece, Norway. " * 2
+    result = await engine.generate(prompt, SamplingParams(max_tokens=3, temperature=0))
+    engine.remove_step_listener(steps.append)
+    assert steps and all(s.step >= 0 for s in steps)
+    seen = len(steps)
+    await engine.generate("The capital of Spain is", SamplingParams(max_tokens=2, temperature=0))
+    assert len(steps) == seen  # removed before the next request's steps
+    tokens = list(result.prompt_token_ids) + list(result.token_ids)
+    pinned = await engine.pin_prefix(tokens, 5.0)
+    assert pinned >= 2  # the prompt's full blocks, cached by the first request
+    kv = await engine.kv_blocks()
+    assert kv["pinned"] >= pinned and kv["used"] + kv["free"] == kv["total"]
+    assert await engine.load() == {"running": 0, "waiting": 0}
