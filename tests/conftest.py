@@ -62,7 +62,7 @@ def store_location(request, tmp_path):
 @pytest.fixture
 def open_run_store(store_location):
     """open_run_store() -> the run store at store_location, opened (again), closed after the test."""
-    from agentrt.runtime.store_location import open_store
+    from agentrt.runtime.store import open_store
 
     opened = []
 

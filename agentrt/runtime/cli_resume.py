@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from agentrt.runtime.loader import load_example
     from agentrt.runtime.store import UNFINISHED, file_hash
-    from agentrt.runtime.store_location import open_store
+    from agentrt.runtime.store import open_store
 
     store = open_store(args.db)
     try:

@@ -177,7 +177,7 @@ def run(args: argparse.Namespace) -> int:
         check_writable(args.trace, "--trace")
     store = None
     if args.db:
-        from agentrt.runtime.store_location import open_store
+        from agentrt.runtime.store import open_store
 
         store = open_store(args.db)
     try:

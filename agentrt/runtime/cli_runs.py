@@ -33,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from agentrt.runtime.store_location import open_store
+    from agentrt.runtime.store import open_store
     from agentrt.tables import print_table
 
     console = Console()

@@ -21,7 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from agentrt.runtime.store_api import UNFINISHED
-    from agentrt.runtime.store_location import open_store
+    from agentrt.runtime.store import open_store
     from agentrt.tables import print_table
 
     store = open_store(args.db)

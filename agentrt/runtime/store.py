@@ -27,7 +27,7 @@ from typing import Any, Iterable
 from agentrt.runtime.store_api import (  # noqa: F401 - the store's names, importable from here as before
     ENDED, JSON_RUN_FIELDS, RUN_FIELDS, UNFINISHED, NodeChange, Recorded, RecordedOutcome, RunStore, StoredRun,
     StoreError, StoreUnavailable, ToolAttempt, args_hash, check_run_fields, doomed_runs, file_hash, to_json)
-from agentrt.runtime.store_location import store_path
+from agentrt.runtime.store_location import PostgresLocation, StoreLocation, store_location, store_path
 
 
 SCHEMA_VERSION = 2
@@ -228,3 +228,14 @@ class _Transaction:
                 raise StoreUnavailable(f"run store {self.location} cannot be written now ({e})") from None
         if exc_type is sqlite3.OperationalError:
             raise StoreUnavailable(f"run store {self.location} cannot be written now ({exc})") from None
+
+
+def open_store(location: StoreLocation | str) -> RunStore:
+    """Open the run store at `location` (what --db gave): StoreError when it cannot be used."""
+    if isinstance(location, str):
+        location = store_location(location)
+    if isinstance(location, PostgresLocation):
+        from agentrt.runtime.store_postgres import PostgresRunStore  # psycopg only for PostgreSQL
+
+        return PostgresRunStore(location.url)
+    return SQLiteRunStore(location)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +45,35 @@ class StoreUnavailable(StoreError):
 def to_json(value: Any) -> str:
     """Values as the store keeps them: JSON, with anything JSON cannot hold as its repr."""
     return json.dumps(value, default=repr, separators=(",", ":"))
+
+
+def json_text(value: Any) -> str:
+    """JSON as PostgreSQL's json type takes it: a non-finite float (which JSON cannot hold and
+    PostgreSQL refuses) is kept as its name, "nan", "inf" or "-inf"."""
+    try:
+        return to_json(_finite(value)) if _has_non_finite(value) else to_json(value)
+    except RecursionError:  # a value nested past what the walk can follow: as the SQLite store keeps it
+        return to_json(value)
+
+
+def _has_non_finite(value: Any) -> bool:
+    if isinstance(value, float):
+        return not math.isfinite(value)
+    if isinstance(value, dict):
+        return any(_has_non_finite(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_non_finite(v) for v in value)
+    return False
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
 
 
 def args_hash(args: Any) -> str:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-from agentrt.runtime.store_api import RUN_FIELDS, UNFINISHED, StoredRun, StoreUnavailable
+from agentrt.runtime.store_api import RUN_FIELDS, UNFINISHED, StoredRun, StoreUnavailable, json_text
 
 # the statements of the schema version that adds ownership (store_postgres.MIGRATIONS[2])
 LEASE_MIGRATION = [
@@ -168,8 +168,6 @@ class LeaseStore:
         return bool(rows and rows[0][0])
 
     def forward_input(self, run_id: str, node: str, value: Any, by: str | None) -> None:
-        from agentrt.runtime.store_postgres import json_text
-
         self._execute(f"INSERT INTO run_inputs (run_id, node, value, given_by, time) VALUES (%s, %s, %s::json, %s, {NOW})",
                       (run_id, node, json_text(value), by))
 

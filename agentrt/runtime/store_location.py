@@ -12,13 +12,9 @@ import argparse
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit, urlunsplit
 
 from agentrt.errors import RunConfigError
-
-if TYPE_CHECKING:
-    from agentrt.runtime.store_api import RunStore
 
 SUPPORTED_FORMS = ("a file path (runs/agentrt.db), sqlite:///relative/path.db or sqlite:////absolute/path.db "
                    "(SQLAlchemy's form), or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE")
@@ -101,21 +97,8 @@ def store_path(value: str, flag: str = "--db") -> Path:
     location = store_location(value, flag)
     if isinstance(location, PostgresLocation):
         raise RunConfigError(f"{flag} {location}: a PostgreSQL URL names no SQLite file; open it with "
-                             "agentrt.runtime.store_location.open_store or PostgresRunStore")
+                             "agentrt.runtime.store.open_store or PostgresRunStore")
     return location
-
-
-def open_store(location: StoreLocation | str) -> RunStore:
-    """Open the run store at `location` (what --db gave): StoreError when it cannot be used."""
-    if isinstance(location, str):
-        location = store_location(location)
-    if isinstance(location, PostgresLocation):
-        from agentrt.runtime.store_postgres import PostgresRunStore
-
-        return PostgresRunStore(location.url)
-    from agentrt.runtime.store import SQLiteRunStore
-
-    return SQLiteRunStore(location)
 
 
 def db_argument(value: str) -> StoreLocation:

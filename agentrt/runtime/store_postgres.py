@@ -30,7 +30,6 @@ unfinished run's owner and lease, the replicas, inputs forwarded to a run's owne
 """
 from __future__ import annotations
 
-import math
 import time
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
@@ -40,7 +39,7 @@ from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from agentrt.runtime.store_api import (ENDED, RUN_FIELDS, NodeChange, Recorded, StoredRun, StoreError,
-                                       StoreUnavailable, ToolAttempt, check_run_fields, doomed_runs, to_json)
+                                       StoreUnavailable, ToolAttempt, check_run_fields, doomed_runs, json_text)
 from agentrt.runtime.store_leases import LEASE_MIGRATION, LeaseStore
 from agentrt.runtime.store_location import redact_url
 
@@ -79,35 +78,6 @@ _MIGRATION_LOCK = 0x61677274  # pg_advisory_xact_lock key ("agrt"): one migratin
 _CASTS = {"inputs": "json", "output": "json", "metadata": "jsonb", "error": "jsonb"}
 _TOOL_ATTEMPT_FIELDS = ("node", "attempt", "status", "args_hash", "started", "finished", "error_kind", "error",
                         "backoff_s", "not_retried")
-
-
-def json_text(value: Any) -> str:
-    """JSON as PostgreSQL's json type takes it: a non-finite float (which JSON cannot hold and
-    PostgreSQL refuses) is kept as its name, "nan", "inf" or "-inf"."""
-    try:
-        return to_json(_finite(value)) if _has_non_finite(value) else to_json(value)
-    except RecursionError:  # a value nested past what the walk can follow: as the SQLite store keeps it
-        return to_json(value)
-
-
-def _has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
-    if isinstance(value, dict):
-        return any(_has_non_finite(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_non_finite(v) for v in value)
-    return False
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return repr(value)
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
-    return value
 
 
 class PostgresRunStore(LeaseStore):

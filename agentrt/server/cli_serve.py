@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     tools = [t for ex in examples for t in ex.tools] + [t for m in args.tools for t in load_tools(m)]
     store = None
     if config.db is not None:  # a corrupt or newer store stops the server here, before the port opens
-        from agentrt.runtime.store_location import open_store
+        from agentrt.runtime.store import open_store
 
         store = open_store(config.db)
     try:

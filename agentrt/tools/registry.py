@@ -11,7 +11,6 @@ tool module works with and without workers.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -28,6 +27,7 @@ from agentrt.tools.errors import (
     ToolTimeoutError,
     UnknownToolError,
 )
+from agentrt.tools.progress import CALL_PROGRESS, ToolProgress
 from agentrt.tools.result import ToolAttempt, ToolResult
 from agentrt.tools.schema import check_size, describe_errors, parse_arguments, validate_arguments
 from agentrt.tools.tool import Tool, tool as make_tool
@@ -52,21 +52,6 @@ class RemoteValue:
     started: float | None = None
     finished: float | None = None
 
-
-@dataclass(frozen=True)
-class ToolProgress:
-    """A progress report from a running call (an MCP server's notifications/progress): `progress`
-    so far, of `total` when known, with the server's message; `time` is time.time()."""
-
-    progress: float
-    total: float | None
-    message: str | None
-    time: float
-
-
-# The on_progress of the call running in this task: executors that hear of progress report it here.
-CALL_PROGRESS: contextvars.ContextVar[Callable[[ToolProgress], None] | None] = contextvars.ContextVar(
-    "agentrt_tool_call_progress", default=None)
 
 _BUILTIN = ("inprocess", "http", "mcp")  # created on first use
 

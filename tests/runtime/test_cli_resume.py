@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from agentrt.runtime.store import SQLiteRunStore, StoredRun
-from agentrt.runtime.store_location import open_store
+from agentrt.runtime.store import open_store
 
 ROOT = Path(__file__).parents[2]
 PROGRAM = ROOT / "tests" / "server" / "durable_program.py"

@@ -11,7 +11,8 @@ import pytest
 from agentrt.cli import main
 from agentrt.errors import RunConfigError
 from agentrt.runtime.store import SQLiteRunStore
-from agentrt.runtime.store_location import PostgresLocation, open_store, store_location, store_path
+from agentrt.runtime.store import open_store
+from agentrt.runtime.store_location import PostgresLocation, store_location, store_path
 from agentrt.tools.mosquitto import free_port
 
 COMMANDS = [["serve"], ["run", "program.py"], ["resume", "run-1"], ["runs", "list"], ["runs", "prune"]]

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 import pytest
 
-from agentrt.runtime.store_location import open_store
+from agentrt.runtime.store import open_store
 from agentrt.server.process import wait_ready
 from agentrt.tools.mosquitto import free_port
 

@@ -18,7 +18,7 @@ import pytest
 
 from agentrt.client.errors import BadRequest, Conflict, UnprocessableEntity
 from agentrt.client.sync import Client
-from agentrt.runtime.store_location import open_store
+from agentrt.runtime.store import open_store
 from agentrt.server.process import start_server
 from agentrt.tools.mosquitto import free_port
 

@@ -23,7 +23,7 @@ from agentrt.tools.errors import (NoWorkerError, ToolCallError, ToolOutputError,
 from agentrt.tools.mcp.connection import McpConnection, ServerUnavailable
 from agentrt.tools.mcp.convert import error_text, result_value, to_tools
 from agentrt.tools.mcp.spec import McpServerSpec
-from agentrt.tools.registry import CALL_PROGRESS, ToolProgress
+from agentrt.tools.progress import CALL_PROGRESS, ToolProgress
 from agentrt.tools.tool import Tool
 
 log = logging.getLogger("agentrt.tools.mcp")
