@@ -12,10 +12,12 @@ repeat uses fresh engines and keeps each prompt's fastest run. tok/s is decode s
 policy, e2e_tok_s includes it. valid = parsed result and no error.
 
 Summary: tokens_per_pass, speedup (decode tok/s, template adaptive / no speculation), valid, total;
-first_call_start_earlier_tokens / _ms (mean over prompts: tokens generated after the first call's
-arguments object closed, and their time at the run's decode speed: how much earlier the runtime
-starts an idempotent tool than at the output's end); and from lists of calls under every budget
-(toolcall_budget.py) valid_under_budget.
+single_call_start_earlier_tokens / _ms (mean over these one-call prompts: tokens generated after
+the call's arguments object closed, and their time at the run's decode speed: how much earlier the
+runtime starts an idempotent tool than at the output's end); the same on prompts that need several
+calls in one turn (toolcall_parallel.py), first_call_start_earlier_tokens / _ms for the turn's
+first call, with parallel_calls_per_turn and parallel_valid / parallel_total; and from lists of
+calls under every budget (toolcall_budget.py) valid_under_budget.
 Goals: tokens_per_pass >= 4, speedup >= 3, valid == total, valid_under_budget == 1.
 """
 from __future__ import annotations
@@ -32,6 +34,7 @@ from agentrt.bench.common import BenchResult
 from agentrt.dag.streamed_calls import StreamedCalls
 from agentrt.tables import print_table
 from agentrt.bench.toolcall_budget import run_budgets
+from agentrt.bench.toolcall_parallel import run_parallel
 from agentrt.bench.prompts import TOOLCALL_REQUESTS, TOOLS, toolcall_messages
 from agentrt.bench.spec import load_hf, new_engine, run_hf, run_ours, shared_cost_model
 from agentrt.spec.report import SpecFigures
@@ -125,6 +128,10 @@ def _parse(fmt, text: str) -> tuple[Any, str | None]:
         return None, str(e)
 
 
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def first_call_start_earlier(decode: Callable[[list[int]], str], token_ids: list[int],
                              decode_s: float) -> tuple[int, float] | None:
     """How much earlier the first call's tool could start, had it started when the call's
@@ -197,9 +204,10 @@ def summarize(rows: list[dict[str, Any]], total: int, spec_label: str = POLICIES
         "alpha_free": spec["alpha_free"],
         "forced_share": spec["forced_share"],
         "e2e_speedup": spec["e2e_speedup"],
-        # mean over the prompts: what starting the tool at its arguments' "}" gains over the end
-        "first_call_start_earlier_tokens": spec["start_earlier_tokens"],
-        "first_call_start_earlier_ms": spec["start_earlier_ms"],
+        # mean over the one-call prompts: what starting the tool at its arguments' "}" gains over
+        # the end (first_call_start_earlier_*: the same for the first call of a parallel turn)
+        "single_call_start_earlier_tokens": spec["start_earlier_tokens"],
+        "single_call_start_earlier_ms": spec["start_earlier_ms"],
     }
 
 
@@ -245,6 +253,11 @@ def run(args: argparse.Namespace) -> BenchResult:
     load_after = os.getloadavg()[0]
     rows = table(best, POLICIES, fmt, expected, loaded.tokenizer)
     summary = summarize(rows, len(prompts))
+    parallel_rows, parallel_summary = run_parallel(
+        loaded, [p for p in POLICIES if not p.hf], repeats, cost_model, measure, encode_requests,
+        first_call_start_earlier, POLICIES[1].label, console.print)
+    print_table("bench toolcall: parallel calls in one turn", parallel_rows, console)
+    summary.update(parallel_summary)
     console.print("[bold]lists of calls under every budget[/] (validity only, not timed)")
     budget_rows, budget_summary = run_budgets(loaded, cost_model, ["none", "template"], args.quick, console.print)
     print_table("bench toolcall: multi-call outputs under max_tokens", budget_rows, console)
@@ -259,9 +272,13 @@ def run(args: argparse.Namespace) -> BenchResult:
         f"multi-call outputs valid at every budget from the schema's minimum up: "
         f"{budget_summary['valid_under_budget']:.3f} of {budget_summary['budget_outputs']} "
         f"({budget_summary['budget_length_share']:.0%} reached their budget)",
+        f"parallel calls: the first call's tool starts {_fmt(parallel_summary['first_call_start_earlier_tokens'])} tokens "
+        f"({_fmt(parallel_summary['first_call_start_earlier_ms'])} ms) before the turn's end, "
+        f"{parallel_summary['parallel_calls_per_turn']:.1f} calls per turn; one call: "
+        f"{_fmt(summary['single_call_start_earlier_tokens'])} tokens",
     ]
     config = {"model": args.model, "dtype": args.dtype, "max_new_tokens": max_tokens, "repeats": repeats,
               "tools": [t["function"]["name"] for t in TOOLS], "prompt_tokens_mean": sum(map(len, prompts)) / len(prompts),
               "cost_model": cost_model.source, "threads": torch.get_num_threads(), "loadavg_before_after": [load_before, load_after],
-              "requests": details, "budget": budget_rows}
+              "requests": details, "budget": budget_rows, "parallel": parallel_rows}
     return BenchResult(rows=rows, summary=summary, notes=notes, config=config)

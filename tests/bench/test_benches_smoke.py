@@ -66,8 +66,29 @@ def test_toolcall_bench_rows_and_summary(tiny, tiny_hf):
     assert (spec["valid"], spec["tokens"]) == (nospec["valid"], nospec["tokens"])
     summary = toolcall.summarize(rows, len(chats))
     assert summary["total"] == len(chats) and set(summary) >= {"tokens_per_pass", "speedup", "valid",
-                                                         "first_call_start_earlier_tokens", "first_call_start_earlier_ms"}
+                                                         "single_call_start_earlier_tokens", "single_call_start_earlier_ms"}
     assert summary["valid"] == summary["valid_nospec"] == spec["valid"]
+
+
+def test_toolcall_bench_parallel_calls_part(tiny):
+    """The parallel part times lists of calls under the engine policies and reads how much earlier
+    the first call's tool starts than the turn's end from the template policy's runs."""
+    from agentrt.bench import toolcall
+    from agentrt.bench.toolcall_parallel import run_parallel
+
+    # an enum argument: even a random model's calls close within a few tokens
+    tools = [{"type": "function", "function": {"name": "price", "description": "price", "parameters": {
+        "type": "object", "properties": {"ticker": {"enum": ["AAPL", "MSFT", "NVDA"]}}, "required": ["ticker"]}}}]
+    chats = [[{"role": "user", "content": q}] for q in ("prices of AAPL and MSFT?", "prices of NVDA and AMZN?")]
+    policies = [p for p in toolcall.POLICIES if not p.hf]
+    rows, summary = run_parallel(tiny, policies, 1, None, toolcall.measure, toolcall.encode_requests,
+                                 toolcall.first_call_start_earlier, policies[1].label, lambda msg: None,
+                                 tools=tools, chats=chats, max_tokens=48)
+    assert [r["policy"] for r in rows] == [p.label for p in policies]
+    assert summary["parallel_total"] == 2 and 0 <= summary["parallel_valid"] <= 2
+    assert set(summary) >= {"first_call_start_earlier_tokens", "first_call_start_earlier_ms", "parallel_calls_per_turn"}
+    assert summary["parallel_calls_per_turn"] == rows[1]["calls_per_turn"] >= 1
+    assert summary["first_call_start_earlier_tokens"] >= 1 and summary["first_call_start_earlier_ms"] > 0
 
 
 def test_toolcall_budget_sweep_is_valid_at_every_budget(tiny):

@@ -24,3 +24,12 @@ def test_tokens_after_the_arguments_close_and_their_time():
 def test_no_call_no_figure():
     assert first_call_start_earlier(lambda ids: "I cannot call a tool.", [1, 2, 3], 0.01) is None
     assert first_call_start_earlier(decode, [0, 1, 2, 3], 0.01) is None  # the arguments never closed
+
+
+def test_in_a_list_of_calls_the_rest_of_the_turn_counts():
+    """Parallel calls: the first call's tool could start before the second call is written."""
+    pieces = ['[{"name": "lookup", "arguments": {"q": "a"}', '}, ', '{"name": "lookup", ', '"arguments": {"q": "b"}',
+              '}', ']', '']
+    ids = list(range(len(pieces)))
+    tokens, ms = first_call_start_earlier(lambda ids: "".join(pieces[i] for i in ids), ids, decode_s=0.060)
+    assert tokens == 6 and ms == pytest.approx(60.0)
