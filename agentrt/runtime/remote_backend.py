@@ -4,13 +4,16 @@ The runtime sees what it sees with an in-process engine: a call's text deltas, i
 (on_step: phases, service, α) and an EngineResponse with token ids (KV holds), plus every
 worker's engine lane (subscribe_steps, as RemoteEngineStep records naming the worker).
 
-Routing (remote_routing.py). Each call goes to one worker's own call topic:
+Routing (remote_routing.py; `routing=`). In the default mode, "affinity", each call goes to one
+worker's own call topic:
 - KV affinity: a call whose prefill-ahead ran on a worker, a call that continues an earlier call of its run (hints["continues"], set by the
   runtime for `continues=`), or whose messages begin with a conversation a worker recently cached
   (its own record of where calls ran, and the conversation hashes workers report), goes to that
   worker while it has room (fewer requests than its max_num_seqs, free KV blocks);
 - otherwise to the least-loaded worker: fewest calls in flight (this backend's own count, or the
   worker's reported running + waiting when higher), then most free KV blocks.
+"round-robin" sends calls to the workers in turn; "broker" to the group's shared subscription,
+where the broker picks the worker (the ack names it).
 
 Lost workers. A worker is lost when its last will (or clean stop) says offline, when its status
 goes silent for 3 status intervals, when it leaves a call unacknowledged for accept_timeout_s, or
@@ -74,7 +77,7 @@ class RemoteEngineBackend(ClientSignals):
 
     def __init__(self, config: MqttConfig, *, client_id: str | None = None, worker_wait_s: float = 30.0,
                  accept_timeout_s: float = 5.0, max_retries: int = 2, connect_timeout_s: float = 10.0,
-                 model_name: str | None = None) -> None:
+                 model_name: str | None = None, routing: str = "affinity") -> None:
         self.config = config
         self.topics = LLMTopics(config)
         self.client_id = client_id or f"agentrt-llm-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -87,7 +90,7 @@ class RemoteEngineBackend(ClientSignals):
         self._client: aiomqtt.Client | None = None
         self._task: asyncio.Task | None = None
         self._changed: asyncio.Condition | None = None
-        self.router = Router()
+        self.router = Router(routing)
         self._workers = self.router.workers  # the same dict: online workers by id
         self._attempts: dict[str, _Attempt] = {}
         self._pins: dict[str, tuple[KVPin, Callable[[KVPin], None] | None]] = {}
@@ -215,7 +218,13 @@ class RemoteEngineBackend(ClientSignals):
             if body is None:
                 return
             if key in self._attempts:
-                self._attempts[key].inbox.put_nowait(body)
+                attempt = self._attempts[key]
+                if not attempt.worker and body.get("kind") == "ack":  # a shared call: the broker chose it
+                    # set here, in arrival order, so that the worker's loss (a later message) finds it
+                    attempt.worker = str(body.get("worker", ""))
+                    if attempt.worker in self._workers:
+                        self._workers[attempt.worker].in_flight += 1
+                attempt.inbox.put_nowait(body)
             elif key in self._pins and body.get("kind") == "pinned":
                 pin, on_pinned = self._pins.pop(key)
                 pin.blocks = body.get("blocks")
@@ -268,9 +277,12 @@ class RemoteEngineBackend(ClientSignals):
         why = ""
         for retry in range(self.max_retries + 1):
             worker = await self._pick_worker(request, avoid)
+            if self.router.mode == "broker" and retry == 0:
+                worker = ""  # the shared subscription: the ack says which worker took it
             attempt = _Attempt(uuid.uuid4().hex, worker)
             self._attempts[attempt.call_id] = attempt
-            self._workers[worker].in_flight += 1
+            if worker:
+                self._workers[worker].in_flight += 1
             produced: list[str] = []
             logprobs_seen = 0
             try:
@@ -284,6 +296,7 @@ class RemoteEngineBackend(ClientSignals):
                         msg = {"kind": "lost", "why": f"engine worker '{worker}' did not acknowledge the call "
                                                       f"within {self.accept_timeout_s:g}s"}
                     kind = msg.get("kind")
+                    worker = attempt.worker
                     if kind == "ack":
                         acked = True
                     elif kind == "started":
@@ -319,19 +332,21 @@ class RemoteEngineBackend(ClientSignals):
                     elif kind == "lost":
                         why = str(msg.get("why"))
                         # a worker only silent (or slow to acknowledge) may still run it: stop it there
-                        self._spawn(self._control(worker, {"op": "cancel", "call_id": attempt.call_id}))
+                        self._cancel_on(attempt)
                         break
             except asyncio.CancelledError:
-                self._spawn(self._control(worker, {"op": "cancel", "call_id": attempt.call_id}))
+                self._cancel_on(attempt)
                 raise
             finally:
                 del self._attempts[attempt.call_id]
-                if worker in self._workers:
-                    self._workers[worker].in_flight -= 1
+                if attempt.worker in self._workers:
+                    self._workers[attempt.worker].in_flight -= 1
+                worker = attempt.worker
             if self._closing:
                 return LLMResponse("".join(streamed), None, "error", Usage(0, 0),
                                    error="the remote engine backend was closed with the call in flight")
-            avoid.add(worker)
+            if worker:
+                avoid.add(worker)
             self.retried += 1
             log.warning("remote engines: %s; sending node %s of run %s to another worker", why,
                         request.node.node, request.node.run_id)
@@ -373,8 +388,9 @@ class RemoteEngineBackend(ClientSignals):
         if client is None:
             attempt.inbox.put_nowait({"kind": "lost", "why": "not connected to the MQTT broker"})
             return
+        topic = self.topics.worker_call(attempt.worker) if attempt.worker else self.topics.call
         try:
-            await client.publish(self.topics.worker_call(attempt.worker), encode({"request": request_to_dict(request), "ahead": ahead}),
+            await client.publish(topic, encode({"request": request_to_dict(request), "ahead": ahead}),
                                  qos=1, properties=request_properties(self.reply_topic, attempt.call_id, None))
         except aiomqtt.MqttError as e:
             attempt.inbox.put_nowait({"kind": "lost", "why": f"sending the call failed ({e})"})
@@ -394,6 +410,10 @@ class RemoteEngineBackend(ClientSignals):
             streamed.append(fresh)
             if on_text is not None:
                 on_text(fresh)
+
+    def _cancel_on(self, attempt: _Attempt) -> None:
+        if attempt.worker:  # an unacknowledged shared call has no known worker to tell
+            self._spawn(self._control(attempt.worker, {"op": "cancel", "call_id": attempt.call_id}))
 
     async def _control(self, worker: str, body: dict[str, Any], props: Any = None) -> None:
         client = self._client

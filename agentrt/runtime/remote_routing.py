@@ -1,5 +1,11 @@
-"""Where RemoteEngineBackend sends a call: the engine worker holding its KV while that worker has
-room, else the least-loaded one (see remote_backend.py)."""
+"""Where RemoteEngineBackend sends a call (see remote_backend.py), by routing mode:
+- "affinity" (the default): the engine worker holding its KV while that worker has room, else the
+  least-loaded one;
+- "round-robin": the online workers in turn, KV and load ignored (the baseline affinity is
+  measured against: `agentrt bench scale`);
+- "broker": the group's shared subscription, where the MQTT broker hands each call to one of the
+  subscribed workers (the caller learns which from its ack); a retry after a lost worker goes to
+  a named other worker, so that a broker that has not yet noticed the loss cannot pick it again."""
 from __future__ import annotations
 
 import collections
@@ -9,6 +15,7 @@ from typing import Any
 from agentrt.runtime.backend import LLMRequest
 from agentrt.runtime.remote_protocol import RemoteResponse, conversation_hash, prefix_hashes
 
+ROUTING_MODES = ("affinity", "round-robin", "broker")
 PLACEMENTS = 4096  # (run, node) -> worker and conversation -> worker entries remembered for affinity
 
 
@@ -37,7 +44,11 @@ class WorkerState:
 class Router:
     """The online workers (their last status) and where recent calls ran."""
 
-    def __init__(self) -> None:
+    def __init__(self, mode: str = "affinity") -> None:
+        if mode not in ROUTING_MODES:
+            raise ValueError(f"engine routing {mode!r}: choose one of {', '.join(ROUTING_MODES)}")
+        self.mode = mode
+        self._turn = 0  # round-robin's next position
         self.workers: dict[str, WorkerState] = {}
         self._placed: collections.OrderedDict[Any, str] = collections.OrderedDict()
         self.affinity_routed = 0  # calls sent to a worker for its KV
@@ -52,6 +63,10 @@ class Router:
         candidates = {w: s for w, s in self.workers.items() if w not in avoid} or dict(self.workers)
         if not candidates:
             return None
+        if self.mode == "round-robin":
+            names = sorted(candidates)
+            self._turn += 1
+            return names[(self._turn - 1) % len(names)]
         wanted = [self._placed.get(("ahead", request.node.run_id, request.node.node))]  # its prefill-ahead's KV
         if request.hints.get("continues"):
             wanted.append(self._placed.get(("node", request.node.run_id, request.hints["continues"])))

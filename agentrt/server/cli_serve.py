@@ -53,6 +53,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engines", default=None, metavar="URL",
                    help="run LLM calls on `agentrt engine-worker`s at this MQTT broker (mqtt://HOST:PORT) instead "
                         "of loading a model here (--model then only names it)")
+    p.add_argument("--engine-routing", default="affinity", choices=["affinity", "round-robin", "broker"],
+                   help="with --engines: where each LLM call goes: the worker holding its KV while it has room, "
+                        "else the least loaded (affinity); the workers in turn (round-robin); or the worker the "
+                        "broker picks on the group's shared subscription (broker)")
     p.add_argument("--api-key-file", default=None, metavar="PATH",
                    help=f"API keys clients must send, one per line (also: ${SERVE_KEYS_VAR}, comma-separated; "
                         f"the clients' own ${CLIENT_KEY_VAR} is not read here)")

@@ -14,7 +14,8 @@ from agentrt.tools.mqtt_protocol import MqttConfig
 
 async def start_remote_engines(args: argparse.Namespace, model: str) -> RemoteEngineBackend:
     """A RemoteEngineBackend on --engines, once an engine worker is online."""
-    backend = await RemoteEngineBackend(MqttConfig.from_url(args.engines), model_name=model).start()
+    backend = await RemoteEngineBackend(MqttConfig.from_url(args.engines), model_name=model,
+                                        routing=getattr(args, "engine_routing", "affinity")).start()
     try:
         print(f"agentrt serve: waiting for an engine worker at {backend.config.url} "
               f"(agentrt engine-worker --broker {backend.config.url})", flush=True)

@@ -276,3 +276,37 @@ async def test_a_prefill_ahead_runs_on_a_worker_and_its_call_follows_it_there(re
     assert plan["agentrt.prefill_ahead.tokens"] > 0
     # the call went where that KV was
     assert plan["gen_ai.usage.cache_read.input_tokens"] > 0
+
+
+async def test_broker_routing_spreads_shared_calls_and_a_killed_worker_s_call_finishes_on_the_other(
+        workers, local_engine):
+    """routing="broker": calls go to the group's shared subscription and mosquitto hands each to one
+    of the two workers; a worker killed mid-call has its call sent again, to the other, by name."""
+    workers.ensure()
+    remote = await RemoteEngineBackend(workers.broker.config(), accept_timeout_s=10.0, routing="broker").start()
+    try:
+        await remote.wait_for_workers(2, timeout=60)
+        steps: list = []
+        calls = [LLMRequest(({"role": "user", "content": f"Name a colour, {i}."},), {"type": "text"}, 4, 0.0,
+                            NodeIdentity(f"run-shared-{i}", "p", "n")) for i in range(8)]
+        answers = await asyncio.wait_for(asyncio.gather(*(remote.complete(c, on_step=steps.append) for c in calls)), 60)
+        assert all(a.error is None for a in answers), [a.error for a in answers]
+        assert {a.worker for a in answers} == {"e1", "e2"}  # the broker spread them over both
+        assert remote.affinity_routed == 0 and remote.retried == 0
+
+        request = LLMRequest(({"role": "user", "content": "Count on and on."},), {"type": "text"}, 160, 0.0,
+                             NodeIdentity("run-shared-kill", "p", "long"), sampling={"ignore_eos": True})
+        expected = await local_engine.complete(request)
+        handles, pieces, killed = [], [], []
+
+        def on_text(delta: str) -> None:
+            pieces.append(delta)
+            if len(pieces) == 2:
+                killed.append(handles[0].worker)
+                workers.kill(killed[0])
+
+        response = await asyncio.wait_for(remote.complete(request, on_start=handles.append, on_text=on_text), 60)
+        assert killed and response.worker != killed[0] and response.retries == 1, response.error
+        assert response.token_ids == expected.token_ids and "".join(pieces) == response.text
+    finally:
+        await remote.aclose()
