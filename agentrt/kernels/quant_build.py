@@ -61,8 +61,9 @@ SIGNATURES = {
     "agentrt_argmax_f32": (None, [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I32]),
     "agentrt_quant_decoder": (_I32, [_P, _I64, _P, _I64, _I64, _I64, _I32, _I32, _I32, ctypes.c_float, ctypes.c_float,
                                      _P, _P, _P, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P,
-                                     _I32]),
-    "agentrt_quant_forward": (_I32, [_P, _I64, _P, _I64, _P, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I32]),
+                                     _I32, _P, _P, _I64]),
+    "agentrt_quant_forward": (_I32, [_P, _I64, _P, _I64, _P, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I32,
+                                     _P, _P, _I64]),
     "agentrt_stream_read": (ctypes.c_uint64, [_P, _I64, _I32]),
 }
 

@@ -58,6 +58,34 @@ def quant_layer_table(layers: list[QuantLayerWeights], k_caches: list[torch.Tens
     return torch.tensor(rows, dtype=torch.long).reshape(-1, LAYER_FIELDS)
 
 
+@dataclass(frozen=True)
+class TreeKeys:
+    """Token trees in a batch: token t's keys at positions p >= base[t] are the cache slots
+    path_slots[t, p - base[t]] (its ancestors' and its own, in depth order) instead of its block
+    table's; base[t] > positions[t] for a token outside any tree. So a tree node attends to
+    exactly the keys, in the order, of the same path fed as a chain, and its bits are the chain's."""
+
+    base: torch.Tensor  # [T] int64
+    path_slots: torch.Tensor  # [T, max_depth + 1] int64 cache slots (entries past a token's path: unused)
+
+
+def _tree_tensors(tree: TreeKeys | None, T: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    if tree is None:
+        return None
+    if tree.base.shape != (T,) or tree.path_slots.dim() != 2 or tree.path_slots.shape[0] != T:
+        raise ValueError(f"a token tree needs base [{T}] and path_slots [{T}, depth], got {tuple(tree.base.shape)} "
+                         f"and {tuple(tree.path_slots.shape)}")
+    return _i64(tree.base, "tree base"), _i64(tree.path_slots, "tree path_slots")
+
+
+def _tree_args(tensors: tuple[torch.Tensor, torch.Tensor] | None) -> tuple:
+    """The kernel's (tree_base, path_slots, path_stride) arguments."""
+    if tensors is None:
+        return None, None, 0
+    base, paths = tensors
+    return base.data_ptr(), paths.data_ptr(), paths.stride(0)
+
+
 def _i64(t: torch.Tensor, name: str) -> torch.Tensor:
     if t.dtype.is_floating_point or t.dtype.is_complex or t.dtype == torch.bool or t.device.type != "cpu":
         raise ValueError(f"{name} must be integers on the CPU, got {t.dtype} on {t.device}")
@@ -81,6 +109,7 @@ def quant_decoder_layers(
     rows: torch.Tensor | None = None,  # [n_out] int64 rows of h to normalize (None: all)
     num_threads: int | None = None,
     lib: ctypes.CDLL | None = None,  # a given build (tests: the scalar one); default: quant_kernels()
+    tree: TreeKeys | None = None,  # token trees' key paths (see TreeKeys)
 ) -> torch.Tensor | None:  # [n_out, hidden] fp32: rms_norm(h[rows], final_norm), when final_norm is given
     lib = lib if lib is not None else quant_kernels()
     if lib is None:
@@ -99,6 +128,7 @@ def quant_decoder_layers(
         raise ValueError(f"positions and slot_mapping must have {T} entries")
     if block_tables.dim() != 2 or block_tables.shape[0] < cu_q.numel() - 1:
         raise ValueError(f"block_tables must be [B, max_blocks], a row per sequence: got {tuple(block_tables.shape)}")
+    trees = _tree_tensors(tree, T)  # held until the call returns
     out = None
     if final_norm is not None:
         rows = None if rows is None else _i64(rows.reshape(-1), "logits_indices")
@@ -110,7 +140,7 @@ def quant_decoder_layers(
         block_tables.stride(0), block_tables.shape[1], block_size,
         None if final_norm is None else final_norm.data_ptr(), None if rows is None else rows.data_ptr(),
         0 if out is None else out.shape[0], None if out is None else out.data_ptr(),
-        num_threads or torch.get_num_threads(),
+        num_threads or torch.get_num_threads(), *_tree_args(trees),
     )
     if rc != 0:
         raise (IndexError if rc == -2 else RuntimeError)(f"quant_decoder_layers: {_ERRORS.get(rc, f'error {rc}')}")
@@ -208,6 +238,7 @@ def quant_model_forward(
     rows: torch.Tensor | None,  # [n_out] rows of the batch to project (None: all)
     num_threads: int | None = None,
     lib: ctypes.CDLL | None = None,
+    tree: TreeKeys | None = None,  # token trees' key paths (see TreeKeys)
 ) -> tuple[torch.Tensor, torch.Tensor]:  # hidden [n_out, hidden] (final-normed), logits [n_out, head rows]
     """embed -> layers -> final norm of `rows` -> head, in one kernel call (a decode step's
     Python between separate calls costs more than the calls themselves)."""
@@ -226,6 +257,7 @@ def quant_model_forward(
         raise ValueError(f"block_tables must be [B, max_blocks], a row per sequence: got {tuple(block_tables.shape)}")
     rows = None if rows is None else _index(rows.reshape(-1), None, "logits_indices")
     n_out = T if rows is None else rows.shape[0]
+    trees = _tree_tensors(tree, T)  # held until the call returns
     h = torch.empty(T, model.hidden)
     hidden = torch.empty(n_out, model.hidden)
     logits = torch.empty(n_out, model.head_rows)
@@ -233,7 +265,7 @@ def quant_model_forward(
         model.fields.data_ptr(), num_layers, ids.data_ptr(), T, positions.data_ptr(), slots.data_ptr(),
         cu_q.shape[0] - 1, cu_q.data_ptr(), block_tables.data_ptr(), block_tables.stride(0), block_tables.shape[1],
         None if rows is None else rows.data_ptr(), n_out, h.data_ptr(), hidden.data_ptr(), logits.data_ptr(),
-        num_threads or torch.get_num_threads(),
+        num_threads or torch.get_num_threads(), *_tree_args(trees),
     )
     if rc != 0:
         raise (IndexError if rc == -2 else RuntimeError)(f"quant_model_forward: {_ERRORS.get(rc, f'error {rc}')}")

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from agentrt.kernels.quant_decoder import TreeKeys
+
 
 @dataclass
 class AttentionGrid:
@@ -60,7 +62,10 @@ class AttentionGrid:
 @dataclass
 class AttentionMetadata:
     """Sequence b owns tokens cu_q[b]..cu_q[b+1] of the flat batch and blocks block_tables[b];
-    a token at position p sees its sequence's positions 0..p."""
+    a token at position p sees its sequence's positions 0..p. With `tree`, a token tree's node
+    sees its path's own slots past the tree's base position instead of the table's (TreeKeys);
+    the fused quantized decoder and the per-query PyTorch attention read it, and the padded
+    path hands such a batch to the per-query one."""
 
     cu_q: torch.Tensor  # [B + 1] int64
     positions: torch.Tensor  # [T] int64
@@ -68,6 +73,7 @@ class AttentionMetadata:
     block_size: int
     q_max: int  # most new tokens of one sequence
     l_max: int  # longest context after this step
+    tree: TreeKeys | None = None  # token trees' key paths; None: every token reads its block table
     _grid: AttentionGrid | None = field(default=None, repr=False)
 
     @property
@@ -140,6 +146,10 @@ def paged_attention(
     scale: float,
     window: int | None = None,  # a sliding layer's window (see AttentionGrid.layout); None = causal
 ) -> torch.Tensor:  # [T, nq, d]
+    if meta.tree is not None:  # each tree node has its own keys: attention per query
+        from agentrt.engine.models import invariant
+
+        return invariant.attention(q, k_cache, v_cache, meta, scale, window)
     grid = meta.grid
     kv_index, bias = grid.layout(window)
     B, q_max = grid.q_index.shape

@@ -60,7 +60,9 @@ def attention(
     window: int | None = None,
 ) -> torch.Tensor:  # [T, nq, d]
     """Each query over its own context, positions 0..p (a sliding layer: the last `window` of
-    them): shapes depend on p (and the window) alone."""
+    them): shapes depend on p (and the window) alone. A token tree's node (meta.tree) reads its
+    path's slots past the tree's base: the same keys, in the same layout, as its path fed as a
+    chain, so its bits are the chain's."""
     T, nq, d = q.shape
     nkv = k_cache.shape[1]
     g = nq // nkv
@@ -68,11 +70,12 @@ def attention(
     out = torch.empty_like(q)
     cu = meta.cu_q.tolist()
     positions = meta.positions.tolist()
+    tree_base = meta.tree.base.tolist() if meta.tree is not None else [p + 1 for p in positions]
     for b in range(meta.num_seqs):
         rows = range(cu[b], cu[b + 1])
         if not rows:
             continue
-        length = positions[rows[-1]] + 1  # the sequence's context after this step
+        length = max(min(positions[t] + 1, tree_base[t]) for t in rows)  # the table's part of the context
         offs = torch.arange(length, device=q.device)
         slots = meta.block_tables[b, offs // bs] * bs + offs % bs
         # in fp32 (exact for bf16 inputs): CPU bf16 batched matmuls of these small shapes are slow
@@ -81,8 +84,13 @@ def attention(
         qf = q[rows.start : rows.stop].float()
         for t in rows:
             n = positions[t] + 1
+            kt, vt = k, v
+            if tree_base[t] < n:  # a tree node: the table's keys up to the base, then its path's
+                path = meta.tree.path_slots[t, : n - tree_base[t]].to(slots.device)
+                own = torch.cat([slots[: tree_base[t]], path])
+                kt, vt = k_cache[own].float().permute(1, 2, 0), v_cache[own].float().permute(1, 0, 2)
             first = max(0, n - window) if window is not None else 0
-            scores = torch.bmm(qf[t - rows.start].view(nkv, g, d), k[:, :, first:n]) * scale  # [nkv, g, n - first]
+            scores = torch.bmm(qf[t - rows.start].view(nkv, g, d), kt[:, :, first:n]) * scale  # [nkv, g, n - first]
             probs = torch.softmax(scores, dim=-1)
-            out[t] = torch.bmm(probs, v[:, first:n]).view(nq, d).to(q.dtype)
+            out[t] = torch.bmm(probs, vt[:, first:n]).view(nq, d).to(q.dtype)
     return out

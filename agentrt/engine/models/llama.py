@@ -143,6 +143,14 @@ class LlamaModel:
             raise ValueError("this model was built without the C kernels (use_kernels=False or unsupported here)")
         self._kernels_enabled = bool(on)
 
+    def tree_attention(self, kv: KVCache) -> bool:
+        """Whether a batch may carry token trees (AttentionMetadata.tree) on the path this model
+        takes: the fused quantized decoder and the PyTorch attention read them; the bf16 C
+        kernels and the Triton kernels do not (the engine drafts chains there)."""
+        if self._quant_fused and not self._kernels_enabled and cache_supported(kv):
+            return True
+        return not self._kernels_enabled and not self.triton_enabled
+
     @property
     def num_layers(self) -> int:
         return len(self.layers)
@@ -157,6 +165,9 @@ class LlamaModel:
         the batch (models/invariant.py; slower); the C kernels and the fused quantized decoder
         are invariant anyway."""
         n_layers = num_layers or len(self.layers)
+        if batch.attn.tree is not None and not self.tree_attention(kv):
+            raise ValueError("token trees need the fused quantized decoder or the PyTorch attention; this model runs "
+                             "on the bf16 C or Triton kernels (draft chains: tree_width=1)")
         if self._quant_fused and not self._kernels_enabled and cache_supported(kv):
             # kernel calls on tensors that need no autograd: inference mode would only cost time
             return quant_forward(self, batch, kv, n_layers, return_hidden)

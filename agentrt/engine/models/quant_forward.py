@@ -122,14 +122,14 @@ def quant_forward(model, batch: ForwardBatch, kv: KVCache, num_layers: int, retu
         if meta.block_size != kv.block_size:  # the table holds the cache's: a batch for another cache
             raise ValueError(f"the batch's block size {meta.block_size} is not its KV cache's ({kv.block_size})")
         hidden, logits = quant_model_forward(whole, num_layers, batch.input_ids, batch.positions, batch.slot_mapping,
-                                             meta.cu_q, meta.block_tables, batch.logits_indices)
+                                             meta.cu_q, meta.block_tables, batch.logits_indices, tree=meta.tree)
         return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
     h = model.embed[batch.input_ids]  # [T, hidden], fresh: updated in place
     h = h if h.dtype == torch.float32 and h.is_contiguous() else h.float().contiguous()
     hidden = quant_decoder_layers(
         dec.table(kv), num_layers, dec.dims, h, batch.positions, dec.cos, dec.sin, batch.slot_mapping,
         kv.k[0].shape[0], meta.cu_q, meta.block_tables, meta.block_size, final_norm=dec.final_norm,
-        rows=batch.logits_indices,
+        rows=batch.logits_indices, tree=meta.tree,
     )
     logits = model.lm_head(hidden).float()  # [n_out, vocab]
     return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)

@@ -14,6 +14,12 @@
  *   x    = rms_norm(h, mlp_norm)
  *   h   += quant_linear(silu(gate) * up, Wdown),   [gate | up] = quant_linear(x, Wgate_up)
  *
+ * and the later families' features, each a layer field (0: absent): QK-norm (q_norm, k_norm:
+ * RMSNorm over each head's q and k before rotary: Qwen3, Gemma 3), post-norms of the attention and
+ * MLP outputs before their residual adds (Gemma 3), GeGLU (gelu_tanh(gate) * up), the layer's own
+ * rotary tables (Gemma 3's sliding layers) and a sliding window (a query at p sees positions
+ * max(0, p - window + 1) .. p). Gemma's (1 + w) norm weights come as such (the model keeps them so).
+ *
  * then the final norm of the requested rows into `out`. The elementwise ops are the PyTorch
  * path's, op for op (rotary and the norm's scaling bit for bit under -ffp-contract=off); only the
  * sums (mean of squares, q.k, softmax's denominator, p.v) and exp() round differently.
@@ -26,13 +32,14 @@
  *
  * layers: num_layers rows of LAYER_FIELDS int64:
  *   wqkv, fmt_qkv, bqkv (0: none), wo, fmt_o, wgate_up, fmt_gate_up, wdown, fmt_down,
- *   attn_norm, mlp_norm, k_cache, v_cache.
+ *   attn_norm, mlp_norm, k_cache, v_cache, q_norm, k_norm, attn_out_norm, mlp_out_norm, cos, sin
+ *   (the layer's rotary tables, 0: the model's), window (0: none), gelu (1: GeGLU, 0: SwiGLU).
  */
 #include <stdlib.h>
 
 #include "cpu_quant.h"
 
-#define LAYER_FIELDS 13
+#define LAYER_FIELDS 21
 #define SERIAL_TOKENS 32        /* per-token phases on fewer tokens: cheaper than a join (~5 us) */
 #define SERIAL_ATTN_MACS 32768  /* attention with less work runs on the caller, for the same reason */
 #define ATTN_CHUNK 64           /* positions per attention chunk (a multiple of 8) */
@@ -47,9 +54,16 @@ typedef struct {
   float eps, scale;
   const int64_t *positions, *slots, *seq, *block_tables;
   int64_t bt_stride, block_size;
+  /* token trees (NULL: none): a token's keys at positions >= tree_base[t] are the cache rows
+   * path_slots[t * path_stride + (j - tree_base[t])], its ancestors' and its own, in depth order */
+  const int64_t *tree_base, *path_slots;
+  int64_t path_stride;
   const float *cos, *sin;
-  /* the layer being run; norm: the RMSNorm weight PH_NORM / PH_RESIDUAL apply (NULL: none) */
-  const float *bqkv, *norm;
+  /* the layer being run; norm: the RMSNorm weight PH_NORM / PH_RESIDUAL apply (NULL: none);
+   * post_norm: PH_RESIDUAL's norm of the sublayer output before the add (NULL: none) */
+  const float *bqkv, *norm, *post_norm, *q_norm, *k_norm;
+  int64_t window; /* a query at p sees positions p - window + 1 .. p (0: all) */
+  int gelu;
   float *kc, *vc;
   float *h, *x, *qkv, *attn, *gu, *tmp;
   float *work;      /* per thread: WORK_FLOATS(nq, d) floats for one token's attention */
@@ -145,6 +159,25 @@ static void silu_mul(float *g, const float *u, int64_t n) {
   }
 }
 
+/* gelu_tanh(x) = x / (1 + e^(-2y)), y = sqrt(2/pi) (x + 0.044715 x^3): 0.5 x (1 + tanh(y)) written
+ * with exp8 */
+static inline __m256 gelu8(__m256 x) {
+  const __m256 y = _mm256_mul_ps(_mm256_set1_ps(-1.5957691216057308f), /* -2 sqrt(2/pi) */
+                                 _mm256_add_ps(x, _mm256_mul_ps(_mm256_set1_ps(0.044715f),
+                                                                _mm256_mul_ps(x, _mm256_mul_ps(x, x)))));
+  return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(y)));
+}
+
+/* g[i] = gelu_tanh(g[i]) * u[i], torch's gelu(gate, approximate="tanh") * up */
+static void gelu_mul(float *g, const float *u, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(g + i, _mm256_mul_ps(gelu8(_mm256_loadu_ps(g + i)), _mm256_loadu_ps(u + i)));
+  if (i < n) {
+    const __m256i k = lanes_below(n - i);
+    _mm256_maskstore_ps(g + i, k, _mm256_mul_ps(gelu8(_mm256_maskload_ps(g + i, k)), _mm256_maskload_ps(u + i, k)));
+  }
+}
+
 /* out[c] = sum_j p[j] V_j[c] for c < 8 nv, the positions j in order (V_j = V + off[j]) */
 static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const float *V,
                                                           const int64_t *off, float *out, const int nv) {
@@ -192,6 +225,13 @@ static void silu_mul(float *g, const float *u, int64_t n) {
   for (int64_t i = 0; i < n; i++) g[i] = g[i] / (1.0f + expf(-g[i])) * u[i];
 }
 
+static void gelu_mul(float *g, const float *u, int64_t n) {
+  for (int64_t i = 0; i < n; i++) {
+    const float x = g[i], y = -1.5957691216057308f * (x + 0.044715f * (x * (x * x)));
+    g[i] = x / (1.0f + expf(y)) * u[i];
+  }
+}
+
 static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float *out, int d) {
   for (int c = 0; c < d; c++) out[c] = 0.0f;
   for (int64_t j = 0; j < L; j++)
@@ -228,6 +268,9 @@ static void token_phase(const dec *D, int64_t t) {
       float *row = D->qkv + t * D->qkv_w;
       if (D->bqkv)
         for (int64_t i = 0; i < D->qkv_w; i++) row[i] += D->bqkv[i];
+      if (D->q_norm) /* QK-norm: each head's q and k (in place: rms_row reads x before writing) */
+        for (int h = 0; h < D->nq + D->nkv; h++)
+          rms_row(row + (int64_t)h * D->d, h < D->nq ? D->q_norm : D->k_norm, D->d, D->eps, row + (int64_t)h * D->d);
       const int64_t half = D->d / 2, kv_row = (int64_t)D->nkv * D->d;
       rotary(row, D->nq + D->nkv, D->d, D->cos + D->positions[t] * half, D->sin + D->positions[t] * half);
       memcpy(D->kc + D->slots[t] * kv_row, row + D->q_w, sizeof(float) * (size_t)kv_row);
@@ -235,15 +278,15 @@ static void token_phase(const dec *D, int64_t t) {
       break;
     }
     case PH_RESIDUAL: {
-      float *hr = D->h + t * D->hidden;
-      const float *y = D->tmp + t * D->hidden;
+      float *hr = D->h + t * D->hidden, *y = D->tmp + t * D->hidden;
+      if (D->post_norm) rms_row(y, D->post_norm, D->hidden, D->eps, y);
       for (int64_t i = 0; i < D->hidden; i++) hr[i] = hr[i] + y[i];
       if (D->norm) rms_row(hr, D->norm, D->hidden, D->eps, D->x + t * D->hidden);
       break;
     }
     case PH_SILU: {
       float *g = D->gu + t * 2 * D->inter;
-      silu_mul(g, g + D->inter, D->inter);
+      (D->gelu ? gelu_mul : silu_mul)(g, g + D->inter, D->inter);
       break;
     }
     default:
@@ -317,17 +360,27 @@ static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
 static int64_t num_chunks(int64_t position) { return position / ATTN_CHUNK + 1; }
 
+/* The first position token t's query sees in the layer being run (its window's, else 0); its
+ * chunks before first_key / ATTN_CHUNK are empty: no task computes or folds them. */
+static int64_t first_key(const dec *D, int64_t t) {
+  return D->window && D->positions[t] >= D->window ? D->positions[t] - D->window + 1 : 0;
+}
+
 /* Token t's chunk c into part [nq][PART_STRIDE]; work: ATTN_CHUNK int64 row offsets, then
  * nq * ATTN_CHUNK floats of scores. */
 static void chunk_partial(const dec *D, int64_t t, int64_t c, float *part, float *work) {
   const int d = D->d;
-  const int64_t j0 = c * ATTN_CHUNK, L = D->positions[t] + 1, n = L - j0 < ATTN_CHUNK ? L - j0 : ATTN_CHUNK;
+  /* the chunk's positions from its start (or the window's first position) up to p */
+  const int64_t L = D->positions[t] + 1, lo = first_key(D, t), j0 = c * ATTN_CHUNK > lo ? c * ATTN_CHUNK : lo;
+  const int64_t n = L - c * ATTN_CHUNK < ATTN_CHUNK ? L - j0 : (c + 1) * ATTN_CHUNK - j0;
   const int64_t bs = D->block_size, stride = (int64_t)D->nkv * d;
   const int64_t *bt = D->block_tables + D->seq[t] * D->bt_stride;
+  const int64_t tb = D->tree_base ? D->tree_base[t] : L, *path = D->tree_base ? D->path_slots + t * D->path_stride : NULL;
   int64_t *off = (int64_t *)work;
   float *sc = work + 2 * ATTN_CHUNK;
   for (int64_t j = 0, b = j0 / bs, jj = j0 % bs; j < ATTN_CHUNK; j++) {
-    off[j] = j < n ? (bt[b] * bs + jj) * stride : off[n - 1]; /* padding: row n-1 again */
+    /* a tree node's keys past the tree's base are its path's rows: the chain's keys, in order */
+    off[j] = j >= n ? off[n - 1] : j0 + j >= tb ? path[j0 + j - tb] * stride : (bt[b] * bs + jj) * stride;
     if (++jj == bs) jj = 0, b++;
   }
   const float *q = D->qkv + t * D->qkv_w;
@@ -361,9 +414,10 @@ static void finish(const float *run, int nq, int d, float *out) {
 /* Token t's attention in one task: its chunks in turn. */
 static void attend(const dec *D, int64_t t, float *work) {
   const int64_t ps = (int64_t)D->nq * PART_STRIDE(D->d), nc = num_chunks(D->positions[t]);
+  const int64_t c0 = first_key(D, t) / ATTN_CHUNK;
   float *run = work, *part = work + ps, *scratch = work + 2 * ps;
-  chunk_partial(D, t, 0, run, scratch);
-  for (int64_t c = 1; c < nc; c++) {
+  chunk_partial(D, t, c0, run, scratch);
+  for (int64_t c = c0 + 1; c < nc; c++) {
     chunk_partial(D, t, c, part, scratch);
     fold(run, part, D->nq, D->d);
   }
@@ -373,8 +427,9 @@ static void attend(const dec *D, int64_t t, float *work) {
 /* Token t's chunk partials (computed by chunks_job) folded in order, into its attention row. */
 static void merge_chunks(const dec *D, int64_t t) {
   const int64_t ps = (int64_t)D->nq * PART_STRIDE(D->d);
-  float *run = D->parts + D->cu_chunks[t] * ps;
-  for (int64_t i = D->cu_chunks[t] + 1; i < D->cu_chunks[t + 1]; i++) fold(run, D->parts + i * ps, D->nq, D->d);
+  const int64_t i0 = D->cu_chunks[t] + first_key(D, t) / ATTN_CHUNK; /* the chunks in its window */
+  float *run = D->parts + i0 * ps;
+  for (int64_t i = i0 + 1; i < D->cu_chunks[t + 1]; i++) fold(run, D->parts + i * ps, D->nq, D->d);
   finish(run, D->nq, D->d, D->attn + t * D->q_w);
 }
 
@@ -392,7 +447,8 @@ static void chunks_job(void *ctx, int tid, int nt) {
   for (int64_t i, t = 0; (i = pool_claim(&D->chunks, tid)) >= 0;) {
     while (i >= D->cu_chunks[t + 1]) t++; /* a thread's claims ascend */
     while (i < D->cu_chunks[t]) t--;      /* except after taking over another's range */
-    chunk_partial(D, t, i - D->cu_chunks[t], D->parts + i * (int64_t)D->nq * PART_STRIDE(D->d), work);
+    if (i - D->cu_chunks[t] >= first_key(D, t) / ATTN_CHUNK) /* outside the window: empty, never folded */
+      chunk_partial(D, t, i - D->cu_chunks[t], D->parts + i * (int64_t)D->nq * PART_STRIDE(D->d), work);
   }
 }
 
@@ -425,24 +481,40 @@ static int check_batch(int64_t T, const int64_t *positions, int64_t rope_rows, c
   return 0;
 }
 
+/* Token trees: each path (positions tree_base[t]..p) fits its row of path_slots, inside the cache. */
+static int check_tree(int64_t T, const int64_t *positions, const int64_t *tree_base, const int64_t *path_slots,
+                      int64_t path_stride, int64_t num_slots) {
+  if (!path_slots || path_stride < 0) return -2;
+  for (int64_t t = 0; t < T; t++) {
+    if (tree_base[t] > positions[t]) continue; /* no tree node: the table's keys */
+    if (tree_base[t] < 0 || positions[t] - tree_base[t] >= path_stride) return -2;
+    for (int64_t i = 0; i <= positions[t] - tree_base[t]; i++)
+      if (path_slots[t * path_stride + i] < 0 || path_slots[t * path_stride + i] >= num_slots) return -2;
+  }
+  return 0;
+}
+
 /* h [T, hidden] fp32 in place through layers 0..num_layers-1, then out [n_rows, hidden] = the
  * final norm of rows `rows` of h (rows NULL: rows 0..n_rows-1; final_norm NULL: no output).
  * cos/sin [rope_rows, d/2]; caches [num_slots, nkv, d] fp32; block_tables [B, bt_cols] (row
- * stride bt_stride). Returns 0; -1 for a bad format or dimension; -2 for an index out of range
+ * stride bt_stride); tree_base [T] and path_slots [T, path_stride] (NULL: no token trees, see
+ * dec.tree_base). Returns 0; -1 for a bad format or dimension; -2 for an index out of range
  * (nothing is written then); -3 when out of memory. */
 int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, int64_t T, int64_t hidden,
                           int64_t inter, int nq, int nkv, int d, float eps, float scale, const int64_t *positions,
                           const float *cos, const float *sin, int64_t rope_rows, const int64_t *slots,
                           int64_t num_slots, int64_t B, const int64_t *cu_q, const int64_t *block_tables,
                           int64_t bt_stride, int64_t bt_cols, int64_t block_size, const float *final_norm,
-                          const int64_t *rows, int64_t n_rows, float *out, int threads) {
+                          const int64_t *rows, int64_t n_rows, float *out, int threads, const int64_t *tree_base,
+                          const int64_t *path_slots, int64_t path_stride) {
   if (nq < 1 || nkv < 1 || nq % nkv || d < 2 || d % 2 || (QUANT_AVX2 && d % 8) || hidden < 1 || inter < 1) return -1;
   if (T <= 0) return 0;
   threads = threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads;
   dec D = {.T = T, .hidden = hidden, .inter = inter, .qkv_w = (int64_t)(nq + 2 * nkv) * d, .q_w = (int64_t)nq * d,
            .nq = nq, .nkv = nkv, .d = d, .g = nq / nkv, .eps = eps, .scale = scale, .positions = positions,
            .slots = slots, .block_tables = block_tables, .bt_stride = bt_stride, .block_size = block_size,
-           .cos = cos, .sin = sin, .h = h};
+           .cos = cos, .sin = sin, .h = h, .tree_base = tree_base, .path_slots = path_slots,
+           .path_stride = path_stride};
   int64_t macs = 0, n_chunks = 0;
   for (int64_t t = 0; t < T; t++) { /* sizes only: check_batch refuses positions out of range */
     const int64_t p = positions[t] < 0 ? 0 : positions[t] < rope_rows ? positions[t] : rope_rows - 1;
@@ -473,6 +545,7 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
   D.cu_chunks = seq + n_seq;
   int rc = check_batch(T, positions, rope_rows, slots, num_slots, B, cu_q, block_tables, bt_stride, bt_cols,
                        block_size, rows, n_rows, seq);
+  if (!rc && tree_base) rc = check_tree(T, positions, tree_base, path_slots, path_stride, num_slots);
   if (rc) return rc;
   D.cu_chunks[0] = 0;
   for (int64_t t = 0; t < T; t++) D.cu_chunks[t + 1] = D.cu_chunks[t] + num_chunks(positions[t]);
@@ -481,6 +554,12 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
     D.bqkv = PTR(const float *, L[2]);
     D.kc = PTR(float *, L[11]);
     D.vc = PTR(float *, L[12]);
+    D.q_norm = PTR(const float *, L[13]);
+    D.k_norm = L[14] ? PTR(const float *, L[14]) : D.q_norm;
+    D.cos = L[17] ? PTR(const float *, L[17]) : cos;
+    D.sin = L[18] ? PTR(const float *, L[18]) : sin;
+    D.window = L[19] > 0 ? L[19] : 0;
+    D.gelu = L[20] != 0;
     if (li == 0) { /* later layers get their norm from the previous layer's last residual pass */
       D.norm = PTR(const float *, L[9]);
       run_tokens(&D, PH_NORM, threads);
@@ -496,6 +575,7 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
                               threads);
     if (rc) return rc;
     D.norm = PTR(const float *, L[10]);
+    D.post_norm = PTR(const float *, L[15]);
     run_tokens(&D, PH_RESIDUAL, threads);
     rc = agentrt_quant_linear(D.x, hidden, T, PTR(const uint8_t *, L[5]), (int)L[6], 2 * inter, hidden, D.gu,
                               2 * inter, threads);
@@ -505,6 +585,7 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
                               threads);
     if (rc) return rc;
     D.norm = li + 1 < num_layers ? PTR(const float *, L[LAYER_FIELDS + 9]) : NULL;
+    D.post_norm = PTR(const float *, L[16]);
     run_tokens(&D, PH_RESIDUAL, threads);
   }
   if (final_norm)
@@ -516,7 +597,10 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
 /* The fields of agentrt_quant_forward's model table (int64; eps and scale as float bits). */
 enum {
   M_LAYERS, M_HIDDEN, M_INTER, M_NQ, M_NKV, M_D, M_EPS, M_SCALE, M_COS, M_SIN, M_ROPE_ROWS, M_NUM_SLOTS, M_BLOCK_SIZE,
-  M_FINAL_NORM, M_EMBED, M_EMBED_FMT, M_VOCAB, M_HEAD, M_HEAD_FMT, M_HEAD_ROWS, MODEL_FIELDS
+  M_FINAL_NORM, M_EMBED, M_EMBED_FMT, M_VOCAB, M_HEAD, M_HEAD_FMT, M_HEAD_ROWS,
+  M_EMBED_SCALE, /* the embedding rows times this (float bits; 0: none; Gemma: sqrt(hidden)) */
+  M_SOFTCAP,     /* logits = cap * tanh(logits / cap) (float bits; 0: none) */
+  MODEL_FIELDS
 };
 
 static float float_bits(int64_t v) {
@@ -538,18 +622,26 @@ static float float_bits(int64_t v) {
 int agentrt_quant_forward(const int64_t *model, int64_t num_layers, const int64_t *ids, int64_t T,
                           const int64_t *positions, const int64_t *slots, int64_t B, const int64_t *cu_q,
                           const int64_t *block_tables, int64_t bt_stride, int64_t bt_cols, const int64_t *rows,
-                          int64_t n_rows, float *h, float *hidden, float *logits, int threads) {
+                          int64_t n_rows, float *h, float *hidden, float *logits, int threads,
+                          const int64_t *tree_base, const int64_t *path_slots, int64_t path_stride) {
   const int64_t dim = model[M_HIDDEN];
   int rc = agentrt_quant_embedding(ids, T, PTR(const uint8_t *, model[M_EMBED]), (int)model[M_EMBED_FMT],
                                    model[M_VOCAB], dim, h, dim);
   if (rc) return rc;
+  const float embed_scale = float_bits(model[M_EMBED_SCALE]), cap = float_bits(model[M_SOFTCAP]);
+  if (embed_scale != 0.0f)
+    for (int64_t i = 0; i < T * dim; i++) h[i] = h[i] * embed_scale;
   rc = agentrt_quant_decoder(PTR(const int64_t *, model[M_LAYERS]), num_layers, h, T, dim, model[M_INTER],
                              (int)model[M_NQ], (int)model[M_NKV], (int)model[M_D], float_bits(model[M_EPS]),
                              float_bits(model[M_SCALE]), positions, PTR(const float *, model[M_COS]),
                              PTR(const float *, model[M_SIN]), model[M_ROPE_ROWS], slots, model[M_NUM_SLOTS], B, cu_q,
                              block_tables, bt_stride, bt_cols, model[M_BLOCK_SIZE],
-                             PTR(const float *, model[M_FINAL_NORM]), rows, n_rows, hidden, threads);
+                             PTR(const float *, model[M_FINAL_NORM]), rows, n_rows, hidden, threads, tree_base,
+                             path_slots, path_stride);
   if (rc || n_rows == 0) return rc;
-  return agentrt_quant_linear(hidden, dim, n_rows, PTR(const uint8_t *, model[M_HEAD]), (int)model[M_HEAD_FMT],
-                              model[M_HEAD_ROWS], dim, logits, model[M_HEAD_ROWS], threads);
+  rc = agentrt_quant_linear(hidden, dim, n_rows, PTR(const uint8_t *, model[M_HEAD]), (int)model[M_HEAD_FMT],
+                            model[M_HEAD_ROWS], dim, logits, model[M_HEAD_ROWS], threads);
+  if (!rc && cap != 0.0f)
+    for (int64_t i = 0; i < n_rows * model[M_HEAD_ROWS]; i++) logits[i] = tanhf(logits[i] / cap) * cap;
+  return rc;
 }
