@@ -19,7 +19,7 @@ import os
 import socket
 import time
 import uuid
-from typing import Any
+from typing import Any, Callable
 
 import aiomqtt
 
@@ -40,7 +40,11 @@ class EngineWorker:
     """EngineWorker(EngineBackend(AsyncEngine(...)), MqttConfig(...)).run(stop_event)."""
 
     def __init__(self, backend: EngineBackend, config: MqttConfig, *, worker_id: str | None = None,
-                 status_interval_s: float = 1.0, reconnect_max_s: float = 2.0) -> None:
+                 status_interval_s: float = 1.0, reconnect_max_s: float = 2.0,
+                 on_status: Callable[[dict[str, Any]], None] | None = None,
+                 on_response: Callable[[EngineResponse], None] | None = None) -> None:
+        """on_status: each status message as it is published; on_response: each call's response
+        (the process's metrics, `agentrt engine-worker --metrics-port`)."""
         self.backend = backend
         self.config = config
         self.topics = LLMTopics(config)
@@ -53,6 +57,7 @@ class EngineWorker:
         self._handles: dict[str, Any] = {}
         self._recent: collections.deque[str] = collections.deque(maxlen=RECENT_CONVERSATIONS)
         self.served = 0
+        self.on_status, self.on_response = on_status, on_response  # settable after construction
 
     # -- lifecycle ------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -126,7 +131,10 @@ class EngineWorker:
             await asyncio.wait([counting], timeout=self.status_interval_s / 2)
             if counting.done():
                 counts, counting = counting.result(), None
-            self._publish(self.topics.status(self.worker_id), self.status(counts), retain=True)
+            status = self.status(counts)
+            self._publish(self.topics.status(self.worker_id), status, retain=True)
+            if self.on_status is not None:
+                self.on_status(status)
             await asyncio.sleep(self.status_interval_s)
 
     async def _engine_counts(self) -> dict[str, Any]:
@@ -213,6 +221,8 @@ class EngineWorker:
             send("error", error=f"engine worker {self.worker_id}: {type(e).__name__}: {e}")
             return
         self.served += 1
+        if self.on_response is not None:
+            self.on_response(response)
         sent = list(response.sent_messages or request.messages)
         self._recent.append(conversation_hash([*sent, {"role": "assistant", "content": response.text}]))
         send("result", response=response_to_dict(response))

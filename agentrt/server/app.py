@@ -39,7 +39,8 @@ from agentrt.server.openai_chat import prepare_chat
 from agentrt.server.runs import RunManager, ServedRun
 from agentrt.server.schemas import (ChatCompletionRequest, ModelCard, ModelList, ProgramInfo, ProgramList, RunCreate,
                                     RunCreated, RunList, SignedInput)
-from agentrt.server.state import (RUN_ID, STATE, ServerState, json_response as _json, run_info, server_state as _state,
+from agentrt.server.state import (RUN_ID, STATE, ServerState, json_response as _json, replica_id, run_info,
+                                  server_state as _state,
                                   sse_slot as _sse_slot)
 
 CONSOLE_DIR = Path(__file__).parent / "console"
@@ -80,10 +81,10 @@ async def ready(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
-    kv = (await state.kv_blocks() if state.kv_blocks is not None else None) or {}
     runs = {"running": state.runs.running, "queued": state.runs.queued,
             "waiting": state.runs.waiting} if state.runs is not None else {}
-    return web.Response(body=state.metrics.render(kv, runs), headers={"Content-Type": state.metrics.content_type})
+    return web.Response(body=state.metrics.render_server(await state.kv_blocks_by_engine(), runs),
+                        headers={"Content-Type": state.metrics.content_type})
 
 
 async def engine(request: web.Request) -> web.Response:
@@ -299,7 +300,8 @@ def create_app(config: ServerConfig, model: str, programs: Mapping[str, Example]
     if config.cors_origins:
         middlewares.insert(1, cors_middleware(config.cors_origins))
     app = web.Application(client_max_size=config.limits.max_body_bytes, middlewares=middlewares)
-    state = ServerState(config, model, dict(programs), ServerMetrics(), tracer_provider=tracer_provider)
+    state = ServerState(config, model, dict(programs), ServerMetrics(replica_id(config)),
+                        tracer_provider=tracer_provider)
     app[STATE] = state
     if config.cors_origins:
         app.on_response_prepare.append(cors_headers(config.cors_origins))

@@ -27,6 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_memory_arguments(p)
     p.add_argument("--status-interval", type=float, default=1.0, metavar="S",
                    help="seconds between status (load) messages; callers count a worker silent for 3x this as lost")
+    p.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                   help="serve this worker's Prometheus metrics (engine steps, requests, KV blocks; labelled "
+                        "replica and engine = the worker's id) at http://HOST:PORT/metrics")
+    p.add_argument("--metrics-host", default="127.0.0.1", help="the address --metrics-port listens on")
     p.add_argument("--no-warm-up", action="store_true", help="take calls before the engine's warm-up pass")
     p.add_argument("--log-level", default="INFO")
 
@@ -57,6 +61,8 @@ async def _serve(args: argparse.Namespace, config) -> int:
         if not args.no_warm_up:
             print(f"agentrt engine-worker: warmed up in {await engine.warm_up():.1f} s", flush=True)
         worker = EngineWorker(backend, config, worker_id=args.worker_id, status_interval_s=args.status_interval)
+        if args.metrics_port is not None:
+            _serve_metrics(worker, args.metrics_host, args.metrics_port)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -69,3 +75,19 @@ async def _serve(args: argparse.Namespace, config) -> int:
         engine.close()
     print("agentrt engine-worker: stopped", flush=True)
     return 0
+
+
+def _serve_metrics(worker, host: str, port: int) -> None:
+    """The worker's Prometheus metrics on host:port (prometheus-client's HTTP server, a thread of
+    its own, so a long engine step never delays a scrape), filled from the engine's steps, the
+    worker's responses and its status messages' KV blocks."""
+    from prometheus_client import start_http_server
+
+    from agentrt.server.metrics import EngineMetrics
+
+    metrics = EngineMetrics(replica=worker.worker_id, engine=worker.worker_id)
+    worker.backend.subscribe_steps(metrics.on_step)
+    worker.on_response = metrics.on_response
+    worker.on_status = lambda status: metrics.set_kv_blocks({worker.worker_id: status.get("kv") or {}})
+    start_http_server(port, host, registry=metrics.exposed)
+    print(f"agentrt engine-worker {worker.worker_id}: metrics at http://{host}:{port}/metrics", flush=True)

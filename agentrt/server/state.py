@@ -18,7 +18,7 @@ from agentrt.runtime.runtime import Runtime
 from agentrt.server.config import ServerConfig
 from agentrt.server.errors import ApiError
 from agentrt.server.feed import ServerFeed
-from agentrt.server.metrics import ServerMetrics
+from agentrt.server.metrics import IN_PROCESS, ServerMetrics
 from agentrt.server.openai_chat import ChatService
 from agentrt.server.runs import RunManager, ServedRun
 from agentrt.server.schemas import InputWanted, RunError, RunInfo
@@ -52,7 +52,7 @@ class ServerState:
                                allow_changed_programs=self.config.allow_changed_programs,
                                prune_after_s=self.config.prune_after_s, prune_keep=self.config.prune_keep,
                                store_retry_s=self.config.store_retry_s, lease_s=self.config.lease_s,
-                               replica_id=f"{socket.gethostname()}:{self.config.port}")
+                               replica_id=replica_id(self.config))
         self.chat = ChatService(runtime, self.model, self.config.limits, on_response=self.metrics.on_response,
                                 tool_format=getattr(runtime.backend, "tool_format", HOUSE))  # no model: house
         runtime.backend.subscribe_steps(self.metrics.on_step)
@@ -67,6 +67,16 @@ class ServerState:
 
         runs.watchers.append(tell_feed)
         self.resumed = runs.recover()  # stored runs that had not ended go on
+
+    async def kv_blocks_by_engine(self) -> dict[str, Mapping[str, int]]:
+        """KV blocks by state of each engine: the engine workers' (their last status reports) or
+        this process's own engine."""
+        backend = self.runtime.backend if self.runtime is not None else None
+        workers = getattr(backend, "workers", None)
+        if callable(workers):  # RemoteEngineBackend
+            return {w: status.get("kv") or {} for w, status in workers().items()}
+        kv = await self.kv_blocks() if self.kv_blocks is not None else None
+        return {IN_PROCESS: kv} if kv else {}
 
     def _run_ended(self, run: ServedRun, records: list[dict[str, Any]] | None) -> None:
         self.metrics.on_run_end(run.status, run.summary)
@@ -84,6 +94,12 @@ class ServerState:
         if self.runs is None or self.chat is None:
             raise ApiError(503, "the model is still loading", code="not_ready", headers={"Retry-After": "1"})
         return self.runs, self.chat
+
+
+def replica_id(config: ServerConfig) -> str:
+    """This server's replica id (HOST:PORT: the same on each start), under which it holds its runs
+    in a PostgreSQL lease store and labels its metrics."""
+    return f"{socket.gethostname()}:{config.port}"
 
 
 STATE = web.AppKey("agentrt_state", ServerState)

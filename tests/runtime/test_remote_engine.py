@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 
@@ -23,13 +24,18 @@ class EngineWorkers:
     def __init__(self, broker: MosquittoBroker, model: str, log_dir) -> None:
         self.broker, self.model, self.log_dir = broker, model, log_dir
         self.procs: dict[str, subprocess.Popen] = {}
+        self.metrics_ports: dict[str, int] = {}
 
     def start(self, worker: str) -> None:
+        from agentrt.tools.mosquitto import free_port
+
         log = open(self.log_dir / f"{worker}.log", "ab")
+        self.metrics_ports[worker] = free_port()
         self.procs[worker] = subprocess.Popen(
             [sys.executable, "-m", "agentrt.cli", "engine-worker", "--broker", self.broker.url, "--id", worker,
              "--model", self.model, "--dtype", "float32", "--spec", "none", "--kv-cache-tokens", "4096",
-             "--no-prefault-kv", "--no-warm-up", "--status-interval", "0.3", "--log-level", "WARNING"],
+             "--no-prefault-kv", "--no-warm-up", "--status-interval", "0.3", "--log-level", "WARNING",
+             "--metrics-port", str(self.metrics_ports[worker])],
             stdout=log, stderr=log, stdin=subprocess.DEVNULL, env={**os.environ, "OMP_NUM_THREADS": "1"})
         log.close()
 
@@ -197,6 +203,8 @@ def test_serve_with_engines_answers_chat_on_the_workers(workers, tmp_path, local
                                      {"Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=60) as r:
             answer = json.loads(r.read())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+            served_metrics = r.read().decode()
     finally:
         proc.terminate()
         proc.wait(30)
@@ -206,6 +214,17 @@ def test_serve_with_engines_answers_chat_on_the_workers(workers, tmp_path, local
     assert answer["usage"]["completion_tokens"] == len(expected.token_ids)
     assert len(answer["choices"][0]["logprobs"]["content"]) == len(expected.token_ids)  # streamed by the worker
     assert "engine workers online: e" in log.read_text()  # no model was loaded in the server
+    # the server's metrics name it (replica HOST:PORT) and the engine worker that ran the call (labels
+    # in name order)
+    replica = f'replica="{socket.gethostname()}:{port}"'
+    (ran,) = [w for w in ("e1", "e2") if f'agentrt_output_tokens_total{{engine="{w}",{replica}}}' in served_metrics]
+    assert f'agentrt_kv_blocks{{engine="{ran}",{replica},state="total"}}' in served_metrics
+    # and the worker's own metrics (--metrics-port): its engine steps, requests and KV, under its id
+    with urllib.request.urlopen(f"http://127.0.0.1:{workers.metrics_ports[ran]}/metrics", timeout=10) as r:
+        own = r.read().decode()
+    labels = f'engine="{ran}",replica="{ran}"'
+    assert f"agentrt_output_tokens_total{{{labels}}} {float(len(expected.token_ids))}" in own
+    assert f"agentrt_engine_steps_total{{{labels}}}" in own and f'agentrt_kv_blocks{{{labels},state="total"}}' in own
 
 
 async def test_cancel_aborts_on_the_worker_and_pin_holds_kv_there(remote):

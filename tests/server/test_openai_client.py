@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -272,10 +273,14 @@ def test_metrics_of_the_real_engine(server, client):
         text = r.read().decode()
     values = {line.split(" ")[0]: float(line.split(" ")[1]) for line in text.splitlines()
               if line and not line.startswith("#")}
-    assert values['agentrt_kv_blocks{state="total"}'] > 0
-    assert values["agentrt_engine_steps_total"] > 0 and values["agentrt_output_tokens_total"] > 0
-    assert values["agentrt_prompt_tokens_total"] >= values["agentrt_prefix_cache_hit_tokens_total"] > 0
-    assert any(k.startswith("agentrt_spec_drafted_tokens_total{drafter=") for k in values)
+    # every sample names the replica (HOST:PORT), the engine's the engine (the server's own here)
+    labels = f'engine="in-process",replica="{socket.gethostname()}:{server[0].rsplit(":", 1)[1]}"'  # in name order
+    assert values[f'agentrt_kv_blocks{{{labels},state="total"}}'] > 0
+    assert values[f"agentrt_engine_steps_total{{{labels}}}"] > 0 and values[f"agentrt_output_tokens_total{{{labels}}}"] > 0
+    assert (values[f"agentrt_prompt_tokens_total{{{labels}}}"]
+            >= values[f"agentrt_prefix_cache_hit_tokens_total{{{labels}}}"] > 0)
+    assert any(k.startswith("agentrt_spec_drafted_tokens_total{drafter=") and k.endswith(f",{labels}}}") for k in values)
+    assert all("replica=" in k for k in values if k.startswith("agentrt_"))
 
 
 def test_logprobs(client):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 from pathlib import Path
 
 import pytest
@@ -285,11 +286,12 @@ async def test_metrics_and_health(tmp_path):
         run_id = await submit(client)
         await client.get(f"/v1/runs/{run_id}/wait")
         text = await (await client.get("/metrics")).text()
-        assert 'agentrt_runs_total{status="done"} 1.0' in text
-        assert 'agentrt_node_duration_seconds_count{kind="tool"} 1.0' in text
-        assert 'agentrt_tool_duration_seconds_count{tool="slow_add"} 1.0' in text
-        assert "agentrt_engine_steps_total" in text
-        assert 'agentrt_http_requests_total{route="/v1/programs/{name}/runs",status="201"} 1.0' in text
+        r = f'replica="{socket.gethostname()}:{ServerConfig().port}"'  # every sample names the replica (labels in name order)
+        assert f'agentrt_runs_total{{{r},status="done"}} 1.0' in text
+        assert f'agentrt_node_duration_seconds_count{{kind="tool",{r}}} 1.0' in text
+        assert f'agentrt_tool_duration_seconds_count{{{r},tool="slow_add"}} 1.0' in text
+        assert f'agentrt_engine_steps_total{{engine="in-process",{r}}}' in text
+        assert f'agentrt_http_requests_total{{{r},route="/v1/programs/{{name}}/runs",status="201"}} 1.0' in text
         assert (await (await client.get("/ready")).json())["status"] == "ready"
     finally:
         await client.close()
