@@ -6,6 +6,8 @@ Per layer (h [T, hidden] fp32, updated in place; linears as quant_linear.quant_l
     attn = each query over its own sequence's positions 0..p      (paged caches, fp32)
     h   += quant_linear(attn, Wo)
     h   += quant_linear(silu(gate) * up, Wdown),   [gate | up] = quant_linear(rms_norm(h, mlp_norm), Wgate_up)
+with, where a layer has them (QuantLayerWeights' optional fields): QK-norm before rotary, post-norms
+of the attention and MLP outputs before their adds, GeGLU, its own rotary tables, a sliding window;
 then out = rms_norm(h[rows], final_norm). quant_model_forward runs a whole model in one call: the
 embedding lookup first, the head after.
 """
@@ -21,8 +23,8 @@ from agentrt.kernels.decoder import Dims
 from agentrt.kernels.quant_build import quant_kernels
 from agentrt.kernels.quant_formats import QuantWeight
 
-LAYER_FIELDS = 13  # the row layout csrc/cpu_quant_decoder.c reads
-MODEL_FIELDS = 20  # agentrt_quant_forward's model table
+LAYER_FIELDS = 21  # the row layout csrc/cpu_quant_decoder.c reads
+MODEL_FIELDS = 22  # agentrt_quant_forward's model table
 _ERRORS = {-1: "a weight format or dimension the kernel does not run", -2: "an index out of range (a token id outside "
            "the embedding, a position past the rotary table, a slot, block or row outside the cache or batch, or cu_q "
            "not a partition of the tokens)",
@@ -38,6 +40,26 @@ class QuantLayerWeights:
     down: QuantWeight  # [hidden, inter]
     attn_norm: torch.Tensor  # [hidden] fp32 contiguous
     mlp_norm: torch.Tensor
+    # the later families' features (None / False: absent); norms fp32 contiguous, as the model
+    # applies them (Gemma's already 1 + w)
+    q_norm: torch.Tensor | None = None  # [head_dim]: RMSNorm of each q head before rotary (with k_norm)
+    k_norm: torch.Tensor | None = None  # [head_dim]
+    attn_out_norm: torch.Tensor | None = None  # [hidden]: the attention output's norm before its add
+    mlp_out_norm: torch.Tensor | None = None  # [hidden]: the MLP output's
+    cos: torch.Tensor | None = None  # [P, head_dim / 2]: this layer's rotary tables (None: the model's)
+    sin: torch.Tensor | None = None
+    window: int | None = None  # a query at p sees positions p - window + 1 .. p
+    gelu: bool = False  # GeGLU: gelu_tanh(gate) * up instead of silu(gate) * up
+
+    def __post_init__(self):
+        for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "cos", "sin"):
+            t = getattr(self, name)
+            if t is not None and (t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"):
+                raise ValueError(f"{name} must be fp32 contiguous on the CPU, got {t.dtype} on {t.device}")
+        if (self.q_norm is None) != (self.k_norm is None) or (self.cos is None) != (self.sin is None):
+            raise ValueError("q_norm and k_norm, cos and sin come in pairs")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"a sliding window must be positive, got {self.window}")
 
 
 def quant_layer_table(layers: list[QuantLayerWeights], k_caches: list[torch.Tensor],
@@ -53,7 +75,9 @@ def quant_layer_table(layers: list[QuantLayerWeights], k_caches: list[torch.Tens
             w.qkv.data.data_ptr(), w.qkv.kernel_code, 0 if w.qkv_bias is None else w.qkv_bias.data_ptr(),
             w.o.data.data_ptr(), w.o.kernel_code, w.gate_up.data.data_ptr(), w.gate_up.kernel_code,
             w.down.data.data_ptr(), w.down.kernel_code, w.attn_norm.data_ptr(), w.mlp_norm.data_ptr(),
-            kc.data_ptr(), vc.data_ptr(),
+            kc.data_ptr(), vc.data_ptr(), *(_ptr(t) for t in (w.q_norm, w.k_norm, w.attn_out_norm, w.mlp_out_norm,
+                                                             w.cos, w.sin)),
+            w.window or 0, int(w.gelu),
         ])
     return torch.tensor(rows, dtype=torch.long).reshape(-1, LAYER_FIELDS)
 
@@ -181,6 +205,10 @@ def quant_decoder_reference(
     return h
 
 
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None else t.data_ptr()
+
+
 def _float_bits(x: float) -> int:
     return struct.unpack("<i", struct.pack("<f", x))[0]
 
@@ -198,9 +226,11 @@ class QuantModelTable:
 
 def quant_model_table(layer_table: torch.Tensor, dims: Dims, cos: torch.Tensor, sin: torch.Tensor, num_slots: int,
                       block_size: int, final_norm: torch.Tensor, embedding: QuantWeight,
-                      head: QuantWeight) -> QuantModelTable:
+                      head: QuantWeight, embed_scale: float | None = None,
+                      softcap: float | None = None) -> QuantModelTable:
     """The layers (quant_layer_table) and their caches' geometry, the rotary tables, the final
-    norm, the embedding and head weights, for quant_model_forward."""
+    norm, the embedding and head weights, for quant_model_forward; embed_scale multiplies the
+    embedding rows (Gemma: sqrt(hidden)), softcap caps the logits (cap * tanh(logits / cap))."""
     for t, name in ((cos, "cos"), (sin, "sin"), (final_norm, "final_norm")):
         if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
             raise ValueError(f"{name} must be fp32 contiguous on the CPU")
@@ -213,7 +243,8 @@ def quant_model_table(layer_table: torch.Tensor, dims: Dims, cos: torch.Tensor, 
         layer_table.data_ptr(), dims.hidden, dims.intermediate, dims.num_heads, dims.num_kv_heads, dims.head_dim,
         _float_bits(dims.eps), _float_bits(dims.scale), cos.data_ptr(), sin.data_ptr(), cos.shape[0], num_slots,
         block_size, final_norm.data_ptr(), embedding.data.data_ptr(), embedding.kernel_code, embedding.shape[0],
-        head.data.data_ptr(), head.kernel_code, head.shape[0],
+        head.data.data_ptr(), head.kernel_code, head.shape[0], _float_bits(embed_scale or 0.0),
+        _float_bits(softcap or 0.0),
     ], dtype=torch.long)
     assert fields.numel() == MODEL_FIELDS
     return QuantModelTable(fields, layer_table, dims.hidden, head.shape[0])

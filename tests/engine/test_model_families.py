@@ -184,7 +184,8 @@ def test_llama31_rope_freqs_give_back_its_scaling():
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
 def test_gguf_quantized_blocks_run_the_same_model(family, family_gguf, monkeypatch):
     """Q8_0 projections kept as blocks: with float activations (the reference linear) the logits are
-    the dequantized fp32 model's; on the int8 kernels greedy output is the same with speculation."""
+    the dequantized fp32 model's; on the fused quantized decoder greedy output is the same with
+    speculation."""
     from agentrt.engine.model_loader import load_model
     from agentrt.kernels import quant_linear as quant_kernels
     from agentrt.kernels.quant_build import unsupported_reason
@@ -192,10 +193,11 @@ def test_gguf_quantized_blocks_run_the_same_model(family, family_gguf, monkeypat
 
     path, _ = family_gguf(family, "Q8_0")
     quant = load_model(str(path), "quantized", progress=False)
-    assert quant.model.layers[0].qkv.formats == ["Q8_0"] and not quant.model.quant_fused
+    assert quant.model.layers[0].qkv.formats == ["Q8_0"]
     fp32 = load_model(str(path), "float32", progress=False)
     seqs = [list(range(10, 30)), list(range(40, 47))]
     with monkeypatch.context() as m:
+        m.setattr(quant.model, "quant_fused", False)  # the PyTorch path calls the linears one by one
         m.setattr(quant_kernels, "quant_linear", lambda x, w, out=None: quant_linear_reference(x, w) if out is None
                   else out.copy_(quant_linear_reference(x, w)))
         for a, b in zip(_ours(quant.model, seqs, False), _ours(fp32.model, seqs, False)):
@@ -205,6 +207,7 @@ def test_gguf_quantized_blocks_run_the_same_model(family, family_gguf, monkeypat
     from agentrt.engine import EngineConfig, LLMEngine
 
     params = SamplingParams(max_tokens=20, temperature=0, ignore_eos=True)
+    assert quant.model.quant_fused
     runs = [LLMEngine(EngineConfig(model=str(path), dtype="quantized", kv_cache_tokens=1024, spec=spec), loaded=quant)
             .generate(PROMPTS, params) for spec in (SpecConfig(), SpecConfig(drafter="suffix", k=4))]
     assert [r.token_ids for r in runs[0]] == [r.token_ids for r in runs[1]]

@@ -3,6 +3,8 @@
 
     h      = embed[input_ids]                                    [T, hidden]
     h      = layers(h)             norms, quantized linears, rotary, K/V writes, attention, SiLU
+                                   (Qwen3, Gemma 3: QK-norm; Gemma 3: post-norms, GeGLU, sliding
+                                   layers with their own rotary base; embedding scale, soft-cap)
     hidden = rms_norm(h[logits_indices], norm)                   [n_out, hidden]
     logits = lm_head(hidden)                                     [n_out, vocab]
 
@@ -43,9 +45,6 @@ def quant_support(model) -> str | None:
     cfg = model.cfg
     if not model.quantized:
         return "the model has no quantized weights"
-    gaps = cfg.fused_kernel_gaps()
-    if gaps:
-        return f"the fused quantized decoder runs Llama-layout layers; this {cfg.architecture} model has {', '.join(gaps)}"
     if model.device.type != "cpu":
         return f"the quantized decoder runs on the CPU (this model is on {model.device})"
     if cfg.head_dim % 8 or cfg.num_attention_heads % cfg.num_key_value_heads:
@@ -82,11 +81,20 @@ class QuantDecoder:
         cfg = model.cfg
         self.dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads,
                               cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, model.scale)
+        local = model.local_rope  # the sliding layers' rotary tables (Gemma 3), None: every layer the model's
+        self.local_cos, self.local_sin = (_f32(local.cos), _f32(local.sin)) if local is not None else (None, None)
+        opt = lambda t: None if t is None else _f32(t)  # noqa: E731
         self.layers = [  # fp32 copies of norms and bias are kept here: the table holds their addresses
-            QuantLayerWeights(ly.qkv.parts[0], None if ly.qkv.bias is None else _f32(ly.qkv.bias), ly.o.parts[0],
-                              ly.gate_up.parts[0], ly.down.parts[0], _f32(ly.attn_norm), _f32(ly.mlp_norm))
+            QuantLayerWeights(ly.qkv.parts[0], opt(ly.qkv.bias), ly.o.parts[0], ly.gate_up.parts[0], ly.down.parts[0],
+                              _f32(ly.attn_norm), _f32(ly.mlp_norm), q_norm=opt(ly.q_norm), k_norm=opt(ly.k_norm),
+                              attn_out_norm=opt(ly.attn_out_norm), mlp_out_norm=opt(ly.mlp_out_norm),
+                              cos=self.local_cos if ly.local_rope else None,
+                              sin=self.local_sin if ly.local_rope else None,
+                              window=ly.window, gelu=cfg.hidden_act == "gelu_tanh")
             for ly in model.layers
         ]
+        self.embed_scale = None if model.embed_scale is None else float(model.embed_scale)
+        self.softcap = cfg.final_logit_softcapping
         self.final_norm = _f32(model.norm)
         self.cos, self.sin = _f32(model.rope.cos), _f32(model.rope.sin)
         head, embed = model.lm_head, model.embed
@@ -110,7 +118,8 @@ class QuantDecoder:
         t = self._models.get(kv)
         if t is None:
             t = self._models[kv] = quant_model_table(self.table(kv), self.dims, self.cos, self.sin, kv.k[0].shape[0],
-                                                     kv.block_size, self.final_norm, self.embedding, self.head)
+                                                     kv.block_size, self.final_norm, self.embedding, self.head,
+                                                     embed_scale=self.embed_scale, softcap=self.softcap)
         return t
 
 
@@ -126,10 +135,14 @@ def quant_forward(model, batch: ForwardBatch, kv: KVCache, num_layers: int, retu
         return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
     h = model.embed[batch.input_ids]  # [T, hidden], fresh: updated in place
     h = h if h.dtype == torch.float32 and h.is_contiguous() else h.float().contiguous()
+    if dec.embed_scale is not None:
+        h = h * dec.embed_scale
     hidden = quant_decoder_layers(
         dec.table(kv), num_layers, dec.dims, h, batch.positions, dec.cos, dec.sin, batch.slot_mapping,
         kv.k[0].shape[0], meta.cu_q, meta.block_tables, meta.block_size, final_norm=dec.final_norm,
         rows=batch.logits_indices, tree=meta.tree,
     )
     logits = model.lm_head(hidden).float()  # [n_out, vocab]
+    if dec.softcap is not None:
+        logits = torch.tanh(logits / dec.softcap) * dec.softcap
     return ForwardOutput(logits=logits, hidden=hidden if return_hidden else None)
