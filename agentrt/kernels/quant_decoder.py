@@ -23,7 +23,7 @@ from agentrt.kernels.decoder import Dims
 from agentrt.kernels.quant_build import quant_kernels
 from agentrt.kernels.quant_formats import QuantWeight
 
-LAYER_FIELDS = 21  # the row layout csrc/cpu_quant_decoder.c reads
+LAYER_FIELDS = 28  # the row layout csrc/cpu_quant_decoder.c reads
 MODEL_FIELDS = 22  # agentrt_quant_forward's model table
 _ERRORS = {-1: "a weight format or dimension the kernel does not run", -2: "an index out of range (a token id outside "
            "the embedding, a position past the rotary table, a slot, block or row outside the cache or batch, or cu_q "
@@ -33,7 +33,9 @@ _ERRORS = {-1: "a weight format or dimension the kernel does not run", -2: "an i
 
 @dataclass(frozen=True)
 class QuantLayerWeights:
-    qkv: QuantWeight  # [(nq + 2 nkv) d, hidden]
+    # [(nq + 2 nkv) d, hidden], or up to three row blocks of it in their own formats (GGUF files
+    # mix them: q and k Q5_0, v Q8_0), each computed into its columns of the row
+    qkv: QuantWeight | tuple[QuantWeight, ...]
     qkv_bias: torch.Tensor | None  # [(nq + 2 nkv) d] fp32 contiguous
     o: QuantWeight  # [hidden, nq d]
     gate_up: QuantWeight  # [2 inter, hidden]: gate rows, then up rows
@@ -51,7 +53,13 @@ class QuantLayerWeights:
     window: int | None = None  # a query at p sees positions p - window + 1 .. p
     gelu: bool = False  # GeGLU: gelu_tanh(gate) * up instead of silu(gate) * up
 
+    @property
+    def qkv_parts(self) -> tuple[QuantWeight, ...]:
+        return self.qkv if isinstance(self.qkv, tuple) else (self.qkv,)
+
     def __post_init__(self):
+        if not 1 <= len(self.qkv_parts) <= 3:
+            raise ValueError(f"qkv must be one to three row blocks, got {len(self.qkv_parts)}")
         for name in ("attn_norm", "mlp_norm", "q_norm", "k_norm", "attn_out_norm", "mlp_out_norm", "cos", "sin"):
             t = getattr(self, name)
             if t is not None and (t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu"):
@@ -71,13 +79,15 @@ def quant_layer_table(layers: list[QuantLayerWeights], k_caches: list[torch.Tens
         for c in (kc, vc):
             if c.dtype != torch.float32 or c.device.type != "cpu" or not c.is_contiguous():
                 raise ValueError(f"the quantized decoder needs contiguous fp32 CPU caches, got {c.dtype} on {c.device}")
+        qkv = list(w.qkv_parts) + [None] * (3 - len(w.qkv_parts))
         rows.append([
-            w.qkv.data.data_ptr(), w.qkv.kernel_code, 0 if w.qkv_bias is None else w.qkv_bias.data_ptr(),
+            qkv[0].data.data_ptr(), qkv[0].kernel_code, 0 if w.qkv_bias is None else w.qkv_bias.data_ptr(),
             w.o.data.data_ptr(), w.o.kernel_code, w.gate_up.data.data_ptr(), w.gate_up.kernel_code,
             w.down.data.data_ptr(), w.down.kernel_code, w.attn_norm.data_ptr(), w.mlp_norm.data_ptr(),
             kc.data_ptr(), vc.data_ptr(), *(_ptr(t) for t in (w.q_norm, w.k_norm, w.attn_out_norm, w.mlp_out_norm,
                                                              w.cos, w.sin)),
-            w.window or 0, int(w.gelu),
+            w.window or 0, int(w.gelu), qkv[0].shape[0],
+            *(x for p in qkv[1:] for x in ((0, 0, 0) if p is None else (p.data.data_ptr(), p.kernel_code, p.shape[0]))),
         ])
     return torch.tensor(rows, dtype=torch.long).reshape(-1, LAYER_FIELDS)
 
@@ -193,7 +203,8 @@ def quant_decoder_reference(
 
     T, nq, d = h.shape[0], dims.num_heads, dims.head_dim
     for w, kc, vc in zip(layers, k_caches, v_caches):
-        qkv = quant_linear(rms_norm_reference(h, w.attn_norm, dims.eps), w.qkv, lib=lib)
+        x = rms_norm_reference(h, w.attn_norm, dims.eps)
+        qkv = torch.cat([quant_linear(x, p, lib=lib) for p in w.qkv_parts], dim=-1)
         if w.qkv_bias is not None:
             qkv = qkv + w.qkv_bias
         rotary_kv_write_reference(qkv, positions, cos, sin, slots, kc, vc, nq)

@@ -56,11 +56,13 @@ def quant_support(model) -> str | None:
     for i, layer in enumerate(model.layers):
         for name, shape in want.items():
             lin = getattr(layer, name)
-            if not isinstance(lin, QuantLinear) or len(lin.parts) != 1:
-                return f"layers.{i}.{name} is not one quantized block matrix"
-            w = lin.parts[0]
-            if w.format.ggml_type not in FORMAT_BY_GGML_TYPE or tuple(w.shape) != shape:
-                return f"layers.{i}.{name}: {w.format.name} {tuple(w.shape)}, expected {shape}"
+            most = 3 if name == "qkv" else 1  # q, k and v may come in formats of their own
+            if not isinstance(lin, QuantLinear) or len(lin.parts) > most:
+                return f"layers.{i}.{name} is not {'one to three' if most == 3 else 'one'} quantized block matrix"
+            rows = sum(w.shape[0] for w in lin.parts)
+            for w in lin.parts:
+                if w.format.ggml_type not in FORMAT_BY_GGML_TYPE or (rows, w.shape[1]) != shape:
+                    return f"layers.{i}.{name}: {lin.formats} {(rows, w.shape[1])}, expected {shape}"
             if lin.bias is not None and name != "qkv":
                 return f"layers.{i}.{name} has a bias"
     if quant_kernels() is None:
@@ -85,7 +87,7 @@ class QuantDecoder:
         self.local_cos, self.local_sin = (_f32(local.cos), _f32(local.sin)) if local is not None else (None, None)
         opt = lambda t: None if t is None else _f32(t)  # noqa: E731
         self.layers = [  # fp32 copies of norms and bias are kept here: the table holds their addresses
-            QuantLayerWeights(ly.qkv.parts[0], opt(ly.qkv.bias), ly.o.parts[0], ly.gate_up.parts[0], ly.down.parts[0],
+            QuantLayerWeights(tuple(ly.qkv.parts), opt(ly.qkv.bias), ly.o.parts[0], ly.gate_up.parts[0], ly.down.parts[0],
                               _f32(ly.attn_norm), _f32(ly.mlp_norm), q_norm=opt(ly.q_norm), k_norm=opt(ly.k_norm),
                               attn_out_norm=opt(ly.attn_out_norm), mlp_out_norm=opt(ly.mlp_out_norm),
                               cos=self.local_cos if ly.local_rope else None,

@@ -33,13 +33,15 @@
  * layers: num_layers rows of LAYER_FIELDS int64:
  *   wqkv, fmt_qkv, bqkv (0: none), wo, fmt_o, wgate_up, fmt_gate_up, wdown, fmt_down,
  *   attn_norm, mlp_norm, k_cache, v_cache, q_norm, k_norm, attn_out_norm, mlp_out_norm, cos, sin
- *   (the layer's rotary tables, 0: the model's), window (0: none), gelu (1: GeGLU, 0: SwiGLU).
+ *   (the layer's rotary tables, 0: the model's), window (0: none), gelu (1: GeGLU, 0: SwiGLU),
+ *   qkv_rows (rows of wqkv; 0: all), wqkv2, fmt_qkv2, qkv2_rows, wqkv3, fmt_qkv3, qkv3_rows: q, k and
+ *   v in up to three row blocks of their own formats (GGUF mixes them: q, k Q5_0 and v Q8_0).
  */
 #include <stdlib.h>
 
 #include "cpu_quant.h"
 
-#define LAYER_FIELDS 21
+#define LAYER_FIELDS 28
 #define SERIAL_TOKENS 32        /* per-token phases on fewer tokens: cheaper than a join (~5 us) */
 #define SERIAL_ATTN_MACS 32768  /* attention with less work runs on the caller, for the same reason */
 #define ATTN_CHUNK 64           /* positions per attention chunk (a multiple of 8) */
@@ -564,9 +566,13 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
       D.norm = PTR(const float *, L[9]);
       run_tokens(&D, PH_NORM, threads);
     }
-    rc = agentrt_quant_linear(D.x, hidden, T, PTR(const uint8_t *, L[0]), (int)L[1], D.qkv_w, hidden, D.qkv,
-                              D.qkv_w, threads);
-    if (rc) return rc;
+    const int64_t qkv_parts[3][3] = {{L[0], L[1], L[21] ? L[21] : D.qkv_w}, {L[22], L[23], L[24]}, {L[25], L[26], L[27]}};
+    int64_t r0 = 0;
+    for (int p = 0; p < 3 && qkv_parts[p][2] > 0 && !rc; r0 += qkv_parts[p++][2])
+      rc = r0 + qkv_parts[p][2] > D.qkv_w ? -1
+           : agentrt_quant_linear(D.x, hidden, T, PTR(const uint8_t *, qkv_parts[p][0]), (int)qkv_parts[p][1],
+                                  qkv_parts[p][2], hidden, D.qkv + r0, D.qkv_w, threads);
+    if (rc || r0 != D.qkv_w) return rc ? rc : -1;
     run_tokens(&D, PH_ROTARY, threads);
     pool_chunks_init(&D.chunks, attn_tasks, attn_nt);
     pool_run(split ? chunks_job : tokens_attention_job, &D, attn_nt);
