@@ -162,3 +162,22 @@ def test_three_calls_equal_one(quantized, monkeypatch):
     three = _logits(m, seqs, True)
     for a, b in zip(one, three):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_scalar_build_matches_the_native_one(family, quantized, monkeypatch):
+    """The scalar fallback's build (its own gelu, QK-norm and window loops) against the AVX2 one:
+    the same model up to flips, as the PyTorch path is."""
+    import functools
+
+    from agentrt.kernels import quant_build
+    from agentrt.kernels.quant_decoder import quant_model_forward
+
+    m = quantized(family).model
+    seqs = _seqs(m.cfg.vocab_size)[:4]
+    native = _logits(m, seqs, True)
+    monkeypatch.setattr(qf, "quant_model_forward", functools.partial(quant_model_forward,
+                                                                     lib=quant_build.quant_kernels(scalar=True)))
+    scalar = _logits(m, seqs, True)
+    rel = torch.cat([(a - b).norm(dim=-1) / b.norm(dim=-1) for a, b in zip(scalar, native)])
+    assert rel.median() < 1e-5 and rel.max() < 0.1, rel
