@@ -618,10 +618,10 @@ static float float_bits(int64_t v) {
 
 /* A quantized Llama's whole forward in one call (a decode step's Python between its kernel calls
  * costs more than the calls: the caches are cold after the weights went past):
- *   h      [T, hidden]      = embedding rows of ids (agentrt_quant_embedding)
+ *   h      [T, hidden]      = embedding rows of ids (agentrt_quant_embedding), times M_EMBED_SCALE
  *   h                       = layers 0..num_layers-1 (agentrt_quant_decoder)
  *   hidden [n_rows, hidden] = final norm of rows `rows` of h (NULL: rows 0..n_rows-1)
- *   logits [n_rows, head]   = hidden W_head^T (agentrt_quant_linear)
+ *   logits [n_rows, head]   = hidden W_head^T (agentrt_quant_linear), soft-capped by M_SOFTCAP
  * model: MODEL_FIELDS int64 (agentrt/engine/models/quant_forward.py builds it). Returns 0, or
  * as agentrt_quant_decoder (-2 also for an id outside the embedding; the caches are written
  * only when every index is in range). */
