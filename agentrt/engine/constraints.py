@@ -15,6 +15,7 @@ import torch
 
 from agentrt.engine.sequence import Sequence
 from agentrt.engine.step_rows import StepRow
+from agentrt.engine.step_tree import tree_masks
 from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.grammar import (GRAMMAR_CACHE_BYTES, GrammarCache, GrammarState, apply_masks, masked_argmax,
                                   shared_grammar_cache)
@@ -78,7 +79,11 @@ class Constraints:
                         parts.append((offset, bm))
                         offset += r.num_rows
                         continue
-                    allowed = grammar.fill_masks(r.draft, bm, 0)
+                    if r.parents is not None:  # a token tree: each node masked after its path
+                        tree_masks(grammar, r, bm)
+                        allowed = r.k
+                    else:
+                        allowed = grammar.fill_masks(r.draft, bm, 0)
                 except Exception as e:  # noqa: BLE001 - one request's grammar fails that request only
                     r.failed = f"grammar failed: {type(e).__name__}: {e}"
                     r.cut(0)

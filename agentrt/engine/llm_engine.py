@@ -30,6 +30,7 @@ from agentrt.engine.spec_runner import DraftStep, SpecConfig, SpecRunner, build_
 from agentrt.engine.step_rows import (StepRow, build_forward_batch, fit_drafts_to_kv, limit_drafts, reserve_draft_kv,
                                       rows_of)
 from agentrt.engine.step_sampler import sample_rows, token_logprobs
+from agentrt.engine.step_tree import compact_accepted
 from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
@@ -94,7 +95,8 @@ class LLMEngine:
         self.constraints = Constraints(self.tokenizer, self.model.cfg.vocab_size, self.eos_ids,
                                        grammar_cache_bytes=config.grammar_cache_bytes)
         self.spec = SpecRunner(config.spec, build_drafter(config.spec.drafter, self) if config.spec.enabled else None,
-                               cost_model=lambda: load_or_estimate_cost_model(self))
+                               cost_model=lambda: load_or_estimate_cost_model(self),
+                               tree_attention=lambda: self.model.tree_attention(self.kv))
         self._ids = itertools.count()
         self._seed_gen = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[int, Sequence] = {}
@@ -334,6 +336,8 @@ class LLMEngine:
                 row.verified, row.emitted = row.accepted, emitted
                 if row.raw_logprobs is not None:
                     row.logprobs = token_logprobs(row.raw_logprobs, emitted, seq.params.logprobs)
+        if row.accepted_nodes:  # a token tree: its accepted path's K/V to the chain's slots
+            compact_accepted(row, self.blocks, self.kv)
         seq.num_computed += row.num_new + len(row.emitted) - 1
         self.blocks.truncate(seq.seq_id, seq.num_computed)
         if seq.first_token_time is None:

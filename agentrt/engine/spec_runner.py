@@ -45,6 +45,10 @@ class SpecConfig:
     # half of them at least): ~0.1-1.1 KB each (repeated text costs little, new text the most),
     # so up to ~70 MB at this default
     history_tokens: int = 1 << 16
+    # widest token tree a model-free drafter may propose (candidates at one place: enum members,
+    # strings from the prompt, the suffix drafter's continuations), verified in the same forward
+    # (engine/step_tree.py); 1: chains only. Models on the bf16 C or Triton kernels draft chains.
+    tree_width: int = 4
 
     def __post_init__(self) -> None:
         kind, colon, _ = self.drafter.partition(":") if isinstance(self.drafter, str) else (None, "", "")
@@ -54,6 +58,9 @@ class SpecConfig:
             raise SpecConfigError(f"k (the draft length) must be an integer >= 0 (0: no speculation), got {self.k!r}")
         if isinstance(self.kmax, bool) or not isinstance(self.kmax, int) or self.kmax < 1:
             raise SpecConfigError(f"kmax (the deepest draft) must be an integer >= 1, got {self.kmax!r}")
+        if isinstance(self.tree_width, bool) or not isinstance(self.tree_width, int) or self.tree_width < 1:
+            raise SpecConfigError(f"tree_width (the widest draft tree; 1: chains) must be an integer >= 1, "
+                                  f"got {self.tree_width!r}")
         if isinstance(self.history_tokens, bool) or not isinstance(self.history_tokens, int) or self.history_tokens < 2:
             raise SpecConfigError(f"history_tokens (the drafters' memory of earlier outputs) must be an integer >= 2, "
                                   f"got {self.history_tokens!r}")
@@ -79,10 +86,13 @@ class SpecRunner:
     """Handed per step the rows that sample (each with the drafts it may feed); gives them drafts
     sized by the k controller, and after verification accounts α per request and drafter."""
 
-    def __init__(self, config: SpecConfig, drafter: Drafter | None, cost_model: Callable[[], StepCostModel]):
+    def __init__(self, config: SpecConfig, drafter: Drafter | None, cost_model: Callable[[], StepCostModel],
+                 tree_attention: Callable[[], bool] = lambda: False):
         """cost_model() builds the step-cost model on first use (a fitted one or the analytic
-        estimate: engine.calibration.load_or_estimate_cost_model)."""
+        estimate: engine.calibration.load_or_estimate_cost_model); tree_attention(): whether the
+        model's forward reads token trees now (else tree drafts are cut to their first branch)."""
         self.config = config
+        self._tree_attention = tree_attention
         self.drafter = drafter if config.enabled else None
         self.kind = config.drafter.split(":", 1)[0]
         self.alpha = AlphaRegistry(priors=PRIORS)
@@ -170,7 +180,10 @@ class SpecRunner:
             if d is None or ks[r] == 0:
                 continue
             d = d.truncated(ks[r])
+            if d.parents is not None and not self._tree_ok(r.seq):
+                d = d.first_branch()
             r.draft, r.q, r.forced = d.tokens, d.probs, d.forced or [False] * len(d.tokens)
+            r.parents = d.parents
             r.expected_accepted = expected_accepted(accept[r][: len(d.tokens)])
             if self.drafter.deterministic:  # what verification will tell the calibration about
                 self._scores[r.seq.seq_id] = scores[r][: len(d.tokens)]
@@ -181,6 +194,12 @@ class SpecRunner:
             old = self._draft_cost_per_token
             self._draft_cost_per_token = per_token if old is None else 0.8 * old + 0.2 * per_token
         return step
+
+    def _tree_ok(self, seq: Sequence) -> bool:
+        """Trees are verified by the coupled rule on rows without penalties or logprobs (which
+        read the rows as a chain), on a forward that reads trees."""
+        return (self.config.tree_width > 1 and seq.penalties is None and seq.params.logprobs is None
+                and self._tree_attention())
 
     def _drafts(self, reqs: list[DraftRequest]) -> list[Draft | None]:
         """The drafter's drafts; if it raises, each request alone, and None for those that raise:
@@ -200,7 +219,8 @@ class SpecRunner:
 
     def _request(self, seq: Sequence, max_k: int) -> DraftRequest:
         p = seq.params
-        return DraftRequest(seq.seq_id, seq.all_ids, max_k, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p)
+        return DraftRequest(seq.seq_id, seq.all_ids, max_k, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
+                            max_width=self.config.tree_width)
 
     def _scores_of(self, seq: Sequence, draft: Draft) -> list[float | None]:
         # Grammar-forced tokens are certain (None: α = 1). Elsewhere the drafter's confidence says
@@ -249,7 +269,8 @@ def _prefill_of(rows: list[StepRow]) -> StepPrefill:
 
 
 def _with_k(req: DraftRequest, k: int) -> DraftRequest:
-    return DraftRequest(req.seq_id, req.token_ids, k, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p)
+    return DraftRequest(req.seq_id, req.token_ids, k, temperature=req.temperature, top_k=req.top_k, top_p=req.top_p,
+                        max_width=req.max_width)
 
 
 def build_drafter(spec: str, engine) -> Drafter:

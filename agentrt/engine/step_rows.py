@@ -16,6 +16,7 @@ from agentrt.engine.models.attention import build_attention_metadata
 from agentrt.engine.models.llama import ForwardBatch
 from agentrt.engine.outputs import TokenLogprob
 from agentrt.engine.sequence import Sequence
+from agentrt.engine.step_tree import tree_keys, tree_positions
 
 
 @dataclass(eq=False)  # rows are compared and hashed by identity
@@ -28,6 +29,10 @@ class StepRow:
     samples: bool  # feeds up to its last known token: k + 1 logits rows, emits tokens
     max_draft: int = 0  # drafts it may feed (output and context left, KV it can take)
     draft: list[int] = field(default_factory=list)  # draft tokens fed after the num_new
+    # a token tree instead of a chain: each draft token's parent (-1: the fed token), parents
+    # first (engine/step_tree.py); None: the drafts are a chain
+    parents: list[int] | None = None
+    accepted_nodes: tuple[int, ...] = ()  # a tree's accepted path (draft indices), set at verification
     q: torch.Tensor | None = None  # [k, V] the draft was drawn from; None: deterministic drafts
     forced: list[bool] = field(default_factory=list)  # per draft token: the grammar forced it
     expected_accepted: float = 0.0  # the k controller's expectation for this draft
@@ -62,6 +67,8 @@ class StepRow:
     def cut(self, k: int) -> None:
         """Keep only the first k drafts."""
         self.draft, self.forced = self.draft[:k], self.forced[:k]
+        if self.parents is not None:  # parents come first: the first k nodes are a tree
+            self.parents = self.parents[:k]
         if self.q is not None:
             self.q = self.q[:k]
 
@@ -113,14 +120,17 @@ def build_forward_batch(rows: list[StepRow], blocks: BlockManager, device: torch
     for r in rows:
         offset = len(ids)
         ids += r.seq.all_ids[r.start : r.start + r.num_new] + r.draft
-        positions += range(r.start, r.end)
-        slots += blocks.slots(r.seq.seq_id, r.start, r.end)
+        row_slots = blocks.slots(r.seq.seq_id, r.start, r.end)
+        positions += tree_positions(r) if r.parents is not None else range(r.start, r.end)
+        slots += row_slots
         if r.samples:
             r.first_row = len(logit_rows)
             logit_rows += range(offset + r.num_new - 1, len(ids))
     pos = torch.tensor(positions, dtype=torch.long)
     meta = build_attention_metadata([r.num_new + r.k for r in rows], [r.end for r in rows], pos,
                                     [blocks.tables[r.seq.seq_id] for r in rows], blocks.block_size, device)
+    if any(r.parents is not None for r in rows):
+        meta.tree = tree_keys(rows, blocks)
     return ForwardBatch(
         input_ids=torch.tensor(ids, dtype=torch.long, device=device),
         positions=pos.to(device),

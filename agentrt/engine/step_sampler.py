@@ -34,6 +34,8 @@ from agentrt.engine.step_rows import StepRow
 from agentrt.kernels.backend import KernelBackend
 from agentrt.spec.penalties import penalize
 from agentrt.spec.sampling import position_uniforms, process_logits, sample_from_probs
+from agentrt.engine.step_tree import chain_parents, row_output_offsets
+from agentrt.spec.tree_verify import verify_tree_greedy
 from agentrt.spec.verify import VerifyResult, verify_drafts, verify_greedy
 
 
@@ -74,7 +76,12 @@ def sample_rows(rows: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
     raw = _raw_logprobs(sampling, logits)  # the model's own distribution, before anything edits it
     _penalize(sampling, logits)
     drafts = _flat_drafts(sampling) if any(r.draft for r in sampling) else None
-    if all(r.seq.params.temperature == 0 for r in sampling):
+    trees = any(r.parents is not None for r in sampling)
+    if trees and all(r.seq.params.temperature == 0 for r in sampling):
+        emitted = _verify_trees(sampling, ops.greedy(logits, masks))
+    elif trees:
+        emitted = _verify_trees(sampling, _own_draws(sampling, logits, masks, ops))
+    elif all(r.seq.params.temperature == 0 for r in sampling):
         best = ops.greedy(logits, masks)  # [logits rows]
         emitted = _unpack(ops.verify_greedy(best, *drafts)) if drafts else [[t] for t in best.tolist()]
     else:
@@ -95,17 +102,7 @@ def _flat_drafts(sampling: list[StepRow]) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _sample(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | None,
             drafts: tuple[torch.Tensor, torch.Tensor] | None, ops: _SamplingOps) -> list[list[int]]:
-    if masks is not None:
-        masks.apply(logits)
-    per_row = torch.tensor([r.num_rows for r in sampling])
-    rep = lambda vals: torch.tensor(vals).repeat_interleave(per_row)  # noqa: E731
-    ps = [r.seq.params for r in sampling]
-    probs = process_logits(
-        logits,
-        rep([p.temperature for p in ps]).float(),
-        rep([p.top_k for p in ps]).long(),
-        rep([p.top_p for p in ps]).float(),
-    )  # [logits rows, vocab]
+    probs = _processed(sampling, logits, masks)
     q = _draft_q(sampling, probs.shape[-1]) if drafts is not None else None
     if q is None:
         u = torch.cat([position_uniforms(r.seq.seed, len(r.seq.output_ids), r.num_rows) for r in sampling])
@@ -116,6 +113,43 @@ def _sample(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
     u_smp = torch.stack([torch.rand((), generator=g) for g in gens])  # [rows]
     draft_tokens, cu = drafts
     return _unpack(ops.verify_drafts(probs, draft_tokens, cu, q, u_acc, u_smp))
+
+
+def _verify_trees(sampling: list[StepRow], own: torch.Tensor) -> list[list[int]]:
+    """The coupled rule on a step with token trees (spec.tree_verify.verify_tree_greedy; chains
+    are trees too): own [logits rows] is each row's own token. Sets each tree row's accepted path."""
+    draft_tokens = torch.tensor([t for r in sampling for t in r.draft], dtype=torch.long)
+    parents = torch.tensor([p for r in sampling for p in (r.parents if r.parents is not None
+                                                           else chain_parents(r.k))], dtype=torch.long)
+    cu = torch.tensor([0] + list(itertools.accumulate(r.k for r in sampling)), dtype=torch.long)
+    res = verify_tree_greedy(own, draft_tokens, parents, cu)
+    for r, nodes in zip(sampling, res.accepted_nodes):
+        r.accepted_nodes = nodes
+    return [toks[:n] for toks, n in zip(res.output_tokens.tolist(), res.num_emitted.tolist())]
+
+
+def _own_draws(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | None,
+               ops: _SamplingOps) -> torch.Tensor:
+    """Each logits row's draw from its processed p at the uniform of the output position it
+    samples (a tree node's: its depth + 1 past the row's first), as _sample draws a chain's."""
+    probs = _processed(sampling, logits, masks)
+    u = []
+    for r in sampling:
+        offsets = row_output_offsets(r)
+        at = position_uniforms(r.seq.seed, len(r.seq.output_ids), max(offsets) + 1)
+        u.append(at[torch.tensor(offsets)])
+    return ops.sample(probs, torch.cat(u))
+
+
+def _processed(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | None) -> torch.Tensor:
+    """[logits rows, vocab] processed p: masks, then each request's temperature, top-k, top-p."""
+    if masks is not None:
+        masks.apply(logits)
+    per_row = torch.tensor([r.num_rows for r in sampling])
+    rep = lambda vals: torch.tensor(vals).repeat_interleave(per_row)  # noqa: E731
+    ps = [r.seq.params for r in sampling]
+    return process_logits(logits, rep([p.temperature for p in ps]).float(), rep([p.top_k for p in ps]).long(),
+                          rep([p.top_p for p in ps]).float())
 
 
 def _unpack(res: VerifyResult) -> list[list[int]]:  # or the Triton kernels' VerifyOutput: the same fields

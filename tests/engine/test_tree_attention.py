@@ -112,3 +112,31 @@ def test_bad_tree_paths_are_refused(smollm2_quant) -> None:
                                                                                           feeds.done[0] + 2)), meta)
     with pytest.raises(IndexError, match="out of range"):
         m.forward(batch, feeds.kv)
+
+
+def test_accepted_path_compacted_then_decoding_goes_on_as_after_the_chain(smollm2_quant) -> None:
+    """A tree step, its second branch accepted, its K/V moved to the chain's slots
+    (step_tree.compact_accepted), the cache cut there: the next token's logits are bit for bit
+    those after the same path fed as a chain."""
+    from types import SimpleNamespace
+
+    from agentrt.engine.step_tree import compact_accepted
+
+    m, tok = smollm2_quant.model, smollm2_quant.tokenizer
+    prompt, root = tok.encode(PROMPTS[0]), tok.encode(" Paris")[:1]
+    tokens = tok.encode(" and the capital city of Spain")[:6]
+    parents = [-1, -1, 0, 1, 3, 4]  # branch A: 0, 2; branch B: 1, 3, 4, 5
+    accepted = (1, 3, 4)
+    tree, chain = Feeds(m), Feeds(m)
+    for f in (tree, chain):
+        f.step([(prompt, None)])
+    start = tree.done[0]
+    tree.step([(root + tokens, parents)])
+    row = SimpleNamespace(start=start, num_new=1, accepted_nodes=accepted, seq=SimpleNamespace(seq_id=0),
+                          end=start + 1 + len(tokens))
+    compact_accepted(row, tree.bm, tree.kv)
+    tree.done[0] = start + 1 + len(accepted)
+    tree.bm.truncate(0, tree.done[0])
+    chain.step([(root + [tokens[j] for j in accepted], None)])
+    nxt = tok.encode(" is")[:1]
+    assert torch.equal(tree.step([(nxt, None)]), chain.step([(nxt, None)]))

@@ -35,6 +35,7 @@ class DraftRequest:
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    max_width: int = 1  # a deterministic drafter may propose a token tree this wide (1: a chain)
 
     def __post_init__(self) -> None:
         if self.max_k < 0:
@@ -56,8 +57,15 @@ class Draft:
     confidence: list[float] = field(default_factory=list)
     # Per token, whether a grammar forced it (the template drafter); empty = none forced.
     forced: list[bool] = field(default_factory=list)
+    # A token tree instead of a chain (deterministic drafters only): each token's parent, -1 for
+    # the context's last token, parents before children, siblings distinct (spec.tree_verify).
+    # Truncating keeps the first k nodes, so the drafter lists its likeliest branch first.
+    parents: list[int] | None = None
 
     def __post_init__(self) -> None:
+        if self.parents is not None and (len(self.parents) != len(self.tokens) or self.probs is not None):
+            raise SpecError(f"Draft.parents has {len(self.parents)} entries for {len(self.tokens)} tokens "
+                            "(trees are for point-mass drafts: probs must be None)")
         if self.forced and len(self.forced) != len(self.tokens):
             raise SpecError(f"Draft.forced has {len(self.forced)} entries for {len(self.tokens)} tokens")
         if len(self.confidence) != len(self.tokens):
@@ -78,7 +86,20 @@ class Draft:
     def truncated(self, k: int) -> Draft:
         """The first k tokens (the k controller may verify fewer than were proposed)."""
         probs = None if self.probs is None else self.probs[:k]
-        return Draft(tokens=self.tokens[:k], probs=probs, confidence=self.confidence[:k], forced=self.forced[:k])
+        parents = None if self.parents is None else self.parents[:k]
+        return Draft(tokens=self.tokens[:k], probs=probs, confidence=self.confidence[:k], forced=self.forced[:k],
+                     parents=parents)
+
+    def first_branch(self) -> Draft:
+        """A tree's chain from the root to its first leaf (the draft itself when it is a chain)."""
+        if self.parents is None:
+            return self
+        n = 0
+        while n < len(self.parents) and self.parents[n] == n - 1:
+            n += 1
+        chain = self.truncated(n)
+        chain.parents = None
+        return chain
 
 
 class GrammarCursor(Protocol):

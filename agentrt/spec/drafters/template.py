@@ -23,6 +23,8 @@ from agentrt.spec.drafters.suffix import SuffixDrafter
 QUOTED_SPAN = re.compile(r"(?<![A-Za-z0-9])'([^'\n]{2,80})'(?![A-Za-z0-9])")
 QUOTE_SCAN_TOKENS = 96  # the request sits at the prompt's end, after the tool descriptions
 QUOTED_CONFIDENCE = 0.5
+DOUBLE_QUOTED = re.compile(r'"([^"\\\n]{1,80})"')
+PROMPT_STRING_SCAN_TOKENS = 4096  # tool schemas and earlier results: the prompt's last few thousand tokens
 MAX_CHARS_PER_TOKEN = 128  # more than any token of the vocabularies we load (SmolLM2: 81 characters at most)
 
 
@@ -39,6 +41,7 @@ class TemplateDrafter:
         self._grammar: dict[int, GrammarCursor] = {}
         self._prompt_len: dict[int, int] = {}
         self._quoted: dict[int, list[str]] = {}
+        self._strings: dict[int, list[str]] = {}
 
     def attach(self, seq_id: int, cursor: GrammarCursor) -> None:
         """Constrain a request: drafts for it follow its grammar (the engine owns the state)."""
@@ -77,8 +80,12 @@ class TemplateDrafter:
                     if n < len(ids) or n == 0:
                         break
                     continue
-                ids, skeleton = self._quoted_value(req, tokens, state, room)
+                branches = self._value_branches(req, tokens, state, room)
+                if len(branches) > 1:  # several values fit here: one tree, verified in the same pass
+                    return _tree_draft(tokens, confidence, forced, branches, req.max_k)
+                ids, skeleton = branches[0] if branches else ([], [])
                 if ids:
+                    state.try_advance(ids)
                     advanced += len(ids)
                     tokens += ids
                     # the first token is the guess; given it, the rest of the span follows it
@@ -111,22 +118,44 @@ class TemplateDrafter:
             state.rollback(advanced)
         return Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced)
 
-    def _quoted_value(self, req: DraftRequest, pending: list[int], state: GrammarCursor,
-                      room: int) -> tuple[list[int], list[bool]]:
-        """At the start of a free string value, a span the request quoted ('Report') that the
-        output has not used yet, as _close_string spells it; else ([], [])."""
+    def _value_branches(self, req: DraftRequest, pending: list[int], state: GrammarCursor,
+                        room: int) -> list[tuple[list[int], list[bool]]]:
+        """At the start of a string value, up to req.max_width values as _close_string spells
+        them (with `state` as it was): the spans the request quoted ('Report') that the output
+        has not used yet, then, where the grammar restricts the value (an enum), the strings the
+        prompt holds in double quotes (the schema's members, earlier tool results' values) that
+        it allows. [] elsewhere."""
         if self.decode is None:
-            return [], []
+            return []
         last = pending[-1] if pending else (req.token_ids[-1] if req.token_ids else None)
         if last is None or not self.decode([last]).endswith('"'):
-            return [], []
+            return []
         output = self.decode(list(req.token_ids[self._prompt_len.get(req.seq_id, 0):]) + list(pending))
-        for span in self._spans(req):
-            if span not in output:
-                ids, skeleton = self._close_string(state, span, room)
-                if ids:
-                    return ids, skeleton
-        return [], []
+        candidates = [span for span in self._spans(req) if span not in output]
+        if req.max_width > 1 and _restricted(state, self.encode):
+            candidates += self._prompt_strings(req)
+        branches: list[tuple[list[int], list[bool]]] = []
+        for value in dict.fromkeys(candidates):
+            ids, skeleton = self._close_string(state, value, room)
+            if ids:
+                state.rollback(len(ids))
+            if ids and all(ids != b[0] for b in branches):
+                branches.append((ids, skeleton))
+            if len(branches) == req.max_width:
+                break
+        return branches
+
+    def _prompt_strings(self, req: DraftRequest) -> list[str]:
+        """Double-quoted strings of the prompt (tool schemas' enum members, JSON of earlier
+        tool results), the one named last in the prompt first."""
+        strings = self._strings.get(req.seq_id)
+        if strings is None:
+            n = self._prompt_len.get(req.seq_id, len(req.token_ids))
+            text = self.decode(list(req.token_ids[max(0, n - PROMPT_STRING_SCAN_TOKENS):n]))
+            found = list(dict.fromkeys(DOUBLE_QUOTED.findall(text)))
+            # the one the request names last first: "convert to celsius" after the schema's list
+            strings = self._strings[req.seq_id] = sorted(found, key=lambda v: -text.rfind(v))
+        return strings
 
     def _spans(self, req: DraftRequest) -> list[str]:
         """Spans quoted with '...' near the end of the prompt (the request, not the tool list)."""
@@ -201,4 +230,36 @@ class TemplateDrafter:
         self._grammar.pop(seq_id, None)
         self._prompt_len.pop(seq_id, None)
         self._quoted.pop(seq_id, None)
+        self._strings.pop(seq_id, None)
         self.suffix.release(seq_id)
+
+
+def _restricted(state: GrammarCursor, encode: Callable[[str], list[int]]) -> bool:
+    """Whether the grammar limits the string value here (an enum): it refuses an arbitrary one."""
+    probe = encode("qzxv")
+    n = state.try_advance(probe)
+    state.rollback(n)
+    return n < len(probe)
+
+
+def _tree_draft(tokens: list[int], confidence: list[float], forced: list[bool],
+                branches: list[tuple[list[int], list[bool]]], max_k: int) -> Draft:
+    """The chain so far, then the branches as a trie below its last token (branches sharing
+    their first tokens share those nodes: siblings differ), level by level while max_k nodes
+    last: truncating a tree keeps its first nodes, so every branch keeps its first tokens (the
+    value's; the skeleton after it is drafted again next step)."""
+    parents = list(range(-1, len(tokens) - 1))
+    tokens, confidence, forced = list(tokens), list(confidence), list(forced)
+    node: dict[tuple[int, ...], int] = {(): len(tokens) - 1}  # a branch prefix -> its node
+    share = 1.0 / len(branches)
+    for j in range(max(len(ids) for ids, _ in branches)):
+        for ids, skeleton in branches:
+            key = tuple(ids[: j + 1])
+            if len(ids) <= j or key in node or key[:-1] not in node or len(tokens) >= max_k:
+                continue
+            node[key] = len(tokens)
+            parents.append(node[key[:-1]])
+            tokens.append(ids[j])
+            confidence.append(1.0 if skeleton[j] else (QUOTED_CONFIDENCE * share if j == 0 else 0.95))
+            forced.append(skeleton[j])
+    return Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced, parents=parents)

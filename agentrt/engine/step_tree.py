@@ -1,0 +1,117 @@
+"""Token-tree drafts in a step: a StepRow whose `parents` is set feeds a tree of draft tokens
+instead of a chain, verified in the same one forward (spec.tree_verify).
+
+Layout: node i of a row's tree sits in the row's cache slot start + num_new + i (the slots a
+chain of the same length would take, so the block manager reserves them the same way) but at
+rotary position base + depth(i), base = start + num_new; its keys past base are its path's slots
+(AttentionMetadata.tree), so its logits are bit for bit those of its path fed as a chain. After
+verification `compact_accepted` moves the accepted path's K/V to the linear slots base..base+a-1
+(in increasing depth: a node at depth d has index >= d, so no copy overwrites a node still to be
+read) and the engine truncates the rest, which keeps the block manager's invariants.
+
+Grammar masks: a node's row is masked by the grammar after its path (`tree_masks`, one walk per
+leaf); a node the grammar forbids is dropped with its subtree.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from agentrt.kernels.quant_decoder import TreeKeys
+from agentrt.spec.tree_verify import node_depths
+
+if TYPE_CHECKING:
+    from agentrt.engine.block_manager import BlockManager
+    from agentrt.engine.kv_cache import KVCache
+    from agentrt.engine.step_rows import StepRow
+
+
+def chain_parents(k: int) -> list[int]:
+    return list(range(-1, k - 1))
+
+
+def tree_positions(r: StepRow) -> list[int]:
+    """Positions of the row's fed tokens, then of its tree's nodes (base + depth)."""
+    base = r.start + r.num_new
+    return list(range(r.start, base)) + [base + d for d in node_depths(r.parents)]
+
+
+def _paths(parents: list[int]) -> list[list[int]]:
+    """Each node's path of node indices, from its root child down to it."""
+    paths: list[list[int]] = []
+    for par in parents:
+        paths.append((paths[par] if par >= 0 else []) + [len(paths)])
+    return paths
+
+
+def tree_keys(rows: list[StepRow], blocks: BlockManager) -> TreeKeys:
+    """The batch's TreeKeys: per fed token, its tree's base position and its path's cache slots
+    (a token outside any tree: base past its position, no path)."""
+    bases: list[int] = []
+    paths: list[list[int]] = []
+    for r in rows:
+        n = r.num_new + r.k
+        if r.parents is None:
+            bases += range(r.start + 1, r.start + n + 1)
+            paths += [[]] * n
+            continue
+        base = r.start + r.num_new
+        slots = blocks.slots(r.seq.seq_id, base, r.end)  # node i's slot: slots[i]
+        bases += [base] * n
+        paths += [[]] * r.num_new + [[slots[j] for j in p] for p in _paths(r.parents)]
+    width = max(1, max(len(p) for p in paths))
+    return TreeKeys(torch.tensor(bases, dtype=torch.long),
+                    torch.tensor([p + [0] * (width - len(p)) for p in paths], dtype=torch.long))
+
+
+def row_output_offsets(r: StepRow) -> list[int]:
+    """Per logits row of r, the output position it samples, relative to the row's first: the
+    root's 0, a node's depth + 1 (a chain's rows: 0..k)."""
+    if r.parents is None:
+        return list(range(r.k + 1))
+    return [0] + [d + 1 for d in node_depths(r.parents)]
+
+
+def tree_masks(grammar, r: StepRow, bitmask: torch.Tensor) -> None:
+    """Fill bitmask [k + 1, words]: row 0 the grammar's mask now, row 1 + i node i's (after its
+    path); drops the nodes the grammar forbids (and their subtrees) from r."""
+    paths = _paths(r.parents)
+    leaves = [i for i in range(r.k) if i not in set(r.parents)]
+    scratch = torch.empty_like(bitmask[: max(len(p) for p in paths) + 1]) if paths else bitmask[:1]
+    allowed = [False] * r.k
+    grammar.fill_masks([], bitmask, 0)
+    for leaf in leaves:
+        path = paths[leaf]
+        m = grammar.fill_masks([r.draft[j] for j in path], scratch, 0)
+        for depth, node in enumerate(path[:m]):
+            allowed[node] = True
+            bitmask[1 + node] = scratch[depth + 1]
+    keep = [i for i in range(r.k) if allowed[i]]
+    if len(keep) < r.k:
+        prune(r, keep, bitmask)
+
+
+def prune(r: StepRow, keep: list[int], bitmask: torch.Tensor | None = None) -> None:
+    """Keep only the nodes `keep` (each with its parent kept), renumbered in order."""
+    new = {old: i for i, old in enumerate(keep)}
+    r.parents = [new[r.parents[i]] if r.parents[i] >= 0 else -1 for i in keep]
+    r.draft = [r.draft[i] for i in keep]
+    r.forced = [r.forced[i] for i in keep] if r.forced else []
+    if bitmask is not None:
+        bitmask[1 : 1 + len(keep)] = bitmask[[1 + i for i in keep]].clone()
+
+
+def compact_accepted(r: StepRow, blocks: BlockManager, kv: KVCache) -> None:
+    """Move the accepted path's K/V (every layer) from the nodes' slots to the linear slots
+    base..base+a-1, in increasing depth (a node at depth d has index >= d: nothing still to be
+    read is overwritten)."""
+    base = r.start + r.num_new
+    moves = [(base + node, base + depth) for depth, node in enumerate(r.accepted_nodes) if node != depth]
+    if not moves:
+        return
+    slots = blocks.slots(r.seq.seq_id, base, r.end)
+    src = torch.tensor([slots[a - base] for a, _ in moves], dtype=torch.long, device=kv.k[0].device)
+    dst = torch.tensor([slots[b - base] for _, b in moves], dtype=torch.long, device=kv.k[0].device)
+    for cache in (*kv.k, *kv.v):
+        cache[dst] = cache[src]  # one gather, then one scatter: later sources are read before any write
