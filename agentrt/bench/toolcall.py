@@ -37,6 +37,7 @@ from agentrt.bench.toolcall_budget import run_budgets
 from agentrt.bench.toolcall_parallel import run_parallel
 from agentrt.bench.prompts import TOOLCALL_REQUESTS, TOOLS, toolcall_messages
 from agentrt.bench.spec import load_hf, new_engine, run_hf, run_ours, shared_cost_model
+from agentrt.engine.spec_runner import SpecConfig
 from agentrt.spec.report import SpecFigures
 
 WARMUP_CHAT = [{"role": "user", "content": "Say hello."}]
@@ -49,11 +50,14 @@ class Policy:
     drafter: str = "none"
     k: int | None = 0  # None = adaptive
     hf: bool = False
+    tree_width: int = SpecConfig.tree_width  # 1: chain drafts only
 
 
+CHAINS = "constrained + template adaptive, chains only"  # token trees off: what trees add over chains
 POLICIES = [
     Policy("constrained"),
     Policy("constrained + template adaptive", "template", None),
+    Policy(CHAINS, "template", None, tree_width=1),
     Policy("hf generate (unconstrained)", hf=True),
 ]
 
@@ -90,7 +94,7 @@ def measure(loaded, hf_model, prompts: list[list[int]], rf: dict, policies: list
     max_len = max(map(len, prompts)) + max_tokens
 
     def engine_for(p: Policy):
-        engine = new_engine(loaded, SpecConfig(drafter=p.drafter, k=p.k), max_len, cost_model)
+        engine = new_engine(loaded, SpecConfig(drafter=p.drafter, k=p.k, tree_width=p.tree_width), max_len, cost_model)
         run_ours(loaded, p.drafter, p.k, warm_ids, 4, engine=engine)  # allocations, grammar tables
         return engine
 
@@ -185,7 +189,10 @@ def table(best: dict[str, list[dict]], policies: list[Policy], fmt, expected: li
     rows = [policy_row(p.label, best[p.label], fmt, expected, tokenizer) for p in policies]
     base = rows[0]
     hf = next((r for r, p in zip(rows, policies) if p.hf), None)
+    chains = next((r for r in rows if r["policy"] == CHAINS), None)
     for r in rows:
+        if chains is not None and r["tok_per_pass"] and chains["tok_per_pass"]:
+            r["tree_vs_chain_tokens_per_pass"] = r["tok_per_pass"] / chains["tok_per_pass"]
         r["speedup"] = r["tok_s"] / base["tok_s"]
         r["e2e_speedup"] = r["e2e_tok_s"] / base["e2e_tok_s"]
         if hf is not None:
@@ -195,8 +202,11 @@ def table(best: dict[str, list[dict]], policies: list[Policy], fmt, expected: li
 
 def summarize(rows: list[dict[str, Any]], total: int, spec_label: str = POLICIES[1].label) -> dict[str, Any]:
     spec = next(r for r in rows if r["policy"] == spec_label)
+    chains = next((r for r in rows if r["policy"] == CHAINS), None)
     return {
         "tokens_per_pass": spec["tok_per_pass"],
+        # token trees over chain drafts, same drafter and controller (goal >= 1.3)
+        "tree_vs_chain_tokens_per_pass": spec["tok_per_pass"] / chains["tok_per_pass"] if chains else None,
         "speedup": spec["speedup"],
         "valid": spec["valid"],
         "total": total,
@@ -225,6 +235,8 @@ def per_request(best: dict[str, list[dict]], policies: list[Policy], expected: l
                               "error": None if res is None else res.error}
         a, b = (best[p.label][i]["token_ids"] for p in policies[:2])
         entry["same_tokens"] = a == b
+        chains = next((best[p.label][i]["token_ids"] for p in policies if p.label == CHAINS), None)
+        entry["same_tokens_trees_chains"] = chains is None or chains == b
         out.append(entry)
     return out
 
@@ -254,7 +266,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     rows = table(best, POLICIES, fmt, expected, loaded.tokenizer)
     summary = summarize(rows, len(prompts))
     parallel_rows, parallel_summary = run_parallel(
-        loaded, [p for p in POLICIES if not p.hf], repeats, cost_model, measure, encode_requests,
+        loaded, [p for p in POLICIES if not p.hf and p.label != CHAINS], repeats, cost_model, measure, encode_requests,
         first_call_start_earlier, POLICIES[1].label, console.print)
     print_table("bench toolcall: parallel calls in one turn", parallel_rows, console)
     summary.update(parallel_summary)
@@ -265,7 +277,9 @@ def run(args: argparse.Namespace) -> BenchResult:
     details = per_request(best, POLICIES, expected)
     notes = [
         f"same greedy tokens with and without speculation: {sum(d['same_tokens'] for d in details)}/{len(details)} "
-        "(bf16 on the C kernels is batch-invariant; fp32 on the PyTorch path is not: its matmuls pick other kernels by size)",
+        "(bf16 on the C kernels is batch-invariant; fp32 on the PyTorch path is not: its matmuls pick other kernels by size); "
+        f"with token trees and with chains: {sum(d['same_tokens_trees_chains'] for d in details)}/{len(details)}",
+        f"token trees over chains: {summary['tree_vs_chain_tokens_per_pass'] or 0:.2f}x the tokens per pass (goal >= 1.3)",
         "tok_s: decode tokens/s after the first token; speedup: tok_s over constrained without speculation. "
         "Goals: tokens_per_pass >= 4, speedup >= 3, valid == total.",
         f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} CPUs",

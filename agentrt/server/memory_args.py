@@ -36,6 +36,10 @@ def add_memory_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft-history-tokens", type=int, default=None, metavar="N",
                    help="tokens of earlier outputs the suffix and template drafters draft from, ~0.1-1.1 KB "
                         "each (default 65536)")
+    p.add_argument("--draft-tree-width", type=int, default=None, metavar="W",
+                   help="widest token tree the template and suffix drafters propose where several "
+                        "continuations fit (enum members, quoted values), verified in one pass (default 4; "
+                        "1: chain drafts only)")
 
 
 def engine_memory(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -58,6 +62,10 @@ def engine_memory(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, A
         if args.draft_history_tokens < 2:
             raise RunConfigError(f"--draft-history-tokens must be at least 2, got {args.draft_history_tokens}")
         spec["history_tokens"] = args.draft_history_tokens
+    if args.draft_tree_width is not None:
+        if args.draft_tree_width < 1:
+            raise RunConfigError(f"--draft-tree-width must be at least 1 (1: chains), got {args.draft_tree_width}")
+        spec["tree_width"] = args.draft_tree_width
     return engine, spec
 
 

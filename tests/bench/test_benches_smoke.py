@@ -63,10 +63,12 @@ def test_toolcall_bench_rows_and_summary(tiny, tiny_hf):
     # greedy: the template drafts change no output, so both policies emit the same calls
     detail = toolcall.per_request(best, toolcall.POLICIES, expected)
     assert len(detail) == len(chats) and all(d["same_tokens"] for d in detail), detail
+    assert all(d["same_tokens_trees_chains"] for d in detail), detail  # token trees change no output either
     assert (spec["valid"], spec["tokens"]) == (nospec["valid"], nospec["tokens"])
     summary = toolcall.summarize(rows, len(chats))
     assert summary["total"] == len(chats) and set(summary) >= {"tokens_per_pass", "speedup", "valid",
                                                          "single_call_start_earlier_tokens", "single_call_start_earlier_ms"}
+    assert summary["tree_vs_chain_tokens_per_pass"] > 0
     assert summary["valid"] == summary["valid_nospec"] == spec["valid"]
 
 

@@ -25,16 +25,17 @@ def test_defaults_keep_the_engines_and_map_the_kv_cache_at_start():
 
 def test_each_flag_sets_its_bound():
     engine, spec = engine_memory(parse("--kv-cache-tokens", "4096", "--no-prefault-kv", "--grammar-cache-mb", "1.5",
-                                       "--draft-history-tokens", "1024"))
+                                       "--draft-history-tokens", "1024", "--draft-tree-width", "1"))
     assert engine == {"prefault_kv": False, "step_log_steps": SERVE_STEP_LOG_STEPS, "kv_cache_tokens": 4096,
                       "grammar_cache_bytes": 1536 * 1024}
-    assert spec == {"history_tokens": 1024}
+    assert spec == {"history_tokens": 1024, "tree_width": 1}
 
 
 @pytest.mark.parametrize("argv, flag", [(("--kv-cache-tokens", "8"), "--kv-cache-tokens"),
                                         (("--grammar-cache-mb", "-1"), "--grammar-cache-mb"),
                                         (("--grammar-cache-mb", "nan"), "--grammar-cache-mb"),
                                         (("--draft-history-tokens", "1"), "--draft-history-tokens"),
+                                        (("--draft-tree-width", "0"), "--draft-tree-width"),
                                         (("--heap-trim-interval", "-1"), "--heap-trim-interval")])
 def test_bad_values_name_the_flag(argv, flag):
     with pytest.raises(RunConfigError, match=flag):
