@@ -55,3 +55,20 @@ def test_trees_fall_back_to_chains_where_the_forward_cannot_read_them(smollm2_qu
     plain = _run(make_engine(smollm2_quant), CHATS[:1], params)
     tree = _run(make_engine(smollm2_quant, spec=SpecConfig(drafter="template", tree_width=4)), CHATS[:1], params)
     assert [r.token_ids for r in plain] == [r.token_ids for r in tree]
+
+
+def test_suffix_trees_change_no_output(smollm2_quant, make_engine, monkeypatch):
+    """Unconstrained requests whose context went on differently after the same words: the suffix
+    drafter's trees of continuations, greedy and seeded, emit what decoding without drafts does."""
+    trees = []
+    real = step_rows.tree_keys
+    monkeypatch.setattr(step_rows, "tree_keys", lambda rows, blocks: trees.append(1) or real(rows, blocks))
+    chats = [[{"role": "user", "content": "Continue the list: red apple, red car, green apple, red apple, green car, "
+                                          "red apple, green apple, red"}],
+             [{"role": "user", "content": "Repeat: one two three, one two four, one two three, one two four, one two"}]]
+    for temperature in (0.0, 0.8):
+        params = SamplingParams(max_tokens=40, temperature=temperature, seed=3)
+        plain = _run(make_engine(smollm2_quant), chats, params)
+        tree = _run(make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix", tree_width=3)), chats, params)
+        assert [r.token_ids for r in plain] == [r.token_ids for r in tree]
+    assert trees

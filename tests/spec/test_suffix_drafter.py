@@ -202,3 +202,15 @@ def test_protocol_and_lifecycle_errors():
         Draft(tokens=[1], probs=torch.ones(2, 4), confidence=[0.5])
     with pytest.raises(SpecError, match="min_confidence"):
         SuffixDrafter(min_confidence=2.0)
+
+
+def test_tree_of_continuations_where_the_context_went_on_differently():
+    """After "1 2" the request's text went on with 3 4 (twice) and with 7 8: with width 2 the draft
+    is a tree, the likelier branch first; with width 1 the same first branch as a chain."""
+    prompt = [1, 2, 3, 4, 9, 1, 2, 7, 8, 9, 1, 2, 3, 4, 9, 5, 1, 2]
+    chain = started(SuffixDrafter(), 0, prompt).propose([DraftRequest(0, prompt, 6)])[0]
+    tree = started(SuffixDrafter(), 0, prompt).propose([DraftRequest(0, prompt, 6, max_width=2)])[0]
+    assert chain.parents is None and chain.tokens[:2] == [3, 4]
+    assert tree.parents is not None and tree.tokens[:2] == [3, 7] and tree.parents[:2] == [-1, -1]
+    first_branch = tree.first_branch()
+    assert first_branch.tokens == chain.tokens[: len(first_branch.tokens)] and len(tree.tokens) <= 6

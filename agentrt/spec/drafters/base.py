@@ -94,12 +94,12 @@ class Draft:
         """A tree's chain from the root to its first leaf (the draft itself when it is a chain)."""
         if self.parents is None:
             return self
-        n = 0
-        while n < len(self.parents) and self.parents[n] == n - 1:
-            n += 1
-        chain = self.truncated(n)
-        chain.parents = None
-        return chain
+        path, at = [], -1
+        while (nxt := next((i for i in range(at + 1, len(self.parents)) if self.parents[i] == at), None)) is not None:
+            path.append(nxt)
+            at = nxt
+        return Draft(tokens=[self.tokens[i] for i in path], probs=None, confidence=[self.confidence[i] for i in path],
+                     forced=[self.forced[i] for i in path] if self.forced else [])
 
 
 class GrammarCursor(Protocol):
@@ -163,3 +163,27 @@ class Drafter(Protocol):
     def release(self, seq_id: int) -> None:
         """Free all per-request state. Idempotent; called after finish or on abort."""
         ...
+
+
+def branch_tree(prefix: Draft, branches: list[Draft], max_k: int) -> Draft:
+    """`prefix` (a chain), then `branches` as a trie below its last token (branches sharing first
+    tokens share those nodes, so siblings differ), level by level while max_k nodes last:
+    truncating a tree keeps its first nodes, so every branch keeps its first tokens. The first
+    branch is the drafter's likeliest. A chain when fewer than two branches differ."""
+    parents = list(range(-1, len(prefix.tokens) - 1))
+    tokens, confidence = list(prefix.tokens), list(prefix.confidence)
+    forced = list(prefix.forced) or [False] * len(tokens)
+    node: dict[tuple[int, ...], int] = {(): len(tokens) - 1}  # a branch's prefix -> its node
+    for j in range(max((len(b.tokens) for b in branches), default=0)):
+        for b in branches:
+            key = tuple(b.tokens[: j + 1])
+            if len(b.tokens) <= j or key in node or key[:-1] not in node or len(tokens) >= max_k:
+                continue
+            node[key] = len(tokens)
+            parents.append(node[key[:-1]])
+            tokens.append(b.tokens[j])
+            confidence.append(b.confidence[j])
+            forced.append(bool(b.forced) and b.forced[j])
+    tree = parents != list(range(-1, len(tokens) - 1))
+    return Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced, parents=parents if tree else None)
+

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from agentrt.errors import SpecError
-from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor
+from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor, branch_tree
 from agentrt.spec.drafters.progression import ProgressionConfig, progression_draft
 
 DOC_SEPARATOR = -1  # separates documents in a trie's text; never a token, so matches stop there
@@ -229,6 +229,26 @@ def _walk(
     return Draft(tokens=tokens, probs=None, confidence=confidence)
 
 
+def _other_walks(trie: SuffixTrie, pos: Position, match_len: int, max_k: int, cfg: SuffixConfig, best: Draft,
+                 width: int) -> list[Draft]:
+    """Up to width - 1 walks from the matched position that start with another token than
+    `best` (the next most frequent, then most recent, continuations), each with its first
+    token's confidence among all the options."""
+    options = trie.continuations(pos, ())
+    total = sum(o[1] for o in options)
+    prior = match_len / (match_len + cfg.prior_half_length)
+    out = []
+    for token, hits, _, child in sorted(options, key=lambda o: (o[1], o[2]), reverse=True):
+        if len(out) == width - 1:
+            break
+        conf = (hits + cfg.prior_weight * prior) / (total + cfg.prior_weight)
+        if (best.tokens and token == best.tokens[0]) or conf < cfg.min_confidence:
+            continue
+        rest = _walk(trie, child, match_len + 1, max_k - 1, cfg, own_text=True, pending=[token])
+        out.append(Draft(tokens=[token, *rest.tokens], probs=None, confidence=[conf, *rest.confidence]))
+    return out
+
+
 def _score(draft: Draft) -> float:
     score, product = 0.0, 1.0
     for conf in draft.confidence:
@@ -353,15 +373,28 @@ class SuffixDrafter:
         if req.max_k == 0:
             return Draft.empty()
         best = Draft.empty()
+        drafts: list[Draft] = []
         match = trie.longest_repeated_suffix()
         if match is not None:
             best = _walk(trie, match[0], match[1], req.max_k, self.config, own_text=True)
+            if req.max_width > 1:  # the request's other continuations of the same match
+                drafts += _other_walks(trie, match[0], match[1], req.max_k, self.config, best, req.max_width)
         tail = list(req.token_ids[-self.config.max_pattern :])
         for history in reversed(self._history):  # newest first: it wins ties
             draft = self._propose_from_history(history, tail, req.max_k)
+            drafts.append(draft)
             if _score(draft) > _score(best):
                 best = draft
-        return self._counted(best, req.token_ids, req.max_k)  # a counting structure: next numbers
+        counted = self._counted(best, req.token_ids, req.max_k)  # a counting structure: next numbers
+        if counted is not best or req.max_width == 1:
+            return counted
+        # the best continuation first, then the others that start differently, as one tree
+        others = sorted((d for d in drafts if d.tokens and d is not best), key=_score, reverse=True)
+        branches = [best]
+        for d in others:
+            if len(branches) < req.max_width and all(d.tokens[0] != b.tokens[0] for b in branches):
+                branches.append(d)
+        return branch_tree(Draft.empty(), branches, req.max_k) if best.tokens else best
 
     def _propose_from_history(self, trie: SuffixTrie, tail: list[int], max_k: int, shortest: int | None = None,
                               pending: Sequence[int] | None = None) -> Draft:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 
-from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor
+from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor, branch_tree
 from agentrt.spec.drafters.suffix import SuffixDrafter
 
 
@@ -244,22 +244,11 @@ def _restricted(state: GrammarCursor, encode: Callable[[str], list[int]]) -> boo
 
 def _tree_draft(tokens: list[int], confidence: list[float], forced: list[bool],
                 branches: list[tuple[list[int], list[bool]]], max_k: int) -> Draft:
-    """The chain so far, then the branches as a trie below its last token (branches sharing
-    their first tokens share those nodes: siblings differ), level by level while max_k nodes
-    last: truncating a tree keeps its first nodes, so every branch keeps its first tokens (the
-    value's; the skeleton after it is drafted again next step)."""
-    parents = list(range(-1, len(tokens) - 1))
-    tokens, confidence, forced = list(tokens), list(confidence), list(forced)
-    node: dict[tuple[int, ...], int] = {(): len(tokens) - 1}  # a branch prefix -> its node
+    """The chain so far, then the values as branches (base.branch_tree): a value's first token
+    is a guess shared among the branches, the rest follows it, the skeleton is certain."""
     share = 1.0 / len(branches)
-    for j in range(max(len(ids) for ids, _ in branches)):
-        for ids, skeleton in branches:
-            key = tuple(ids[: j + 1])
-            if len(ids) <= j or key in node or key[:-1] not in node or len(tokens) >= max_k:
-                continue
-            node[key] = len(tokens)
-            parents.append(node[key[:-1]])
-            tokens.append(ids[j])
-            confidence.append(1.0 if skeleton[j] else (QUOTED_CONFIDENCE * share if j == 0 else 0.95))
-            forced.append(skeleton[j])
-    return Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced, parents=parents)
+    return branch_tree(
+        Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced),
+        [Draft(tokens=ids, probs=None, forced=skeleton,
+               confidence=[1.0 if f else (QUOTED_CONFIDENCE * share if j == 0 else 0.95) for j, f in enumerate(skeleton)])
+         for ids, skeleton in branches], max_k)
