@@ -17,6 +17,7 @@ BENCHES = {
     "tools": "agentrt.bench.tools",
     "attention": "agentrt.bench.attention",
     "serve": "agentrt.bench.serve",
+    "scale": "agentrt.bench.scale",
 }
 
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ tools = [pause]
 DEFAULT_INPUTS = {"topic": "rivers"}
 
 p = Program("failover", inputs={"topic": str}, tools=tools)
-waited = p.tool("wait", "pause", args={"seconds": 3.0})
+waited = p.tool("wait", "pause", args={"seconds": TOOL_S})
 p.output(p.llm("say", prompt="Say one thing about {topic}, then {wait}.", max_tokens=8))
 program = p.compile()
 '''
@@ -84,9 +85,10 @@ async def remote_backend(broker: Any, workers: int, routing: str = "affinity", t
     return backend
 
 
-def failover_time(tmp: Path, db_url: str, broker_url: str, model: str, lease_s: float, runs: int) -> dict[str, Any]:
+def failover_time(tmp: Path, db_url: str, broker_url: str, model: str, lease_s: float, runs: int,
+                  tool_s: float = 3.0) -> dict[str, Any]:
     """Two replicas (A, B) on db_url with their LLM calls on the broker's engine workers; `runs`
-    runs submitted to A, A killed with SIGKILL while they wait in their tool: seconds from the kill
+    runs submitted to A, A killed with SIGKILL while they wait in their tool (tool_s long): seconds from the kill
     to every run claimed by B (its owner in the store, where B resumes it at once), and the runs'
     end status (B finishes them)."""
     import psycopg
@@ -96,20 +98,25 @@ def failover_time(tmp: Path, db_url: str, broker_url: str, model: str, lease_s: 
     from agentrt.tools.mosquitto import free_port
 
     program = tmp / "failover_program.py"
-    program.write_text(FAILOVER_PROGRAM)
+    program.write_text(FAILOVER_PROGRAM.replace("TOOL_S", repr(float(tool_s))))
     started: list[tuple[subprocess.Popen, Client, str]] = []
+
+    def replica(name: str) -> None:
+        folder = tmp / f"replica-{name}"
+        folder.mkdir(exist_ok=True)
+        port = free_port()
+        proc, url = start_server([str(program), "--engines", broker_url, "--model", model, "--runs-dir",
+                                  str(folder), "--db", db_url, "--lease-s", str(lease_s), "--shutdown-grace", "1"],
+                                 folder, port, tmp)
+        started.append((proc, Client(url), f"{socket.gethostname()}:{port}"))
+
     try:
-        for name in ("a", "b"):
-            folder = tmp / f"replica-{name}"
-            folder.mkdir(exist_ok=True)
-            port = free_port()
-            proc, url = start_server([str(program), "--engines", broker_url, "--model", model, "--runs-dir",
-                                      str(folder), "--db", db_url, "--lease-s", str(lease_s), "--shutdown-grace", "1"],
-                                     folder, port, tmp)
-            started.append((proc, Client(url), f"{socket.gethostname()}:{port}"))
+        with ThreadPoolExecutor(2) as pool:  # both start at once
+            for f in [pool.submit(replica, name) for name in ("a", "b")]:
+                f.result()
         (proc_a, client_a, _), (_, client_b, id_b) = started
         run_ids = [client_a.start_run("failover", {"topic": t}).run_id for t in ("rivers", "hills", "roads", "woods")[:runs]]
-        time.sleep(1.0)  # every run is in its 3 s tool
+        time.sleep(tool_s / 3)  # every run is in its tool
         t0 = time.monotonic()
         proc_a.send_signal(signal.SIGKILL)
         proc_a.wait()

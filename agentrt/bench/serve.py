@@ -191,9 +191,10 @@ def chat_part(args: argparse.Namespace, console: Console, levels: list[int], r: 
 # ---- part 2: programs ----------------------------------------------------------------------------
 async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict, arrivals: list[float],
                        load: list[tuple[str, dict]], latency: Any, max_tokens: int | None,
-                       store: Any = None) -> list[float]:
+                       store: Any = None, backend: Any = None) -> list[float]:
     """Completion times (submit to end, over HTTP) of programs submitted at these arrival times to a
-    fresh in-process server whose runtime follows `policy` (and records runs in `store`)."""
+    fresh in-process server whose runtime follows `policy` (and records runs in `store`), on a fresh
+    in-process engine, or on `backend` where given (the caller's to close)."""
     import aiohttp
     from aiohttp import web
 
@@ -204,8 +205,10 @@ async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict
     from agentrt.server.app import create_app
     from agentrt.server.config import Limits, ServerConfig
 
-    engine = AsyncEngine(new_engine(loaded, policy, 32768, cost_model))
-    backend = EngineBackend(engine, model_name=loaded.name)
+    engine = None
+    if backend is None:
+        engine = AsyncEngine(new_engine(loaded, policy, 32768, cost_model))
+        backend = EngineBackend(engine, model_name=loaded.name)
     tools, _ = delayed_tools([t for ex in examples.values() for t in ex.tools], latency)
     runtime = Runtime(backend, tools=tools, policy=policy.scheduling, kv_hold=policy.kv_hold, max_tokens=max_tokens,
                       stream_outputs=policy.stream_outputs, store=store)
@@ -246,8 +249,9 @@ async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict
         await runner.cleanup()
         await runtime.aclose()
         await runtime.tools.aclose()
-        backend.close()
-        engine.close()
+        if engine is not None:
+            backend.close()
+            engine.close()
 
 
 def programs_part(args: argparse.Namespace, console: Console, rates: list[float], n: int) -> list[dict]:
