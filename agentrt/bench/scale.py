@@ -48,9 +48,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def conversation_program(max_tokens: int, latency_seed: int) -> tuple[Any, Any]:
+def conversation_program(max_tokens: int, latency_seed: int, cold: str = "") -> tuple[Any, Any]:
     """Three calls of one conversation (each `continues=` the last), a tool between the first two
-    (seeded 0.2-1 s, so that conversations interleave on the engines); (program, tool)."""
+    (seeded 0.2-1 s, so that conversations interleave on the engines); (program, tool). `cold`
+    starts the system prompt, so that a measurement finds none of an earlier one's KV cached (the
+    engines' prefix caches outlive it)."""
     from agentrt.dag import Program
     from agentrt.tools import tool
 
@@ -61,19 +63,20 @@ def conversation_program(max_tokens: int, latency_seed: int) -> tuple[Any, Any]:
         return f"{topic}: three facts from the field notes."
 
     p = Program("conversation", inputs={"topic": str}, tools=[look_up])
-    first = p.llm("first", system=SYSTEM, prompt="Write two sentences about {topic}.", max_tokens=max_tokens)
+    first = p.llm("first", system=f"{cold}{SYSTEM}", prompt="Write two sentences about {topic}.", max_tokens=max_tokens)
     facts = p.tool("facts", "look_up", args={"topic": p.input("topic")})
     second = p.llm("second", continues=first, prompt="Add this: {facts}", max_tokens=max_tokens)
     p.output(p.llm("third", continues=second, prompt="Sum it up in one line.", max_tokens=max_tokens))
     return p, look_up
 
 
-async def conversation_load(backend: Any, n: int, arrivals: list[float], max_tokens: int, seed: int) -> dict[str, Any]:
+async def conversation_load(backend: Any, n: int, arrivals: list[float], max_tokens: int, seed: int,
+                            cold: str = "") -> dict[str, Any]:
     """n conversations at these arrival times on backend: mean completion, and the prompt tokens
     of every LLM call and those the engine served from its prefix cache (from the trace)."""
     from agentrt.runtime import Runtime
 
-    program, look_up = conversation_program(max_tokens, seed)
+    program, look_up = conversation_program(max_tokens, seed, cold)
     runtime = Runtime(backend, tools=[look_up])
     t0 = time.monotonic()
 
@@ -171,8 +174,9 @@ def run(args: argparse.Namespace) -> BenchResult:
             reuse: dict[str, dict[str, Any]] = {}
 
             def conversations(label: str, routing: str, count: int) -> None:
+                cold = f"Notebook {len(reuse) + 1}. "  # as many tokens in every measurement
                 figures = asyncio.run(on_remote(routing, count, lambda b: conversation_load(
-                    b, n, arrivals, max_tokens, args.seed)))
+                    b, n, arrivals, max_tokens, args.seed, cold=cold)))
                 reuse[label] = figures
                 row(part="prefix reuse", side=label, repeat=1, programs=n, mean_s=round(figures["mean_s"], 3),
                     llm_calls=figures["llm_calls"], prompt_tokens=figures["prompt_tokens"],
