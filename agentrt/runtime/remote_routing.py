@@ -5,7 +5,9 @@
   measured against: `agentrt bench scale`);
 - "broker": the group's shared subscription, where the MQTT broker hands each call to one of the
   subscribed workers (the caller learns which from its ack); a retry after a lost worker goes to
-  a named other worker, so that a broker that has not yet noticed the loss cannot pick it again."""
+  a named other worker, so that a broker that has not yet noticed the loss cannot pick it again.
+  A prefill-ahead still runs on a named worker (it must know where the KV is); in this mode the
+  call it prepares may land elsewhere."""
 from __future__ import annotations
 
 import collections

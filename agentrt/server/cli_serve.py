@@ -24,6 +24,7 @@ from typing import Any, Mapping
 
 from agentrt.engine.cli_args import add_model_arguments, add_tool_format_argument
 from agentrt.errors import RunConfigError
+from agentrt.runtime.remote_routing import ROUTING_MODES
 from agentrt.runtime.store_location import db_argument
 from agentrt.server.config import Limits, ServerConfig, is_loopback
 from agentrt.server.memory_args import add_memory_arguments, engine_memory, kv_cache_line, trim_heap_every
@@ -53,7 +54,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--engines", default=None, metavar="URL",
                    help="run LLM calls on `agentrt engine-worker`s at this MQTT broker (mqtt://HOST:PORT) instead "
                         "of loading a model here (--model then only names it)")
-    p.add_argument("--engine-routing", default="affinity", choices=["affinity", "round-robin", "broker"],
+    p.add_argument("--engine-routing", default="affinity", choices=ROUTING_MODES,
                    help="with --engines: where each LLM call goes: the worker holding its KV while it has room, "
                         "else the least loaded (affinity); the workers in turn (round-robin); or the worker the "
                         "broker picks on the group's shared subscription (broker)")

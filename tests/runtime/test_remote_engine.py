@@ -313,3 +313,19 @@ async def test_broker_routing_spreads_shared_calls_and_a_killed_worker_s_call_fi
         assert response.token_ids == expected.token_ids and "".join(pieces) == response.text
     finally:
         await remote.aclose()
+
+
+def test_round_robin_routing_takes_the_workers_in_turn_and_an_unknown_mode_is_refused():
+    from agentrt.runtime.remote_routing import Router, WorkerState
+
+    router = Router("round-robin")
+    status = {"max_num_seqs": 8, "kv": {"free": 100}}
+    for w in ("e2", "e1"):
+        router.workers[w] = WorkerState(w, status, 0.0)
+    request = LLMRequest(({"role": "user", "content": "Hi."},), {"type": "text"}, 4, 0.0, NodeIdentity("r", "p", "n"),
+                         hints={"continues": "first"})
+    router.remember(("node", "r", "first"), "e2")  # affinity would send it to e2 every time
+    assert [router.route(request, set()) for _ in range(4)] == ["e1", "e2", "e1", "e2"]
+    assert router.route(request, {"e1"}) == "e2" and router.affinity_routed == 0
+    with pytest.raises(ValueError, match="engine routing 'nearest': choose one of affinity, round-robin, broker"):
+        Router("nearest")
