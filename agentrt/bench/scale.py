@@ -102,7 +102,7 @@ async def conversation_load(backend: Any, n: int, arrivals: list[float], max_tok
 def run(args: argparse.Namespace) -> BenchResult:
     from agentrt.bench.pg_cluster import PostgresCluster, bin_dir
     from agentrt.bench.scale_procs import EngineWorkers, failover_time, remote_backend
-    from agentrt.bench.serve import program_load
+    from agentrt.bench.program_load import program_load
     from agentrt.bench.spec import shared_cost_model
     from agentrt.bench.workload import POLICIES
     from agentrt.bench.workload_load import EXAMPLE_NAMES, EXAMPLES_DIR, ToolLatency, arrival_times, workload

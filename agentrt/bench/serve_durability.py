@@ -27,7 +27,7 @@ from rich.console import Console
 
 def durability_part(args: Any, console: Console, rate: float, n: int, repeats: int,
                     resume_runs: int) -> tuple[list[dict], dict]:
-    from agentrt.bench.serve import program_load
+    from agentrt.bench.program_load import program_load
     from agentrt.bench.spec import shared_cost_model
     from agentrt.bench.workload import POLICIES
     from agentrt.bench.workload_load import EXAMPLE_NAMES, EXAMPLES_DIR, ToolLatency, arrival_times, workload
