@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Literal, Mapping, Sequence
 
 from agentrt.dag.declare import (_case_label, _case_pairs, _check_case_labels, _check_extra_sampling,
@@ -17,8 +16,8 @@ from agentrt.dag.declare import (_case_label, _case_pairs, _check_case_labels, _
                                   _strip_refs, declaration_site)
 from agentrt.dag.outputs import JsonSchema, OutputSpec, Text, ToolCall
 from agentrt.dag.refs import Ref, Template
-from agentrt.dag.specs import (LOOP_OUTPUTS, AgentLoopSpec, BranchSpec, Case, Constant, FanOutSpec, InputSpec,
-                               ItemSpec, LLMSpec, NodeSpec, ToolSpec, WaitForSpec, walk_args)
+from agentrt.dag.specs import (LOOP_OUTPUTS, AgentLoopSpec, BranchSpec, Case, Constant, Decl, FanOutSpec,
+                               InputSpec, ItemSpec, LLMSpec, NodeSpec, ToolSpec, WaitForSpec, walk_args)
 from agentrt.dag.tooldefs import ToolDef, schema_problems, to_tool_def
 from agentrt.retry import RetryPolicy
 
@@ -37,13 +36,6 @@ class _NoFallback:
 
 
 NO_FALLBACK: Any = _NoFallback()
-
-
-@dataclass(frozen=True)
-class Decl:
-    spec: NodeSpec
-    order: int
-    site: str = ""  # file:line of the program author's code that declared it
 
 
 class Scope:

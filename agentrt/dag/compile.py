@@ -14,11 +14,10 @@ from typing import Any, Mapping
 
 import networkx as nx
 
-from agentrt.dag.builder import Decl
 from agentrt.dag.compiled import CompiledProgram, node_attrs
 from agentrt.dag.outputs import ToolCall
 from agentrt.dag.refs import Ref, Template
-from agentrt.dag.specs import AgentLoopSpec, BranchSpec, ItemSpec, LLMSpec, NodeSpec, ToolSpec, WaitForSpec, map_args
+from agentrt.dag.specs import AgentLoopSpec, BranchSpec, Decl, ItemSpec, LLMSpec, NodeSpec, ToolSpec, WaitForSpec, map_args
 from agentrt.dag.tooldefs import ToolDef
 from agentrt.dag.typecheck import check_types
 from agentrt.errors import ProgramValidationError

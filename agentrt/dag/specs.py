@@ -393,3 +393,11 @@ class AgentLoopSpec:
 
 
 NodeSpec = InputSpec | LLMSpec | ToolSpec | WaitForSpec | ItemSpec | FanOutSpec | BranchSpec | AgentLoopSpec
+
+
+@dataclass(frozen=True)
+class Decl:
+    """A node as the builder declared it, before compile() resolves its names."""
+    spec: NodeSpec
+    order: int  # declaration order (compile keeps it for ids and errors)
+    site: str = ""  # file:line of the program author's code that declared it
