@@ -146,10 +146,7 @@ def paged_attention(
     scale: float,
     window: int | None = None,  # a sliding layer's window (see AttentionGrid.layout); None = causal
 ) -> torch.Tensor:  # [T, nq, d]
-    if meta.tree is not None:  # each tree node has its own keys: attention per query
-        from agentrt.engine.models import invariant
-
-        return invariant.attention(q, k_cache, v_cache, meta, scale, window)
+    assert meta.tree is None, "a token tree's attention is per query (invariant.attention)"
     grid = meta.grid
     kv_index, bias = grid.layout(window)
     B, q_max = grid.q_index.shape

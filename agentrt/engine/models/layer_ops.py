@@ -84,7 +84,9 @@ class TorchLayerOps:
 
     def attention(self, q: torch.Tensor, li: int, kv: KVCache, meta: AttentionMetadata, scale: float,
                   window: int | None) -> torch.Tensor:
-        return self._attention(q, kv.k[li], kv.v[li], meta, scale, window)
+        # a token tree gives each node its own keys (its ancestors'): attention per query
+        attend = invariant.attention if meta.tree is not None else self._attention
+        return attend(q, kv.k[li], kv.v[li], meta, scale, window)
 
     def gate(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
