@@ -104,3 +104,44 @@ def test_packages_without_a_model_import_no_torch(package):
             mods = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             assert not any(m == "torch" or m.startswith("torch.") for m in mods), f"{path} imports torch"
+
+
+def module_imports(path: Path) -> set[str]:
+    """The agentrt modules a file imports (at module level or inside a function; imports under
+    `if TYPE_CHECKING:` are for annotations only and never run, so they are left out)."""
+    tree = ast.parse(path.read_text(), str(path))
+    typing_only = {id(n) for block in ast.walk(tree) if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+                   for stmt in block.body for n in ast.walk(stmt)}
+    out = set()
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+    return {m for m in out if m.startswith("agentrt")}
+
+
+def test_no_two_modules_import_each_other_directly_or_in_a_loop():
+    import networkx as nx
+
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        modules[name.removesuffix(".__init__")] = path
+
+    def module_of(name: str) -> str | None:  # agentrt.x.y.Name -> agentrt.x.y
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = nx.DiGraph()
+    for name, path in modules.items():
+        for imported in module_imports(path):
+            target = module_of(imported)
+            # a package's __init__ re-exports its modules: that is not a loop back to it
+            if target and target != name and not (path.name == "__init__.py" and target.startswith(name + ".")):
+                graph.add_edge(name, target)
+    loops = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    assert not loops, "modules that import each other (directly or in a loop): " + "; ".join(" <-> ".join(c) for c in loops)

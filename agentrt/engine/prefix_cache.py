@@ -15,8 +15,10 @@ tool's observed latency): the allocator hands out pinned free blocks last, earli
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from agentrt.engine.block_manager import BlockAllocator
+if TYPE_CHECKING:  # the block manager builds the prefix cache over its allocator
+    from agentrt.engine.block_manager import BlockAllocator
 
 
 @dataclass
