@@ -48,7 +48,9 @@ class SpecConfig:
     # widest token tree a model-free drafter may propose (candidates at one place: enum members,
     # strings from the prompt, the suffix drafter's continuations), verified in the same forward
     # (engine/step_tree.py); 1: chains only. Models on the bf16 C or Triton kernels draft chains.
-    tree_width: int = 4
+    # Chains by default: on the tool-call bench trees gave 0.97x the tokens per pass of chains
+    # (their nodes spend the depth budget; docs/benchmarks.md, toolcall).
+    tree_width: int = 1
 
     def __post_init__(self) -> None:
         kind, colon, _ = self.drafter.partition(":") if isinstance(self.drafter, str) else (None, "", "")
