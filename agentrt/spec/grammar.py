@@ -36,13 +36,25 @@ xgr = _Xgrammar()
 
 
 def tokenizer_info(hf_tokenizer: Any, vocab_size: int, stop_token_ids: list[int]) -> xgr.TokenizerInfo:
-    """From a `tokenizers.Tokenizer` (byte-level BPE), without transformers at run time."""
+    """From a `tokenizers.Tokenizer`, without transformers at run time: byte-level BPE (GPT-2's
+    byte-to-unicode alphabet: SmolLM2, Llama 3, Qwen), or a SentencePiece vocabulary with byte
+    fallback (Gemma, Llama 2: U+2581 for a space, <0xXX> for bytes), which xgrammar must decode
+    as such or it would refuse every token holding a space."""
     vocab = hf_tokenizer.get_vocab(with_added_tokens=True)
     encoded: list[str] = [""] * max(vocab_size, max(vocab.values()) + 1)
     for tok, i in vocab.items():
         encoded[i] = tok
-    return xgr.TokenizerInfo(encoded, xgr.VocabType.BYTE_LEVEL, vocab_size=vocab_size,
+    return xgr.TokenizerInfo(encoded, vocab_type(vocab), vocab_size=vocab_size,
                              stop_token_ids=list(stop_token_ids), add_prefix_space=False)
+
+
+def vocab_type(vocab: dict[str, int]) -> Any:
+    """BYTE_FALLBACK for a SentencePiece vocabulary (its 256 byte tokens <0x00>..<0xFF> and
+    U+2581-marked words), else BYTE_LEVEL."""
+    byte_tokens = sum(1 for t in vocab if len(t) == 6 and t.startswith("<0x") and t.endswith(">"))
+    if byte_tokens >= 256 and any(t.startswith("\u2581") for t in vocab):
+        return xgr.VocabType.BYTE_FALLBACK
+    return xgr.VocabType.BYTE_LEVEL
 
 
 _SHARED: "weakref.WeakKeyDictionary[Any, dict[tuple, GrammarCache]]" = weakref.WeakKeyDictionary()

@@ -89,3 +89,23 @@ def test_tokenizer_rebuilt_from_the_gguf_matches_llama_cpp(gemma):
     for text in texts:
         assert gemma.tokenizer.encode(text) == vocab.tokenize(text.encode(), add_bos=False, special=True), text
         assert gemma.tokenizer.decode(gemma.tokenizer.encode(text), skip_special_tokens=False) == text
+
+
+def test_grammars_read_its_sentencepiece_vocabulary(gemma):
+    """xgrammar decodes Gemma's tokens as SentencePiece pieces (U+2581 a space, <0xXX> bytes): a
+    token holding a space is allowed where the JSON allows one, and the budget completion of a
+    constrained output exists."""
+    from agentrt.spec.grammar import tokenizer_info, vocab_type
+    from agentrt.spec.structured import parse_response_format
+
+    tok = gemma.tokenizer
+    assert vocab_type(tok.hf.get_vocab(with_added_tokens=True)).name == "BYTE_FALLBACK"
+    engine = LLMEngine(EngineConfig(model=GEMMA, dtype="quantized", kv_cache_tokens=1024), loaded=gemma)
+    fmt = parse_response_format({"type": "json_schema", "json_schema": {"name": "p", "schema": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})
+    assert engine.constraints.grammars.minimum_tokens(fmt, tok.encode) > 0
+    result = engine.generate(["The capital of France, as JSON:"], SamplingParams(
+        max_tokens=24, temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": {
+            "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}))[0]
+    assert result.parsed is not None and isinstance(result.parsed["city"], str), tok.decode(result.token_ids)
+    assert tokenizer_info(tok.hf, gemma.model.cfg.vocab_size, list(tok.eos_token_ids)).vocab_type.name == "BYTE_FALLBACK"
