@@ -186,7 +186,7 @@ def step_bytes(model) -> int:
 
 
 def _read_bandwidth(budget_s: float = 0.5) -> float:
-    from agentrt.spec.machine import measure_read_bandwidth
+    from agentrt.kernels.machine import measure_read_bandwidth
 
     try:
         l3 = Path("/sys/devices/system/cpu/cpu0/cache/index3/size").read_text().strip()

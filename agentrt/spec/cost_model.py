@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from agentrt.errors import CalibrationError, SpecConfigError
-from agentrt.spec.machine import MachineRates, _write_json_atomic, dtype_name
+from agentrt.kernels.machine import MachineRates, _write_json_atomic, dtype_name
 
 FORMAT_VERSION = 1
 

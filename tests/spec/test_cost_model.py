@@ -18,7 +18,7 @@ from agentrt.spec.cost_model import (
     fit,
     prediction_report,
 )
-from agentrt.spec.machine import MachineRates, dtype_name, machine_id, measure_machine
+from agentrt.kernels.machine import MachineRates, dtype_name, machine_id, measure_machine
 
 # CPU-like ground truth: 15 ms overhead, 9 ms weight read, ridge near 13 tokens, attention counted.
 TRUE = StepCostModel(
