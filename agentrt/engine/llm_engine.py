@@ -29,14 +29,14 @@ from agentrt.engine.constraints import Constraints
 from agentrt.engine.spec_runner import DraftStep, SpecConfig, SpecRunner, build_drafter
 from agentrt.engine.step_rows import (StepRow, build_forward_batch, fit_drafts_to_kv, limit_drafts, reserve_draft_kv,
                                       rows_of)
+from agentrt.decoding.penalties import Penalties
+from agentrt.engine.messages import normalize_messages
 from agentrt.engine.step_sampler import sample_rows, token_logprobs
 from agentrt.engine.step_tree import compact_accepted
 from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
 from agentrt.spec.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
-from agentrt.engine.messages import normalize_messages
-from agentrt.spec.penalties import Penalties
 from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions, with_syntax
 from agentrt.spec.tool_formats import ToolCallFormat, detect_tool_format, tool_format
 

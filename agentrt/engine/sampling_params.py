@@ -27,7 +27,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()  # besides the model's end-of-sequence tokens
     ignore_eos: bool = False
     response_format: dict | None = field(default=None, compare=False)  # structured output (OpenAI style)
-    # what was generated steers what comes next (agentrt.spec.penalties: exact under speculation)
+    # what was generated steers what comes next (agentrt.decoding.penalties: exact under speculation)
     frequency_penalty: float = 0.0  # OpenAI: minus this x the token's count in the output, [-2, 2]
     presence_penalty: float = 0.0  # OpenAI: minus this once a token is in the output, [-2, 2]
     repetition_penalty: float = 1.0  # HF/vLLM: divides (multiplies) positive (negative) logits of seen tokens

@@ -31,14 +31,14 @@ class Sequence:
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None
     generator: torch.Generator | None = None  # draws for drafts with a distribution (spec.drafters.model)
-    seed: int = 0  # keys the per-position uniforms of sampling (spec.sampling.position_uniforms)
+    seed: int = 0  # keys the per-position uniforms of sampling (decoding.sampling.position_uniforms)
     num_preemptions: int = 0
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (prefill saved)
     first_token_time: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # owner's annotations (program, node)
     output_format: Any = None  # agentrt.spec.structured.OutputFormat when constrained
     grammar: Any = None  # agentrt.spec.grammar.GrammarState when constrained
-    penalties: Any = None  # agentrt.spec.penalties.Penalties when the request asks for any
+    penalties: Any = None  # agentrt.decoding.penalties.Penalties when the request asks for any
     logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked for
     prompt_text: str | None = None  # the text prompt_ids were encoded from (None: given as token ids)
     # a prefill-ahead request (LLMEngine.prepare_ahead): its prompt's KV is computed while the engine

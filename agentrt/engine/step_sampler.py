@@ -2,7 +2,7 @@
 processed p, and exact verification of the drafts (spec.verify) or plain sampling.
 
 Sampling is keyed by position: the token at output position n is drawn from its processed p
-with the request's uniform for n (spec.sampling.position_uniforms). Drafts that are tokens, not
+with the request's uniform for n (decoding.sampling.position_uniforms). Drafts that are tokens, not
 distributions (the template and suffix drafters'), are verified by coupling:
 a draft is accepted iff it equals the target's own draw at its position (spec.verify:
 verify_greedy), which accepts x with probability p(x), as the rejection rule does for a point
@@ -28,13 +28,13 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrt.decoding.penalties import penalize
+from agentrt.decoding.sampling import position_uniforms, process_logits, sample_from_probs
 from agentrt.engine.constraints import StepMasks, greedy_tokens
 from agentrt.engine.outputs import TokenLogprob
 from agentrt.engine.step_rows import StepRow
-from agentrt.kernels.backend import KernelBackend
-from agentrt.spec.penalties import penalize
-from agentrt.spec.sampling import position_uniforms, process_logits, sample_from_probs
 from agentrt.engine.step_tree import chain_parents, row_output_offsets
+from agentrt.kernels.backend import KernelBackend
 from agentrt.spec.tree_verify import verify_tree_greedy
 from agentrt.spec.verify import VerifyResult, verify_drafts, verify_greedy
 

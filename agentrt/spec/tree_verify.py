@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrt.decoding.sampling import sample_from_cdf
 from agentrt.errors import SpecError
-from agentrt.spec.sampling import sample_from_cdf
 
 
 @dataclass(frozen=True)

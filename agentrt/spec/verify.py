@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrt.decoding.sampling import sample_from_cdf, sample_from_probs
 from agentrt.errors import SpecError
-from agentrt.spec.sampling import sample_from_cdf, sample_from_probs
 
 
 @dataclass(frozen=True)

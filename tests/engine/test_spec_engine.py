@@ -135,7 +135,7 @@ PENALIZED = dict(frequency_penalty=0.6, presence_penalty=0.4, repetition_penalty
 @pytest.mark.parametrize("batch", [1, 3])
 def test_greedy_identity_with_penalties_every_drafter(batch, tiny_loaded, make_engine):
     """Penalties change what is generated; speculation must not: each verified row is penalized
-    with its own prefix's counts (agentrt.spec.penalties)."""
+    with its own prefix's counts (agentrt.decoding.penalties)."""
     loaded = tiny_loaded("smollm")
     prompts = [REPEATY, "the the the the", "a b c d e f g"][:batch]
     params = [SamplingParams(max_tokens=m, temperature=0, **PENALIZED) for m in (40, 23, 31)][:batch]

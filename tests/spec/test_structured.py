@@ -8,8 +8,8 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
+from agentrt.decoding.sampling import process_logits
 from agentrt.errors import RequestError
-from agentrt.spec.sampling import process_logits
 from agentrt.spec.structured import instructions, parse_output, parse_response_format, with_instructions
 from agentrt.spec.verify import verify_drafts
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from agentrt.spec.sampling import process_logits
+from agentrt.decoding.sampling import process_logits
 from agentrt.spec.verify import verify_drafts
 
 N = 200_000

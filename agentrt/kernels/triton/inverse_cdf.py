@@ -1,7 +1,7 @@
 """Device helpers shared by the sampling kernels: a token bitmask read in place, and inverse-CDF
 sampling of one vocabulary row, bit for bit as the engine's CPU sampler does it.
 
-The CPU sampler (spec.sampling.sample_from_cdf over probs.float().cumsum(-1)) takes the token
+The CPU sampler (decoding.sampling.sample_from_cdf over probs.float().cumsum(-1)) takes the token
 i with cdf[i-1] <= u * total < cdf[i], clamped to the last token that adds mass. PyTorch's CPU
 cumsum of fp32 accumulates left to right in fp64 and rounds each prefix to fp32, so that is what
 `sample_row` computes: each vocabulary block is scanned in fp64 with the running fp64 sum folded

@@ -8,7 +8,7 @@ vocabulary is ever written.
   order), all-disallowed rows giving 0: exactly kernels.argmax.argmax_reference, the CPU path's
   reference, on any float dtype.
 * `masked_sample`: the inverse-CDF draw with the passed-in uniform from the processed
-  probabilities with disallowed tokens at 0: exactly spec.sampling.sample_from_probs on the
+  probabilities with disallowed tokens at 0: exactly decoding.sampling.sample_from_probs on the
   masked probabilities, bit for bit (inverse_cdf.py says how). The engine's CPU path masks the
   logits before process_logits, so its probabilities already hold those zeros and the mask is a
   no-op; for rows processed from unmasked logits (temperature only) the draw is from the same

@@ -13,8 +13,8 @@ from typing import Protocol
 
 import torch
 
+from agentrt.decoding.sampling import process_logits, sample_from_probs
 from agentrt.spec.drafters.base import Draft, DraftRequest, GrammarCursor
-from agentrt.spec.sampling import process_logits, sample_from_probs
 
 
 class DraftModelRunner(Protocol):

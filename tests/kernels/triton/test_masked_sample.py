@@ -3,11 +3,11 @@ xgrammar's masking, argmax_reference, process_logits and sample_from_probs."""
 import pytest
 import torch
 
+from agentrt.decoding.sampling import process_logits, sample_from_probs
 from agentrt.errors import SpecError
 from agentrt.kernels.argmax import argmax_reference, unpack_bitmask
 from agentrt.kernels.triton.masked_sample import masked_argmax, masked_sample
 from agentrt.spec.grammar import apply_masks
-from agentrt.spec.sampling import process_logits, sample_from_probs
 
 
 def random_masks(gen: torch.Generator, rows: int, vocab: int, density: float) -> torch.Tensor:

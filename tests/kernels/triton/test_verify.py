@@ -4,10 +4,10 @@ tiny probabilities (the fp64 cumsum rounds there), truncated supports, one-hot r
 import pytest
 import torch
 
+from agentrt.decoding.sampling import sample_from_probs
 from agentrt.errors import SpecError
 from agentrt.kernels.triton.verify import verify_coupled, verify_drafts, verify_greedy
 from agentrt.spec import verify as cpu
-from agentrt.spec.sampling import sample_from_probs
 
 
 def ragged_batch(seed: int, vocab: int, num_seqs: int, point_mass: bool, dtype=torch.float32):

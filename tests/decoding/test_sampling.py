@@ -2,9 +2,9 @@
 import pytest
 import torch
 
-import agentrt.spec.sampling as sampling
+import agentrt.decoding.sampling as sampling
+from agentrt.decoding.sampling import process_logits, sample_from_probs
 from agentrt.errors import RequestError, SpecError
-from agentrt.spec.sampling import process_logits, sample_from_probs
 
 
 def params(n, temperature=1.0, top_k=0, top_p=1.0):
@@ -155,7 +155,7 @@ def test_rows_without_mass_are_rejected():
 
 
 def test_position_uniforms_are_keyed_by_seed_and_position():
-    from agentrt.spec.sampling import position_uniforms
+    from agentrt.decoding.sampling import position_uniforms
 
     u = position_uniforms(7, 0, 10)
     assert u.dtype == torch.float32 and u.shape == (10,)
@@ -167,7 +167,7 @@ def test_position_uniforms_are_keyed_by_seed_and_position():
 def test_position_uniforms_are_uniform():
     """20 equal bins over 20,000 draws (1,000 seeds x 20 positions): chi-square with 19 degrees of
     freedom stays under 43.8 with probability 0.999 for uniform draws."""
-    from agentrt.spec.sampling import position_uniforms
+    from agentrt.decoding.sampling import position_uniforms
 
     u = torch.cat([position_uniforms(seed, 0, 20) for seed in range(1000)])
     assert bool(((u >= 0) & (u < 1)).all())

@@ -1,4 +1,4 @@
-"""Penalties, logit bias and min_tokens (agentrt.spec.penalties): every verify row equals the
+"""Penalties, logit bias and min_tokens (agentrt.decoding.penalties): every verify row equals the
 plain one-position rule applied after its own prefix (output + the drafts before it), for
 random logits, prefixes and drafts."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from agentrt.spec.penalties import Penalties, penalize, penalize_reference
+from agentrt.decoding.penalties import Penalties, penalize, penalize_reference
 
 CASES = [
     Penalties(frequency=0.7),
