@@ -35,14 +35,16 @@ REQUIRED_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_bf16", "amx_til
 _I64, _I32, _F32, _P = ctypes.c_int64, ctypes.c_int, ctypes.c_float, ctypes.c_void_p
 SIGNATURES = {
     "agentrt_amx_init": (_I32, []),
-    "agentrt_linear_bf16": (None, [_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _F32, _P, _I32, _P, _I64, _P, _I64, _I32, _I32]),
+    "agentrt_linear_bf16": (None, [_P, _I64, _I64, _I64, _P, _I64, _I64, _P, _I32, _F32, _P, _I32, _P, _I64, _P, _I64, _I32,
+                                   _I32]),
     "agentrt_pack_weight_bf16": (None, [_P, _I64, _I64, _I64, _P, _I64, _I32]),
-    "agentrt_rotary_kv_write_bf16": (None, [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _I32]),
-    "agentrt_decoder_layers_bf16": (None, [_P, _I64, _P, _P, _P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F32, _F32,
+    "agentrt_rotary_kv_write_bf16": (None, [_P, _I64, _I64, _I32, _I32, _I32, _P, _P, _P, _P, _P, _P, _P, _P, _I32, _F32,
+                                            _I32]),
+    "agentrt_decoder_layers_bf16": (None, [_P, _I64, _P, _P, _P, _P, _P, _I64, _I64, _I64, _I32, _I32, _I32, _F32, _F32,
                                            _P, _P, _P, _P, _I64, _P, _P, _I64, _I64, _I32, _I32]),
     "agentrt_argmax_f32": (None, [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I32]),
     "agentrt_paged_attention_bf16": (
-        None, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _I32, _F32, _P, _I64, _I32, _I32]),
+        None, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _P, _P, _I32, _I32, _I32, _F32, _I64, _P, _I64, _I32, _I32]),
 }
 
 _lock = threading.Lock()

@@ -2,7 +2,9 @@
 (csrc/cpu_linear_bf16.c), its pure-PyTorch reference, and the dispatcher.
 
     y = epilogue(rms_norm(x) @ W.T + bias)
-    epilogue: none | residual (y = residual + out) | silu-gated (W = [gate; up], y = silu(gate) * up)
+    epilogue: none | residual (y = residual + out) | gated (W = [gate; up], y = act(gate) * up,
+              act silu (SwiGLU) or gelu_tanh (GeGLU))
+    rms_norm: Llama's with a bf16 weight, Gemma's with an fp32 (1 + weight) (gemma_rms_norm_reference)
 
 The reference spells out the bf16 rounding of the model's PyTorch path (one rounding per op);
 the kernel reproduces it, so the two differ only in dot-product summation order.
@@ -16,7 +18,8 @@ import torch.nn.functional as F
 
 from agentrt.kernels.cpu_build import cpu_kernels
 
-EPI_NONE, EPI_RESIDUAL, EPI_SILU_MUL = 0, 1, 2
+EPI_NONE, EPI_RESIDUAL, EPI_SILU_MUL, EPI_GELU_MUL = 0, 1, 2, 3
+_GATES = {"silu": EPI_SILU_MUL, "gelu_tanh": EPI_GELU_MUL}
 
 
 @dataclass(frozen=True)
@@ -84,6 +87,19 @@ def rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tor
     return weight * xf.to(x.dtype)
 
 
+def gemma_rms_norm_reference(x: torch.Tensor, weight_plus_one: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm: the scale (1 + weight, fp32) applied in fp32 before the cast back, where
+    Llama's casts first (rms_norm_reference)."""
+    xf = x.float()
+    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight_plus_one).to(x.dtype)
+
+
+def norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """The kernels' norm of bf16 rows: Gemma's for an fp32 weight (1 + w), else Llama's."""
+    gemma = weight.dtype == torch.float32 and x.dtype != torch.float32
+    return (gemma_rms_norm_reference if gemma else rms_norm_reference)(x, weight, eps)
+
+
 def linear_reference(
     x: torch.Tensor,  # [M, K] bf16
     weight: torch.Tensor,  # [N, K] (gated: [2N, K]) bf16
@@ -93,14 +109,15 @@ def linear_reference(
     bias: torch.Tensor | None = None,
     residual: torch.Tensor | None = None,
     gated: bool = False,
+    act: str = "silu",  # the gate's activation: silu or gelu_tanh
     out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
     if norm_weight is not None:
-        x = rms_norm_reference(x, norm_weight, eps)
+        x = norm_reference(x, norm_weight, eps)
     y = (x.float() @ weight.float().T + (bias.float() if bias is not None else 0.0)).to(x.dtype)
     if gated:
         gate, up = y.chunk(2, dim=-1)
-        y = F.silu(gate) * up
+        y = (F.gelu(gate, approximate="tanh") if act == "gelu_tanh" else F.silu(gate)) * up
     if residual is not None:
         y = residual + y
     return y if out_dtype is None else y.to(out_dtype)
@@ -110,9 +127,10 @@ def linear(
     x: torch.Tensor,  # [M, K] bf16, rows may be strided
     w: PackedWeight,
     *,
-    norm_weight: torch.Tensor | None = None,
+    norm_weight: torch.Tensor | None = None,  # bf16: Llama's norm, fp32 (1 + w): Gemma's
     eps: float = 0.0,
     bias: torch.Tensor | None = None,
+    act: str = "silu",  # a gated weight's activation: silu or gelu_tanh
     residual: torch.Tensor | None = None,  # [M, N]; may be `out` itself (updated in place)
     out: torch.Tensor | None = None,  # [M, N], row stride free, last dim contiguous
     out_dtype: torch.dtype = torch.bfloat16,  # bf16, or float32 holding bf16-rounded values
@@ -128,14 +146,19 @@ def linear(
         out = torch.empty(M, w.out_features, dtype=out_dtype, device=x.device)
     if out.stride(-1) != 1 or out.shape != (M, w.out_features) or out.dtype != out_dtype:
         raise ValueError(f"linear: out must be [{M}, {w.out_features}] {out_dtype}, got {out.dtype} {tuple(out.shape)}")
-    epilogue = EPI_SILU_MUL if w.gated else EPI_NONE
+    if act not in _GATES:
+        raise ValueError(f"linear: the gate's activation is one of {sorted(_GATES)}, got {act!r}")
+    if norm_weight is not None and norm_weight.dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"linear: the norm weight is bf16 or fp32 (Gemma's 1 + w), got {norm_weight.dtype}")
+    epilogue = _GATES[act] if w.gated else EPI_NONE
     if residual is not None:
         if w.gated or out_dtype != torch.bfloat16 or residual.stride(-1) != 1:
             raise ValueError("linear: a residual needs an ungated weight, bf16 output and contiguous rows")
         epilogue = EPI_RESIDUAL
     lib.agentrt_linear_bf16(
         w.data.data_ptr(), w.units, w.out_features, K, x.data_ptr(), M, x.stride(0),
-        None if norm_weight is None else norm_weight.data_ptr(), eps,
+        None if norm_weight is None else norm_weight.data_ptr(),
+        int(norm_weight is not None and norm_weight.dtype == torch.float32), eps,
         None if bias is None else bias.data_ptr(), epilogue,
         None if residual is None else residual.data_ptr(), 0 if residual is None else residual.stride(0),
         out.data_ptr(), out.stride(0), int(out_dtype == torch.float32),

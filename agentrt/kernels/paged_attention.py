@@ -3,13 +3,15 @@
 
 Ragged layout: sequence b owns tokens cu_q[b]..cu_q[b+1] of the flat batch and row b of
 `block_tables`; cache slot of its context position l = table[l // block_size] * block_size +
-l % block_size. A token at position p attends to positions 0..p of its own sequence.
+l % block_size. A token at position p attends to positions 0..p of its own sequence, or in a
+sliding layer (window) to p - window + 1 .. p.
 """
 from __future__ import annotations
 
 import torch
 
 from agentrt.kernels.cpu_build import cpu_kernels
+from agentrt.kernels.linear import norm_reference
 
 # The kernel's setting, for this module's calls and the decoder stack's (decoder.py). Decode
 # reads K and V once per step, so it is bound by how fast those rows arrive: prefetch 32 context
@@ -42,23 +44,35 @@ def rotary_kv_write_reference(
     k_cache: torch.Tensor,  # [num_slots, nkv, d]
     v_cache: torch.Tensor,  # [num_slots, nkv, d]
     nq: int,
+    q_norm: torch.Tensor | None = None,  # [d]: QK-norm of each q and k head before rotary (norm_reference)
+    k_norm: torch.Tensor | None = None,
+    eps: float = 0.0,
 ) -> None:
     T = qkv.shape[0]
     nkv, d = k_cache.shape[1], k_cache.shape[2]
     c = torch.cat([cos[positions]] * 2, dim=-1).unsqueeze(1).to(qkv.dtype)  # [T, 1, d]
     s = torch.cat([sin[positions]] * 2, dim=-1).unsqueeze(1).to(qkv.dtype)
     qk = qkv[:, : (nq + nkv) * d].view(T, nq + nkv, d)
+    if q_norm is not None:
+        qk[:, :nq] = norm_reference(qk[:, :nq].reshape(T * nq, d), q_norm, eps).view(T, nq, d)
+        qk[:, nq:] = norm_reference(qk[:, nq:].reshape(T * nkv, d), k_norm, eps).view(T, nkv, d)
     qk.copy_(rotate_reference(qk, c, s))
     k_cache.index_copy_(0, slots, qk[:, nq:])
     v_cache.index_copy_(0, slots, qkv[:, (nq + nkv) * d :].reshape(T, nkv, d))
 
 
-def rotary_kv_write(qkv, positions, cos, sin, slots, k_cache, v_cache, nq: int, num_threads: int | None = None) -> None:
-    """The kernel of rotary_kv_write_reference (same arguments, all contiguous, bf16 qkv/caches)."""
+def rotary_kv_write(qkv, positions, cos, sin, slots, k_cache, v_cache, nq: int, q_norm=None, k_norm=None,
+                    eps: float = 0.0, num_threads: int | None = None) -> None:
+    """The kernel of rotary_kv_write_reference (same arguments, all contiguous, bf16 qkv/caches;
+    q_norm and k_norm both bf16 (Llama's norm) or both fp32 (Gemma's 1 + w))."""
     nkv, d = k_cache.shape[1], k_cache.shape[2]
+    if (q_norm is None) != (k_norm is None) or (q_norm is not None and q_norm.dtype != k_norm.dtype):
+        raise ValueError("rotary_kv_write: q_norm and k_norm come together, of one dtype")
     _lib().agentrt_rotary_kv_write_bf16(
         qkv.data_ptr(), qkv.shape[0], qkv.stride(0), nq, nkv, d, positions.data_ptr(), cos.data_ptr(), sin.data_ptr(),
-        slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), num_threads or torch.get_num_threads(),
+        slots.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), None if q_norm is None else q_norm.data_ptr(),
+        None if k_norm is None else k_norm.data_ptr(), int(q_norm is not None and q_norm.dtype == torch.float32), eps,
+        num_threads or torch.get_num_threads(),
     )
 
 
@@ -71,6 +85,7 @@ def paged_attention_reference(
     block_tables: torch.Tensor,  # [B, max_blocks] int64
     block_size: int,
     scale: float,
+    window: int | None = None,  # a sliding layer: a query at p sees p - window + 1 .. p
 ) -> torch.Tensor:  # [T, nq, d]
     nq, nkv = q.shape[1], k_cache.shape[1]
     out = torch.empty_like(q)
@@ -83,7 +98,10 @@ def paged_attention_reference(
         k = k_cache[slots].repeat_interleave(nq // nkv, dim=1)  # [ctx, nq, d]
         v = v_cache[slots].repeat_interleave(nq // nkv, dim=1)
         scores = torch.matmul(q[t0:t1].transpose(0, 1), k.permute(1, 2, 0)).float() * scale  # [nq, n, ctx]
-        scores.masked_fill_(offs.view(1, 1, ctx) > pos.view(1, -1, 1), float("-inf"))
+        hidden = offs.view(1, 1, ctx) > pos.view(1, -1, 1)
+        if window:
+            hidden |= offs.view(1, 1, ctx) <= pos.view(1, -1, 1) - window
+        scores.masked_fill_(hidden, float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         out[t0:t1] = torch.matmul(probs, v.transpose(0, 1)).transpose(0, 1)  # [n, nq, d]
     return out
@@ -102,6 +120,7 @@ def paged_attention(
     out: torch.Tensor | None = None,  # [T, nq * d] bf16
     num_threads: int | None = None,
     prefetch_rows: int = PREFETCH_ROWS,  # 0: no software prefetch (for the attention bench)
+    window: int | None = None,  # a sliding layer's window (see paged_attention_reference)
 ) -> torch.Tensor:  # [T, nq * d]
     """The kernel of paged_attention_reference; needs head_dim % 16 == 0 and <= 256.
 
@@ -115,11 +134,13 @@ def paged_attention(
         raise ValueError(f"paged_attention kernel: head_dim {d} must be a multiple of 16 up to 256, heads {nq} a multiple of {nkv}")
     if prefetch_rows < 0:
         raise ValueError(f"paged_attention kernel: prefetch_rows must be >= 0, got {prefetch_rows}")
+    if window is not None and window < 1:
+        raise ValueError(f"paged_attention kernel: a sliding window must be positive, got {window}")
     if out is None:
         out = torch.empty(T, nq * d, dtype=q.dtype, device=q.device)
     _lib().agentrt_paged_attention_bf16(
         q.data_ptr(), q.stride(0), cu_q.numel() - 1, cu_q.data_ptr(), positions.data_ptr(), block_tables.data_ptr(),
-        block_tables.stride(0), block_size, k_cache.data_ptr(), v_cache.data_ptr(), nq, nkv, d, scale,
+        block_tables.stride(0), block_size, k_cache.data_ptr(), v_cache.data_ptr(), nq, nkv, d, scale, window or 0,
         out.data_ptr(), out.stride(0), num_threads or torch.get_num_threads(), prefetch_rows,
     )
     return out

@@ -22,17 +22,19 @@ def _bf16(*shape, g, scale=1.0):
     return (torch.randn(*shape, generator=g) * scale).bfloat16()
 
 
-@pytest.mark.parametrize("epilogue", ["plain", "norm+bias", "residual", "gated", "f32 out"])
+@pytest.mark.parametrize("epilogue", ["plain", "norm+bias", "residual", "gated", "gemma norm+geglu", "f32 out"])
 @pytest.mark.parametrize("N,K", [(96, 80), (576, 576), (33, 31)])
 def test_linear_rows_do_not_depend_on_the_batch(epilogue, N, K):
     g = torch.Generator().manual_seed(N * K)
-    gated = epilogue == "gated"
+    gated = epilogue in ("gated", "gemma norm+geglu")
     w = pack_weight(_bf16(2 * N if gated else N, K, g=g, scale=0.1), gated=gated)
     x, res = _bf16(64, K, g=g), _bf16(64, N, g=g)
     nw, bias = _bf16(K, g=g) + 1, _bf16(N, g=g)
 
     def call(lo: int, hi: int) -> torch.Tensor:
         kw = {"norm_weight": nw, "eps": 1e-5, "bias": bias} if epilogue == "norm+bias" else {}
+        if epilogue == "gemma norm+geglu":
+            kw = {"norm_weight": nw.float(), "eps": 1e-5, "act": "gelu_tanh"}
         if epilogue == "residual":
             kw["residual"] = res[lo:hi].clone()
         if epilogue == "f32 out":
@@ -49,10 +51,12 @@ def _cache(g, num_blocks, block_size, nkv, d):
     return _bf16(slots, nkv, d, g=g), _bf16(slots, nkv, d, g=g), torch.randperm(num_blocks, generator=g)
 
 
+@pytest.mark.parametrize("window", [None, 40])
 @pytest.mark.parametrize("d,nq,nkv,block_size", [(64, 9, 3, 16), (128, 8, 2, 16), (48, 4, 2, 16), (32, 4, 4, 4)])
-def test_attention_queries_do_not_depend_on_the_batch(d, nq, nkv, block_size):
+def test_attention_queries_do_not_depend_on_the_batch(d, nq, nkv, block_size, window):
     """Ragged batches of 1-70 new tokens per sequence (decode, verification, prefill chunks over
-    several 64-query tasks) against every token computed alone at its position."""
+    several 64-query tasks) against every token computed alone at its position; with a sliding
+    window, blocks start at their earliest query's window, which differs alone and in a batch."""
     g = torch.Generator().manual_seed(d + nq + block_size)
     kc, vc, perm = _cache(g, 4 * 400 // block_size, block_size, nkv, d)
     for trial in range(4):
@@ -65,31 +69,44 @@ def test_attention_queries_do_not_depend_on_the_batch(d, nq, nkv, block_size):
         cu_q = torch.cat([torch.zeros(1, dtype=torch.long), new.cumsum(0)])
         q = _bf16(positions.numel(), nq * d, g=g, scale=3.0)
         scale = d**-0.5
-        batch = paged_attention(q, kc, vc, cu_q, positions, tables, block_size, scale, nq)
+        batch = paged_attention(q, kc, vc, cu_q, positions, tables, block_size, scale, nq, window=window)
         seq_of = torch.repeat_interleave(torch.arange(B), new)
         for t in range(positions.numel()):
             b = int(seq_of[t])
             alone = paged_attention(q[t : t + 1], kc, vc, torch.tensor([0, 1]), positions[t : t + 1], tables[b : b + 1],
-                                    block_size, scale, nq)
+                                    block_size, scale, nq, window=window)
             assert torch.equal(alone, batch[t : t + 1]), f"trial {trial}, token {t} (sequence {b})"
 
 
-def _stack(g, hidden=64, inter=96, nq=6, nkv=2, d=64, layers=3):
+def _stack(g, hidden=64, inter=96, nq=6, nkv=2, d=64, layers=3, gemma=False):
+    """Llama layers, or Gemma 3's (QK-norm, post-norms, GeGLU, fp32 (1 + w) norms; layers 0 and 2
+    sliding, window 20, with their own rotary tables)."""
     dims = Dims(hidden, inter, nq, nkv, d, 1e-6, d**-0.5)
+    norm = (lambda n: torch.randn(n, generator=g) * 0.3 + 1) if gemma else (lambda n: _bf16(n, g=g) + 1)  # noqa: E731
+
+    def extra(i):
+        if not gemma:
+            return {}
+        sliding = {"window": 20, "cos": torch.randn(128, d // 2, generator=g),
+                   "sin": torch.randn(128, d // 2, generator=g)} if i != 1 else {}
+        return {"q_norm": norm(d), "k_norm": norm(d), "attn_out_norm": norm(hidden), "mlp_out_norm": norm(hidden),
+                "gelu": True, "gemma_norms": True, **sliding}
+
     ws = [LayerWeights(pack_weight(_bf16((nq + 2 * nkv) * d, hidden, g=g, scale=0.1)), _bf16((nq + 2 * nkv) * d, g=g),
                        pack_weight(_bf16(hidden, nq * d, g=g, scale=0.1)),
                        pack_weight(_bf16(2 * inter, hidden, g=g, scale=0.1), gated=True),
-                       pack_weight(_bf16(hidden, inter, g=g, scale=0.1)), _bf16(hidden, g=g) + 1, _bf16(hidden, g=g) + 1)
-          for _ in range(layers)]
+                       pack_weight(_bf16(hidden, inter, g=g, scale=0.1)), norm(hidden), norm(hidden), **extra(i))
+          for i in range(layers)]
     return dims, ws
 
 
-def test_decoder_stack_prompt_whole_chunked_or_token_by_token_is_bit_identical():
+@pytest.mark.parametrize("gemma", [False, True])
+def test_decoder_stack_prompt_whole_chunked_or_token_by_token_is_bit_identical(gemma):
     """Two sequences' prompts run three ways through a 3-layer stack: both whole in one batch,
     in uneven chunks (prefill and decode rows mixed), and one token per call, one sequence at a
     time: the final hidden states of every token and both caches agree bit for bit."""
     g = torch.Generator().manual_seed(21)
-    dims, ws = _stack(g)
+    dims, ws = _stack(g, gemma=gemma)
     bs, lens = 16, [37, 22]
     h0 = [_bf16(n, dims.hidden, g=g) for n in lens]
     cos, sin = torch.randn(128, dims.head_dim // 2, generator=g), torch.randn(128, dims.head_dim // 2, generator=g)

@@ -62,13 +62,15 @@ def test_linear_norm_bias_residual_and_strided_input(M):
     assert torch.allclose(out.float(), ref.float(), rtol=2**-7, atol=2**-7)
 
 
+@pytest.mark.parametrize("act,norm_dtype", [("silu", torch.bfloat16), ("gelu_tanh", torch.float32)])
 @pytest.mark.parametrize("M", [1, 9, 18])
-def test_linear_silu_gated(M):
+def test_linear_gated(M, act, norm_dtype):
+    """SwiGLU after Llama's norm; GeGLU after Gemma's norm (an fp32 (1 + w) weight)."""
     g = torch.Generator().manual_seed(M + 7)
     inter, K = 72, 64  # 72 = not a multiple of 16: a padded unit pair
-    w, x, nw = _bf16(2 * inter, K, g=g, scale=0.2), _bf16(M, K, g=g), _bf16(K, g=g)
-    out = linear(x, pack_weight(w, gated=True), norm_weight=nw, eps=1e-6)
-    ref = linear_reference(x, w, norm_weight=nw, eps=1e-6, gated=True)
+    w, x, nw = _bf16(2 * inter, K, g=g, scale=0.2), _bf16(M, K, g=g), _bf16(K, g=g).to(norm_dtype)
+    out = linear(x, pack_weight(w, gated=True), norm_weight=nw, eps=1e-6, act=act)
+    ref = linear_reference(x, w, norm_weight=nw, eps=1e-6, gated=True, act=act)
     assert out.shape == (M, inter)
     assert torch.allclose(out.float(), ref.float(), rtol=2**-6, atol=2**-8)
 
@@ -120,9 +122,10 @@ def test_paged_attention_matches_reference(d, nq, nkv, shape):
     cu_q = torch.tensor([0] + list(torch.tensor(new).cumsum(0)), dtype=torch.long)
     qkv = _bf16(positions.numel(), 2 * nq * d, g=g)  # q as a strided view, as in the model
     q = qkv[:, : nq * d]
-    out = paged_attention(q, kc, vc, cu_q, positions, tables, 4, d**-0.5, nq)
-    ref = paged_attention_reference(q.reshape(-1, nq, d), kc, vc, cu_q, positions, tables, 4, d**-0.5)
-    assert torch.allclose(out.float(), ref.reshape(-1, nq * d).float(), rtol=2**-6, atol=2**-7)
+    for window in (None, 5, 37):  # a sliding layer's: 37 starts most queries past a 16-key chunk
+        out = paged_attention(q, kc, vc, cu_q, positions, tables, 4, d**-0.5, nq, window=window)
+        ref = paged_attention_reference(q.reshape(-1, nq, d), kc, vc, cu_q, positions, tables, 4, d**-0.5, window)
+        assert torch.allclose(out.float(), ref.reshape(-1, nq * d).float(), rtol=2**-6, atol=2**-7), window
 
 
 # Decode over long contexts (past the 32-row prefetch distance, 16-slot blocks as the engine
@@ -177,6 +180,27 @@ def test_rotary_kv_write_is_bit_identical_to_reference(d, T):
     assert torch.equal(caches[2], caches[0]) and torch.equal(caches[3], caches[1])
 
 
+@pytest.mark.parametrize("gemma", [False, True])
+def test_rotary_kv_write_with_qk_norm_matches_reference(gemma):
+    """QK-norm of each q and k head before rotary: Qwen3's (bf16 weights, Llama's norm) or Gemma's
+    (fp32 1 + w); the norm's sum of squares may differ in summation order: 1 ulp of a norm output,
+    carried through rotary's bf16 products."""
+    g = torch.Generator().manual_seed(17)
+    nq, nkv, d, T = 4, 2, 64, 70
+    cos, sin = torch.randn(100, d // 2, generator=g), torch.randn(100, d // 2, generator=g)
+    positions, slots = torch.randint(0, 100, (T,), generator=g), torch.randperm(128, generator=g)[:T]
+    norms = [(torch.randn(d, generator=g) * 0.3 + 1).to(torch.float32 if gemma else torch.bfloat16) for _ in range(2)]
+    qkv = _bf16(T, (nq + 2 * nkv) * d, g=g, scale=3.0)
+    caches = [torch.zeros(128, nkv, d, dtype=torch.bfloat16) for _ in range(4)]
+    ref_qkv = qkv.clone()
+    rotary_kv_write_reference(ref_qkv, positions, cos, sin, slots, caches[0], caches[1], nq, *norms, 1e-6)
+    rotary_kv_write(qkv, positions, cos, sin, slots, caches[2], caches[3], nq, *norms, eps=1e-6)
+    assert torch.allclose(qkv.float(), ref_qkv.float(), rtol=2**-6, atol=2**-6)
+    assert (qkv != ref_qkv).float().mean() < 0.05  # all but the few rounding ties bit-identical
+    assert torch.equal(caches[3], caches[1])  # v is copied untouched
+    assert torch.allclose(caches[2].float(), caches[0].float(), rtol=2**-6, atol=2**-6)
+
+
 @pytest.mark.parametrize("gated", [False, True])
 @pytest.mark.parametrize("N,K", [(64, 64), (200, 72), (34, 31)])
 def test_c_packer_matches_the_torch_layout(N, K, gated):
@@ -187,19 +211,37 @@ def test_c_packer_matches_the_torch_layout(N, K, gated):
     assert torch.equal(pack_weight(w, gated).data, _units(w, k32, 2 if gated else 1).view(-1, k32 // 2, 16, 2))
 
 
-def test_decoder_stack_matches_the_composed_references():
+def _family_fields(family: str, i: int, g, hidden: int, d: int) -> dict:
+    """LayerWeights' optional fields of layer i: none (Llama), QK-norm (Qwen3), or Gemma 3's (QK-norm,
+    post-norms, GeGLU, fp32 (1 + w) norms; even layers sliding with their own rotary tables)."""
+    if family == "llama":
+        return {}
+    gemma = family == "gemma3"
+    norm = lambda n: (torch.randn(n, generator=g) * 0.3 + 1).to(torch.float32 if gemma else torch.bfloat16)  # noqa: E731
+    fields = {"q_norm": norm(d), "k_norm": norm(d), "gemma_norms": gemma}
+    if gemma:
+        fields |= {"attn_out_norm": norm(hidden), "mlp_out_norm": norm(hidden), "gelu": True}
+        if i % 2 == 0:
+            fields |= {"window": 6, "cos": torch.randn(64, d // 2, generator=g), "sin": torch.randn(64, d // 2, generator=g)}
+    return fields
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3", "gemma3"])
+def test_decoder_stack_matches_the_composed_references(family):
     from agentrt.kernels.decoder import Dims, LayerWeights, decoder_layers, decoder_layers_reference, layer_table
 
     g = torch.Generator().manual_seed(11)
     hidden, inter, nq, nkv, d, bs = 64, 96, 4, 2, 16, 4
-    dims = Dims(hidden, inter, nq, nkv, d, 1e-6, d**-0.5)
+    dims = Dims(hidden, inter, nq, nkv, d, 1e-6, d**-0.5 if family == "llama" else 0.3)
     layers = []
-    for _ in range(2):
+    for i in range(2):
         plain = {"qkv": _bf16((nq + 2 * nkv) * d, hidden, g=g, scale=0.1), "o": _bf16(hidden, nq * d, g=g, scale=0.1),
                  "gate_up": _bf16(2 * inter, hidden, g=g, scale=0.1), "down": _bf16(hidden, inter, g=g, scale=0.1)}
+        fields = _family_fields(family, i, g, hidden, d)
+        norm = (lambda: torch.randn(hidden, generator=g) * 0.3 + 1) if fields.get("gemma_norms") else (
+            lambda: _bf16(hidden, g=g) + 1)
         w = LayerWeights(pack_weight(plain["qkv"]), _bf16((nq + 2 * nkv) * d, g=g), pack_weight(plain["o"]),
-                         pack_weight(plain["gate_up"], gated=True), pack_weight(plain["down"]),
-                         _bf16(hidden, g=g) + 1, _bf16(hidden, g=g) + 1)
+                         pack_weight(plain["gate_up"], gated=True), pack_weight(plain["down"]), norm(), norm(), **fields)
         layers.append((w, plain))
     ctx, new = [9, 20], [2, 5]
     kc, vc, tables = _paged_setup(g, ctx, nq, nkv, d, block_size=bs)

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from agentrt.engine.config import ModelConfig, RopeScaling
 from agentrt.kernels.linear import PackedWeight, pack_weight
+from agentrt.kernels.linear import gemma_rms_norm_reference as gemma_rms_norm  # noqa: F401  (Gemma's norm)
 from agentrt.kernels.linear import rms_norm_reference as rms_norm  # noqa: F401  (the model's norm)
 from agentrt.kernels.paged_attention import rotate_reference as apply_rotary  # noqa: F401
 
@@ -54,13 +55,6 @@ class RotaryEmbedding:
         cos = torch.cat([cos, cos], dim=-1).unsqueeze(1).to(dtype)
         sin = torch.cat([sin, sin], dim=-1).unsqueeze(1).to(dtype)
         return cos, sin
-
-
-def gemma_rms_norm(x: torch.Tensor, weight_plus_one: torch.Tensor, eps: float) -> torch.Tensor:
-    """Gemma's RMSNorm: the scale (1 + weight, fp32) applied in fp32 before the cast back, where
-    Llama's casts first (rms_norm)."""
-    xf = x.float()
-    return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps) * weight_plus_one).to(x.dtype)
 
 
 class Linear:

@@ -40,8 +40,10 @@ static void rotary_token(bf16 *x, int heads, int d, const float *cos, const floa
 }
 
 /* qkv [T, ld]: q (nq heads), k (nkv heads), v (nkv heads), each head d wide, contiguous.
- * Rotates q and k in place by positions[t] (cos/sin: [P, d/2] fp32), then copies k and v of
- * token t into row slots[t] of the caches [num_slots, nkv, d]. */
+ * Norms each q and k head in place with q_norm, k_norm (QK-norm: Qwen3, Gemma 3; NULL: none;
+ * norm_row's weights, norm_f32 as there), rotates q and k in place by positions[t] (cos/sin:
+ * [P, d/2] fp32), then copies k and v of token t into row slots[t] of the caches
+ * [num_slots, nkv, d]. */
 typedef struct {
   bf16 *qkv;
   int64_t T, ld;
@@ -49,6 +51,9 @@ typedef struct {
   const int64_t *positions, *slots;
   const float *cos, *sin;
   bf16 *k_cache, *v_cache;
+  const void *q_norm, *k_norm;
+  int norm_f32;
+  float eps;
   pool_chunks chunks; /* of tokens */
 } rotary_job;
 
@@ -58,20 +63,23 @@ static void rotary_part(void *arg, int tid, int nt) {
   const int64_t kv_row = (int64_t)J->nkv * J->d, half = J->d / 2;
   for (int64_t t; (t = pool_claim(&J->chunks, tid)) >= 0;) {
     bf16 *row = J->qkv + t * J->ld;
+    if (J->q_norm)
+      for (int h = 0; h < J->nq + J->nkv; h++)
+        norm_row(row + (int64_t)h * J->d, h < J->nq ? J->q_norm : J->k_norm, J->norm_f32, J->d, J->eps,
+                 row + (int64_t)h * J->d);
     rotary_token(row, J->nq + J->nkv, J->d, J->cos + J->positions[t] * half, J->sin + J->positions[t] * half);
     memcpy(J->k_cache + J->slots[t] * kv_row, row + (int64_t)J->nq * J->d, (size_t)kv_row * sizeof(bf16));
     memcpy(J->v_cache + J->slots[t] * kv_row, row + (int64_t)(J->nq + J->nkv) * J->d, (size_t)kv_row * sizeof(bf16));
   }
 }
 
-/* qkv [T, ld]: q (nq heads), k (nkv heads), v (nkv heads), each head d wide, contiguous.
- * Rotates q and k in place by positions[t] (cos/sin: [P, d/2] fp32), then copies k and v of
- * token t into row slots[t] of the caches [num_slots, nkv, d]. */
+/* See rotary_job. */
 void agentrt_rotary_kv_write_bf16(bf16 *qkv, int64_t T, int64_t ld, int nq, int nkv, int d,
                                   const int64_t *positions, const float *cos, const float *sin,
-                                  const int64_t *slots, bf16 *k_cache, bf16 *v_cache,
-                                  int num_threads) {
-  rotary_job job = {qkv, T, ld, nq, nkv, d, positions, slots, cos, sin, k_cache, v_cache, {0}};
+                                  const int64_t *slots, bf16 *k_cache, bf16 *v_cache, const void *q_norm,
+                                  const void *k_norm, int norm_f32, float eps, int num_threads) {
+  rotary_job job = {qkv, T, ld, nq, nkv, d, positions, slots, cos, sin, k_cache, v_cache,
+                    q_norm, k_norm, norm_f32, eps, {0}};
   const int nt = T >= 64 ? num_threads : 1; /* a few tokens: not worth a join */
   pool_chunks_init(&job.chunks, T, nt);
   pool_run(rotary_part, &job, nt);
@@ -157,12 +165,23 @@ static const bf16 *context_rows(const scratch *S, const bf16 *cache, int64_t l0,
  * chunks past its own position add exact zeros (its probabilities there are 0 and V rows past
  * the block's context are zero-filled, never stale). Mixing two P.V paths (AVX512 for a few
  * queries, AMX for many) changed last bits between decode and draft verification: TDPBF16PS
- * does not round like a chain of FMAs. */
+ * does not round like a chain of FMAs.
+ * A sliding window (window > 0: a query at p sees p - window + 1 .. p) masks the keys before it
+ * as well, and the block starts at the 16-key chunk of its earliest visible key: the chunks
+ * before it would add exact zeros to every query's max, sum and P.V, so skipping them keeps
+ * each query's bits whatever block it is in. */
 static void attend_block(const scratch *S, const bf16 *const *qrows, const int64_t *qpos, int qb, int d, int64_t ctx,
                          int64_t block_size, const bf16 *k_cache, const bf16 *v_cache, int64_t kv_row,
-                         int64_t head_off, float scale, bf16 *const *orows) {
+                         int64_t head_off, float scale, int64_t window, bf16 *const *orows) {
   const int dpad = (d + 31) / 32 * 32;
   const int64_t lpad = S->lpad;
+  int64_t l_lo = 0; /* the first 16-key chunk any query of the block sees */
+  if (window > 0) {
+    int64_t first = qpos[0];
+    for (int j = 1; j < qb; j++) first = qpos[j] < first ? qpos[j] : first;
+    first -= window - 1;
+    l_lo = first > 0 ? first / 16 * 16 : 0;
+  }
   /* Q^T as B tiles, per 32-wide d chunk: [16 d-pairs][QB queries][2]. */
   uint32_t qt[MAX_D / 32][16][QB] __attribute__((aligned(64)));
   memset(qt, 0, sizeof(uint32_t) * (dpad / 32) * 16 * QB);
@@ -172,7 +191,7 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
   float tile[16 * QB] __attribute__((aligned(64)));
   const __m512 lane = _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 vscale = _mm512_set1_ps(scale), ninf = _mm512_set1_ps(-INFINITY);
-  for (int64_t l0 = 0; l0 < ctx; l0 += 16) {
+  for (int64_t l0 = l_lo; l0 < ctx; l0 += 16) {
     int64_t stride;
     /* stale K rows past the context are fine here: their scores are masked to -inf below */
     const bf16 *a = context_rows(S, k_cache, l0, direct ? ctx + 16 : ctx, direct, d, kv_row, head_off, S->kbuf,
@@ -193,6 +212,7 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
     for (int j = 0; j < qb; j++) {
       __m512 sj = _mm512_mul_ps(round_bf16(r[j]), vscale);
       __mmask16 hidden = _mm512_cmp_ps_mask(keys, _mm512_set1_ps((float)qpos[j]), _CMP_GT_OQ);
+      if (window > 0) hidden |= _mm512_cmp_ps_mask(keys, _mm512_set1_ps((float)(qpos[j] - window + 1)), _CMP_LT_OQ);
       _mm512_storeu_ps(S->scores + j * lpad + l0, _mm512_mask_blend_ps(hidden, sj, ninf));
     }
   }
@@ -205,16 +225,16 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
       float *row = S->scores + j * lpad;
       n = (qpos[j] / 16 + 1) * 16;
       __m512 mx = ninf;
-      for (int64_t l = 0; l < n; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + l));
+      for (int64_t l = l_lo; l < n; l += 16) mx = _mm512_max_ps(mx, _mm512_loadu_ps(row + l));
       const __m512 vmax = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
       __m512 sum = _mm512_setzero_ps();
-      for (int64_t l = 0; l < n; l += 16) {
+      for (int64_t l = l_lo; l < n; l += 16) {
         __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(row + l), vmax));
         _mm512_storeu_ps(row + l, e);
         sum = _mm512_add_ps(sum, e);
       }
       const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
-      for (int64_t l = 0; l < n; l += 16) {
+      for (int64_t l = l_lo; l < n; l += 16) {
         const __m256i p = (__m256i)_mm512_cvtneps_pbh(_mm512_mul_ps(_mm512_loadu_ps(row + l), inv));
         const __m512i pairs = _mm512_cvtepu16_epi32(p); /* (p, 0) */
         _mm512_storeu_si512(even + l, pairs);
@@ -240,7 +260,7 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
       _tile_zero(4);
       _tile_zero(5);
       _tile_zero(6);
-      for (int64_t l0 = 0; l0 < ctx; l0 += 16) {
+      for (int64_t l0 = l_lo; l0 < ctx; l0 += 16) {
         int64_t stride;
         const bf16 *vb = context_rows(S, v_cache, l0, ctx, direct, d, kv_row, head_off, S->vbuf, &stride);
         for (int64_t l = l0 + S->prefetch; S->prefetch && l < l0 + S->prefetch + 16 && l < ctx; l++)
@@ -284,7 +304,7 @@ static void attend_block(const scratch *S, const bf16 *const *qrows, const int64
 static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int64_t t0, int64_t i_begin,
                          int64_t i_end, const int64_t *positions, int kvh, int g, int nkv, int d,
                          const int64_t *table, int64_t block_size, const bf16 *k_cache, const bf16 *v_cache,
-                         float scale, int prefetch_rows) {
+                         float scale, int64_t window, int prefetch_rows) {
   const int64_t kv_row = (int64_t)nkv * d, head_off = (int64_t)kvh * d;
   int64_t ctx = 0;
   for (int64_t i = i_begin / g; i <= (i_end - 1) / g; i++)
@@ -319,7 +339,7 @@ static void attend_group(const bf16 *q, int64_t ldq, bf16 *out, int64_t ldo, int
       qpos[j] = positions[t0 + i / g];
       if (qpos[j] + 1 > bctx) bctx = qpos[j] + 1;
     }
-    attend_block(&S, qrows, qpos, qb, d, bctx, block_size, k_cache, v_cache, kv_row, head_off, scale,
+    attend_block(&S, qrows, qpos, qb, d, bctx, block_size, k_cache, v_cache, kv_row, head_off, scale, window,
                  orows);
   }
 }
@@ -330,6 +350,7 @@ typedef struct {
   const int64_t *cu_q, *positions, *block_tables;
   int nq, nkv, d;
   float scale;
+  int64_t window;
   bf16 *out;
   int prefetch_rows;
   const int64_t *tasks; /* [n][4]: sequence, kv head, first and end query */
@@ -349,21 +370,22 @@ static void attention_part(void *arg, int tid, int nt) {
     const int64_t *T = J->tasks + 4 * task, b = T[0];
     attend_group(J->q, J->ldq, J->out, J->ldo, J->cu_q[b], T[2], T[3], J->positions, (int)T[1], J->nq / J->nkv,
                  J->nkv, J->d, J->block_tables + b * J->bt_stride, J->block_size, J->k_cache, J->v_cache,
-                 J->scale, J->prefetch_rows);
+                 J->scale, J->window, J->prefetch_rows);
   }
   _tile_release();
 }
 
 /* out[t, nq*d] = attention of q[t] (rows of stride ldq, head h at h*d) over its sequence's
  * cached context. Sequence b owns tokens cu_q[b]..cu_q[b+1] and block table row b
- * (block_tables + b*bt_stride); a token at position p attends to positions 0..p. d % 16 == 0.
+ * (block_tables + b*bt_stride); a token at position p attends to positions 0..p, or with
+ * window > 0 (a sliding layer) to p - window + 1 .. p. d % 16 == 0.
  * prefetch_rows: the software prefetch distance (0: none); the engine's setting, and why:
  * agentrt/kernels/paged_attention.py. A query's output is bit-identical whatever else is in the
  * call: alone in decode, one of many in draft verification or a (chunked) prefill. */
 void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const int64_t *cu_q,
                                   const int64_t *positions, const int64_t *block_tables,
                                   int64_t bt_stride, int64_t block_size, const bf16 *k_cache,
-                                  const bf16 *v_cache, int nq, int nkv, int d, float scale,
+                                  const bf16 *v_cache, int nq, int nkv, int d, float scale, int64_t window,
                                   bf16 *out, int64_t ldo, int num_threads, int prefetch_rows) {
   const int g = nq / nkv;
   int64_t tasks = 0;
@@ -379,7 +401,7 @@ void agentrt_paged_attention_bf16(const bf16 *q, int64_t ldq, int64_t B, const i
       }
   }
   attention_job job = {q, k_cache, v_cache, ldq, ldo, B, bt_stride, block_size, cu_q, positions, block_tables,
-                       nq, nkv, d, scale, out, prefetch_rows, list, {0}};
+                       nq, nkv, d, scale, window, out, prefetch_rows, list, {0}};
   const int nt = tasks < num_threads ? (int)tasks : num_threads;
   pool_chunks_init(&job.chunks, tasks, nt);
   pool_run(attention_part, &job, nt);

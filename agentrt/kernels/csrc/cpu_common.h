@@ -3,6 +3,7 @@
 #define AGENTRT_CPU_COMMON_H
 
 #include <immintrin.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,6 +85,29 @@ static inline __m512 exp_ps(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201E-1f));
   p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
   return _mm512_maskz_mov_ps(live, _mm512_scalef_ps(p, n));
+}
+
+/* The references' rms-norms of one K-wide row, 16 lanes at a time (a scalar loop cost ~1.1 us
+ * per 576-wide row: 1 ms of a 16-token step). w_f32 = 0: Llama's, w bf16:
+ * bf16(w * bf16(x * rsqrt(mean(x^2) + eps))). w_f32 = 1: Gemma's, w the fp32 (1 + weight):
+ * bf16((x * rsqrt(mean(x^2) + eps)) * w), scaled in fp32 before the one rounding. out may be x
+ * (each element is read before it is written). */
+static inline void norm_row(const bf16 *x, const void *w, int w_f32, int64_t K, float eps, bf16 *out) {
+  __m512 ss = _mm512_setzero_ps();
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? 0xffff : (__mmask16)((1u << (K - k)) - 1);
+    const __m512 v = load_bf16(x + k, m);
+    ss = _mm512_fmadd_ps(v, v, ss);
+  }
+  const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)K + eps));
+  for (int64_t k = 0; k < K; k += 16) {
+    const __mmask16 m = K - k >= 16 ? 0xffff : (__mmask16)((1u << (K - k)) - 1);
+    const __m512 xn = _mm512_mul_ps(load_bf16(x + k, m), r);
+    if (w_f32)
+      store_bf16(out + k, _mm512_mul_ps(xn, _mm512_maskz_loadu_ps(m, (const float *)w + k)), m);
+    else
+      store_bf16(out + k, _mm512_mul_ps(load_bf16((const bf16 *)w + k, m), round_bf16(xn)), m);
+  }
 }
 
 #endif

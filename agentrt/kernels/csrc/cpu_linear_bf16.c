@@ -12,7 +12,7 @@
  *
  * Packed weight layout (agentrt/kernels/linear.py:pack_weight): [units][K32 / 2][16][2] bf16,
  * K32 = K rounded up to 32, one unit = 16 output rows (zero padded): each 1 KB run of 16 k-pairs
- * is an AMX B tile. For the SiLU-gated epilogue, units alternate gate/up (unit 2i: gate rows
+ * is an AMX B tile. For the gated epilogues, units alternate gate/up (unit 2i: gate rows
  * 16i.., unit 2i+1: the matching up rows).
  */
 #include <immintrin.h>
@@ -26,6 +26,7 @@
 #define EPI_NONE 0
 #define EPI_RESIDUAL 1 /* y = bf16(res + bf16(acc)) */
 #define EPI_SILU_MUL 2 /* y = bf16(bf16(silu(bf16(acc_gate))) * bf16(acc_up)) */
+#define EPI_GELU_MUL 3 /* y = bf16(bf16(gelu_tanh(bf16(acc_gate))) * bf16(acc_up)): GeGLU */
 
 #define NB 4 /* units (C tiles) per pass over a k range */
 
@@ -37,21 +38,14 @@ int agentrt_amx_init(void) {
   return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
 }
 
-/* The reference rms_norm: bf16(weight * bf16(x * rsqrt(mean(x^2) + eps))), 16 lanes at a time
- * (a scalar loop cost ~1.1 us per 576-wide row: 1 ms of a 16-token step, in the caller alone). */
-static void rms_norm_row(const bf16 *x, const bf16 *w, int64_t K, float eps, bf16 *out) {
-  __m512 ss = _mm512_setzero_ps();
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? 0xffff : (__mmask16)((1u << (K - k)) - 1);
-    const __m512 v = load_bf16(x + k, m);
-    ss = _mm512_fmadd_ps(v, v, ss);
-  }
-  const __m512 r = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(ss) / (float)K + eps));
-  for (int64_t k = 0; k < K; k += 16) {
-    const __mmask16 m = K - k >= 16 ? 0xffff : (__mmask16)((1u << (K - k)) - 1);
-    const __m512 xn = round_bf16(_mm512_mul_ps(load_bf16(x + k, m), r));
-    store_bf16(out + k, _mm512_mul_ps(load_bf16(w + k, m), xn), m);
-  }
+/* gelu_tanh(x) = 0.5 x (1 + tanh(y)) = x / (1 + e^(-2y)), y = sqrt(2/pi) (x + 0.044715 x^3): the
+ * second form never subtracts nearly equal numbers (torch's formula, rounded the same way but for
+ * exp's last bits), as the fused quantized decoder computes it. */
+static inline __m512 gelu_tanh_ps(__m512 x) {
+  const __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+  const __m512 y = _mm512_mul_ps(_mm512_set1_ps(0.7978845608028654f), _mm512_fmadd_ps(_mm512_set1_ps(0.044715f), x3, x));
+  const __m512 e = exp_ps(_mm512_mul_ps(_mm512_set1_ps(-2.0f), y));
+  return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
 /* Write rows [0, mt) of the accumulators acc[b][16 rows][16] for units u0..u0+nb. */
@@ -59,13 +53,15 @@ static void store_tile(const float *acc, int mt, int64_t u0, int nb, int64_t N, 
                        int epilogue, const bf16 *res, int64_t ldr, void *y, int64_t ldy, int out_f32) {
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int m = 0; m < mt; m++) {
-    if (epilogue == EPI_SILU_MUL) {
+    if (epilogue == EPI_SILU_MUL || epilogue == EPI_GELU_MUL) {
       for (int b = 0; b + 1 < nb; b += 2) {
         int64_t n0 = ((u0 + b) / 2) * 16;
         __mmask16 k = N - n0 >= 16 ? 0xffff : (__mmask16)((1u << (N - n0)) - 1);
         __m512 g = round_bf16(_mm512_loadu_ps(acc + (b * 16 + m) * 16));
         __m512 u = round_bf16(_mm512_loadu_ps(acc + ((b + 1) * 16 + m) * 16));
-        __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        __m512 s = epilogue == EPI_GELU_MUL
+                       ? gelu_tanh_ps(g)
+                       : _mm512_div_ps(g, _mm512_add_ps(one, exp_ps(_mm512_sub_ps(_mm512_setzero_ps(), g))));
         store_bf16((bf16 *)y + m * ldy + n0, _mm512_mul_ps(round_bf16(s), u), k);
       }
       continue;
@@ -188,12 +184,13 @@ static void linear_part(void *arg, int tid, int nt) {
 }
 
 /* y[M, N] = epilogue(norm(x)[M, K] W^T + bias).
- * w: packed weight of `units` 16-row units; N: output columns (for EPI_SILU_MUL the gated width,
- * half the packed rows). norm_w: rms-norm weight applied to x first, or NULL. res may alias y
+ * w: packed weight of `units` 16-row units; N: output columns (for EPI_SILU_MUL and EPI_GELU_MUL
+ * the gated width, half the packed rows). norm_w: rms-norm weight applied to x first, or NULL:
+ * bf16 (Llama's norm), or with norm_f32 Gemma's fp32 (1 + weight) (norm_row). res may alias y
  * (each element is read, then written, by one thread). out_f32: write fp32 (bf16-rounded) values. */
 void agentrt_linear_bf16(const bf16 *w, int64_t units, int64_t N, int64_t K, const bf16 *x,
-                         int64_t M, int64_t ldx, const bf16 *norm_w, float eps, const bf16 *bias,
-                         int epilogue, const bf16 *res, int64_t ldr, void *y, int64_t ldy,
+                         int64_t M, int64_t ldx, const void *norm_w, int norm_f32, float eps,
+                         const bf16 *bias, int epilogue, const bf16 *res, int64_t ldr, void *y, int64_t ldy,
                          int out_f32, int num_threads) {
   /* x, normed or not, copied into zero-padded [M16, K32] so every A tile load is full. */
   const int64_t K32 = (K + 31) / 32 * 32, M16 = (M + 15) / 16 * 16;
@@ -202,7 +199,7 @@ void agentrt_linear_bf16(const bf16 *w, int64_t units, int64_t N, int64_t K, con
   memset(xp, 0, (size_t)(M16 * K32) * sizeof(bf16));
   for (int64_t m = 0; m < M; m++) {
     if (norm_w)
-      rms_norm_row(x + m * ldx, norm_w, K, eps, xp + m * K32);
+      norm_row(x + m * ldx, norm_w, norm_f32, K, eps, xp + m * K32);
     else
       memcpy(xp + m * K32, x + m * ldx, (size_t)K * sizeof(bf16));
   }
