@@ -29,17 +29,17 @@ def _check_k(k: int, what: str = "k") -> int:
 
 def expected_tokens(alpha: float, k: int) -> float:
     """Expected tokens emitted by one verification of k drafts with i.i.d. acceptance alpha:
-    (1 - alpha^(k+1)) / (1 - alpha), which is k + 1 at alpha = 1."""
+    expected_accepted's sum with every position at alpha (the closed form
+    (1 - alpha^(k+1)) / (1 - alpha), k + 1 at alpha = 1), plus the target's own token."""
     a, k = _check_alpha(alpha), _check_k(k)
-    if a > 1.0 - 1e-9:  # the closed form divides 0 by 0 at alpha = 1; the sum is exact there
-        return float(sum(a**j for j in range(k + 1)))
-    return (1.0 - a ** (k + 1)) / (1.0 - a)
+    return expected_tokens_positional([a] * k)
 
 
 def expected_accepted(accept_probs: Sequence[float]) -> float:
     """Expected accepted drafts when draft position j is accepted with probability accept_probs[j]
     given that every earlier draft was: sum_j prod_{i<=j} a_i (the sum of the marginal gains).
-    Grammar-forced positions have a = 1; len(accept_probs) is the draft length."""
+    Grammar-forced positions have a = 1; len(accept_probs) is the draft length. The one formula
+    of the expectation: the others here, the k controller's and the engine's draft plan call it."""
     return sum(marginal_gains(accept_probs), 0.0)
 
 
