@@ -78,10 +78,10 @@ class ModelConfig:
     def attention_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
-    def fused_kernel_gaps(self) -> list[str]:
-        """The features of this model that the bf16 C kernels and the Triton layer ops do not
-        implement: they run Llama-layout layers only. (The fused quantized decoder runs every
-        feature here: models/quant_forward.py.)"""
+    def triton_gaps(self) -> list[str]:
+        """The features of this model that the Triton layer ops do not implement: they run
+        Llama-layout layers only. (The bf16 C kernels and the fused quantized decoder run every
+        feature here: models/kernel_forward.py, models/quant_forward.py.)"""
         gaps = [("QK-norm", self.qk_norm), ("GeGLU", self.hidden_act != "silu"), ("Gemma norms", self.gemma_norms),
                 ("sliding-window layers", SLIDING_ATTENTION in self.layer_types),
                 ("a per-layer rotary base", self.rope_local_theta is not None),

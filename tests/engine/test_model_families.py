@@ -60,9 +60,9 @@ def test_logits_match_transformers(family, batch_invariant, tiny_loaded, tiny_mo
 
 def test_families_parse_their_features(tiny_loaded):
     llama3, qwen3, gemma3 = (tiny_loaded(f).model.cfg for f in FAMILIES)
-    assert llama3.rope_scaling.kind == "llama3" and not llama3.fused_kernel_gaps()
+    assert llama3.rope_scaling.kind == "llama3" and not llama3.triton_gaps()
     assert qwen3.qk_norm and not qwen3.attention_bias and qwen3.head_dim == 32 != qwen3.hidden_size // 4
-    assert qwen3.fused_kernel_gaps() == ["QK-norm"]
+    assert qwen3.triton_gaps() == ["QK-norm"]
     assert gemma3.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
     assert (gemma3.sliding_window, gemma3.rope_local_theta, gemma3.rope_theta) == (6, 1e4, 1e6)
     assert (gemma3.rope_scaling.kind, gemma3.rope_scaling.factor) == ("linear", 2.0)
@@ -83,24 +83,38 @@ def test_gemma3_sliding_window_is_applied(tiny_loaded):
 
 
 @pytest.mark.parametrize("family", ["qwen3", "gemma3"])
-def test_fused_kernels_refuse_with_the_missing_features(family, tiny_model_dir):
-    """The bf16 C decoder runs Llama layers only: asked for, it names what it lacks; by default the
-    PyTorch path runs the model."""
-    from agentrt.engine.model_loader import load_model
+def test_bf16_runs_on_the_c_kernels(family, tiny_loaded):
+    """In bf16 on CPU the C decoder runs the later families too (tests/engine/test_kernel_forward.py
+    holds its logits against the PyTorch path's), with the layers' features in its table; the
+    Triton path still refuses them, naming what it lacks."""
+    from agentrt.engine.models.layer_ops import triton_support
+    from agentrt.kernels.cpu_build import unsupported_reason
 
-    loaded = load_model(str(tiny_model_dir(family)), "bfloat16", progress=False)
-    assert not loaded.model.kernels_enabled
-    sd = load_state_dict(loaded.source.path, loaded.model.cfg, torch.bfloat16)
-    with pytest.raises(ModelLoadError, match="QK-norm"):
-        LlamaModel(loaded.model.cfg, sd, use_kernels=True)
+    if unsupported_reason() is not None:
+        pytest.skip(f"CPU kernels cannot run here: {unsupported_reason()}")
+    model = tiny_loaded(family, "bfloat16").model
+    assert model.kernels_enabled
+    dec = model.kernel_decoder
+    assert all(ly.q_norm is not None for ly in dec.layers)
+    if family == "gemma3":
+        assert [ly.window for ly in dec.layers] == [6, None, 6] and all(ly.gelu and ly.gemma_norms for ly in dec.layers)
+        assert dec.layers[0].cos is model.local_rope.cos and dec.layers[1].cos is None
+    assert "QK-norm" in triton_support(model.cfg, torch.bfloat16, quantized=False)
 
 
 PROMPTS = ["one two three four five six seven. one two three four five", "the the the the", "a b c d e f g"]
 
 
-@pytest.mark.parametrize("family", FAMILIES)
-def test_greedy_same_with_speculation_and_in_a_batch(family, tiny_loaded, make_engine):
-    loaded = tiny_loaded(family)
+@pytest.mark.parametrize("family,dtype", [(f, "float32") for f in FAMILIES] + [("qwen3", "bfloat16"),
+                                                                                ("gemma3", "bfloat16")])
+def test_greedy_same_with_speculation_and_in_a_batch(family, dtype, tiny_loaded, make_engine):
+    """bf16: on the C kernels (batch invariant, so exact as fp32 is)."""
+    from agentrt.kernels.cpu_build import unsupported_reason
+
+    if dtype == "bfloat16" and unsupported_reason() is not None:
+        pytest.skip(f"CPU kernels cannot run here: {unsupported_reason()}")
+    loaded = tiny_loaded(family, dtype)
+    assert loaded.model.kernels_enabled == (dtype == "bfloat16")
     params = SamplingParams(max_tokens=16, temperature=0, ignore_eos=True)
     base = make_engine(loaded)
     alone = [base.generate([p], params)[0].token_ids for p in PROMPTS]

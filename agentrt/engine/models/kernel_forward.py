@@ -2,12 +2,14 @@
 one call (agentrt/kernels/decoder.py), five kernels per layer:
 
     qkv  = linear(h, Wqkv, norm=attn_norm)           rms-norm fused into the projection
-    rotary_kv_write(qkv -> q, k_cache, v_cache)      rotary on q and k, K/V into their slots
-    attn = paged_attention(q, caches, block tables)  straight from the paged cache
+    rotary_kv_write(qkv -> q, k_cache, v_cache)      (QK-norm,) rotary on q and k, K/V into their slots
+    attn = paged_attention(q, caches, block tables)  straight from the paged cache (sliding window)
     h    = linear(attn, Wo, residual=h)              residual add fused, h updated in place
-    act  = linear(h, Wgate_up, norm=mlp_norm, silu)  SiLU(gate) * up fused
+    act  = linear(h, Wgate_up, norm=mlp_norm, silu)  SiLU(gate) * up fused (GeGLU: gelu_tanh(gate) * up)
     h    = linear(act, Wdown, residual=h)
 
+(Gemma 3: the attention and MLP outputs normed before their adds, every norm Gemma's (1 + w), the
+sliding layers' own rotary tables; the embedding scaled before, the logits soft-capped after),
 then the final norm fused into the head. Every op rounds to bf16 where the PyTorch path's
 separate ops do, so the two paths differ by float summation order only
 (tests/engine/test_kernel_forward.py). Used for every batch the model runs in bf16 on CPU:
@@ -24,16 +26,14 @@ import torch
 
 from agentrt.engine.kv_cache import KVCache
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput
-from agentrt.engine.models.layers import rms_norm
 from agentrt.kernels.cpu_build import cpu_kernels
 from agentrt.kernels.decoder import Dims, LayerWeights, decoder_layers, layer_table
-from agentrt.kernels.linear import linear
+from agentrt.kernels.linear import linear, norm_reference
+
 
 def kernel_support(cfg, dtype: torch.dtype, device: torch.device) -> str | None:
-    """Why the kernel forward cannot run this model here, or None when it can."""
-    gaps = cfg.fused_kernel_gaps()
-    if gaps:
-        return f"the C kernels run Llama-layout layers; this {cfg.architecture} model has {', '.join(gaps)}"
+    """Why the kernel forward cannot run this model here, or None when it can (every feature of
+    engine/config.py's families runs on it)."""
     if device.type != "cpu" or dtype != torch.bfloat16:
         return f"the C kernels run bf16 on CPU (this model is {dtype} on {device})"
     if cfg.head_dim % 16 or cfg.head_dim > 256:
@@ -52,9 +52,14 @@ class KernelDecoder:
         cfg = model.cfg
         self.dims = Dims(cfg.hidden_size, cfg.intermediate_size, cfg.num_attention_heads, cfg.num_key_value_heads,
                          cfg.head_dim, cfg.rms_norm_eps, model.scale)
+        local = model.local_rope  # the sliding layers' rotary tables (Gemma 3), None: every layer the model's
+        opt = lambda t: None if t is None else t.contiguous()  # noqa: E731  (held here: the table has their addresses)
         self.layers = [
-            LayerWeights(ly.qkv.kernel, ly.qkv.bias, ly.o.kernel, ly.gate_up.kernel, ly.down.kernel, ly.attn_norm,
-                         ly.mlp_norm)
+            LayerWeights(ly.qkv.kernel, ly.qkv.bias, ly.o.kernel, ly.gate_up.kernel, ly.down.kernel,
+                         ly.attn_norm.contiguous(), ly.mlp_norm.contiguous(), q_norm=opt(ly.q_norm),
+                         k_norm=opt(ly.k_norm), attn_out_norm=opt(ly.attn_out_norm), mlp_out_norm=opt(ly.mlp_out_norm),
+                         cos=local.cos if ly.local_rope else None, sin=local.sin if ly.local_rope else None,
+                         window=ly.window, gelu=cfg.hidden_act == "gelu_tanh", gemma_norms=cfg.gemma_norms)
             for ly in model.layers
         ]
         self._tables: weakref.WeakKeyDictionary[KVCache, torch.Tensor] = weakref.WeakKeyDictionary()
@@ -73,10 +78,15 @@ def kernel_forward(model, batch: ForwardBatch, kv: KVCache, num_layers: int, ret
         raise ValueError(f"positions and slot_mapping must be int64, got {positions.dtype} and {slots.dtype}")
     threads = torch.get_num_threads()
     h = model.embed[batch.input_ids]  # [T, hidden], a fresh tensor: updated in place
+    if model.embed_scale is not None:  # Gemma: as the PyTorch path scales it, one bf16 multiply
+        h = h * model.embed_scale.to(h.dtype)
     decoder_layers(dec.table(kv), num_layers, dec.dims, h, positions, model.rope.cos, model.rope.sin, slots,
                    meta.cu_q, meta.block_tables, meta.block_size, threads)
     if batch.logits_indices is not None:
         h = h[batch.logits_indices]
-    eps = dec.dims.eps
+    eps, cap = dec.dims.eps, model.cfg.final_logit_softcapping
+    # the final norm fused into the head: Llama's with a bf16 weight, Gemma's with its fp32 (1 + w)
     logits = linear(h, model.lm_head.kernel, norm_weight=model.norm, eps=eps, out_dtype=torch.float32, num_threads=threads)
-    return ForwardOutput(logits=logits, hidden=rms_norm(h, model.norm, eps) if return_hidden else None)
+    if cap is not None:
+        logits = torch.tanh(logits / cap) * cap
+    return ForwardOutput(logits=logits, hidden=norm_reference(h, model.norm, eps) if return_hidden else None)

@@ -31,7 +31,7 @@ def activation(name: str):
 
 def triton_support(cfg, dtype: torch.dtype, quantized: bool) -> str | None:
     """Why the Triton layer ops cannot run this model, or None when they can."""
-    gaps = cfg.fused_kernel_gaps()
+    gaps = cfg.triton_gaps()
     if gaps:
         return f"the Triton path runs Llama-layout layers; this {cfg.architecture} model has {', '.join(gaps)}"
     if quantized:

@@ -119,7 +119,7 @@ class LlamaModel:
         self.kernels_enabled = kernel
         self.kernel_decoder = KernelDecoder(self) if kernel else None
         self.quant_decoder = QuantDecoder(self) if self.quantized and quant_support(self) is None else None
-        if self.quantized and self.quant_decoder is None and cfg.fused_kernel_gaps():
+        if self.quantized and self.quant_decoder is None:
             log.info("%s: each layer runs on the PyTorch path (its linears on the int8 kernels)", quant_support(self))
         self.quant_fused = self.quant_decoder is not None
 
@@ -250,6 +250,6 @@ def _want_kernels(use_kernels: bool | None, cfg: ModelConfig, dtype: torch.dtype
     reason = kernel_support(cfg, dtype, device)
     if reason is not None and use_kernels:
         raise ModelLoadError(f"use_kernels=True but {reason}")
-    if reason is not None and cfg.fused_kernel_gaps():
+    if reason is not None and device.type == "cpu" and dtype == torch.bfloat16:
         log.info("%s: the PyTorch path runs it", reason)
     return reason is None
