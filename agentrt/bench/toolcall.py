@@ -31,14 +31,14 @@ import torch
 from rich.console import Console
 
 from agentrt.bench.common import BenchResult
-from agentrt.dag.streamed_calls import StreamedCalls
-from agentrt.tables import print_table
-from agentrt.bench.toolcall_budget import run_budgets
-from agentrt.bench.toolcall_parallel import run_parallel
 from agentrt.bench.prompts import TOOLCALL_REQUESTS, TOOLS, toolcall_messages
 from agentrt.bench.spec import load_hf, new_engine, run_hf, run_ours, shared_cost_model
+from agentrt.bench.toolcall_budget import run_budgets
+from agentrt.bench.toolcall_parallel import run_parallel
+from agentrt.dag.streamed_calls import StreamedCalls
 from agentrt.engine.spec_runner import SpecConfig
 from agentrt.spec.report import SpecFigures
+from agentrt.tables import print_table
 
 WARMUP_CHAT = [{"role": "user", "content": "Say hello."}]
 HF_MAX_TOKENS = 64  # the unconstrained reference rambles to any limit; its tok/s needs no more
@@ -124,7 +124,7 @@ def measure(loaded, hf_model, prompts: list[list[int]], rf: dict, policies: list
 
 
 def _parse(fmt, text: str) -> tuple[Any, str | None]:
-    from agentrt.spec.structured import parse_output
+    from agentrt.structured.output_format import parse_output
 
     try:
         return parse_output(fmt, text), None
@@ -243,7 +243,7 @@ def per_request(best: dict[str, list[dict]], policies: list[Policy], expected: l
 
 def run(args: argparse.Namespace) -> BenchResult:
     from agentrt.engine.model_loader import load_model
-    from agentrt.spec.structured import parse_response_format
+    from agentrt.structured.output_format import parse_response_format
 
     console = Console(stderr=True)
     # Every string in the tool schemas is bounded, so a value the model loops in still ends; the

@@ -22,7 +22,7 @@ def multi_call_format(tools: list[dict] = TOOLS) -> dict:
 
 def minimum_budget(engine, rf: dict) -> int:
     """Tokens of the completion from an empty output: the least max_tokens that can be valid."""
-    from agentrt.spec.structured import parse_response_format
+    from agentrt.structured.output_format import parse_response_format
 
     return engine.constraints.grammars.minimum_tokens(parse_response_format(rf), engine.tokenizer.encode)
 

@@ -14,7 +14,7 @@ from agentrt.engine.llm_engine import EngineConfig, LLMEngine
 from agentrt.engine.outputs import GenerationResult, TokenEvent
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.sequence import Sequence
-from agentrt.spec.tool_formats import ToolCallFormat
+from agentrt.structured.tool_formats import ToolCallFormat
 
 T = TypeVar("T")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentrt.spec.tool_formats import FORMATS
+from agentrt.structured.tool_formats import FORMATS
 
 DTYPE_CHOICES = ("auto", "quantized", "bfloat16", "float32")
 

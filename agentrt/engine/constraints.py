@@ -19,7 +19,7 @@ from agentrt.engine.step_tree import tree_masks
 from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.grammar import (GRAMMAR_CACHE_BYTES, GrammarCache, GrammarState, apply_masks, masked_argmax,
                                   shared_grammar_cache)
-from agentrt.spec.structured import OutputFormat
+from agentrt.structured.output_format import OutputFormat
 
 
 @dataclass

@@ -37,8 +37,9 @@ from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
 from agentrt.spec.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
-from agentrt.spec.structured import OutputFormat, parse_output, parse_response_format, with_instructions, with_syntax
-from agentrt.spec.tool_formats import ToolCallFormat, detect_tool_format, tool_format
+from agentrt.structured.output_format import (OutputFormat, parse_output, parse_response_format, with_instructions,
+                                             with_syntax)
+from agentrt.structured.tool_formats import ToolCallFormat, detect_tool_format, tool_format
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ class EngineConfig:
     # on the rest of the batch: greedy output the same with and without speculation, alone or
     # batched (models/invariant.py; several times slower). The C kernels are invariant anyway.
     batch_invariant: bool = False
-    # the syntax tool calls are rendered, constrained and parsed in (spec.tool_formats): "auto"
+    # the syntax tool calls are rendered, constrained and parsed in (structured.tool_formats): "auto"
     # reads it from the chat template and architecture; a format's name forces it
     tool_format: str = "auto"
 
@@ -144,7 +145,7 @@ class LLMEngine:
 
     def format_messages(self, messages: list[dict], fmt: OutputFormat) -> tuple[list[dict], list[dict] | None]:
         """The chat messages, and the tools for the chat template, that a request with this output
-        format is encoded from: the format's instructions added (spec.structured.with_instructions)."""
+        format is encoded from: the format's instructions added (structured.output_format.with_instructions)."""
         if not fmt.described:
             return messages, None
         return with_instructions(messages, with_syntax(fmt, self.tool_format), self.tokenizer.has_tools_template,

@@ -31,7 +31,7 @@ def message_token_counts(tokenizer: Any, messages: list[dict], tools: list[dict]
 def prompt_parts(tokenizer: Any, asked: list[dict], sent: list[dict], tools: list[dict] | None) -> list[dict[str, Any]]:
     """The parts of a prompt as [{"part", "tokens", "added"}]: one per message the engine encoded
     ("0:system", "1:user", ...), then "generation prompt". `sent` is `asked` with the engine's
-    additions (spec.structured.with_instructions: instructions joined to a message, or a system
+    additions (structured.output_format.with_instructions: instructions joined to a message, or a system
     message put first) and `tools` what it gave the chat template; `added` is how many of a part's
     tokens those additions account for (the same count for the message as asked, subtracted).
     A chat template that refuses a part of the conversation (some require the tools' user turn)

@@ -36,7 +36,7 @@ class Sequence:
     cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (prefill saved)
     first_token_time: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # owner's annotations (program, node)
-    output_format: Any = None  # agentrt.spec.structured.OutputFormat when constrained
+    output_format: Any = None  # agentrt.structured.output_format.OutputFormat when constrained
     grammar: Any = None  # agentrt.spec.grammar.GrammarState when constrained
     penalties: Any = None  # agentrt.decoding.penalties.Penalties when the request asks for any
     logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked for

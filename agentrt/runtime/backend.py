@@ -27,7 +27,7 @@ class LLMRequest:
     {"type": "json_schema", "json_schema": {...}} or {"type": "tool_call", "tools": [...],
     "allow_text": bool} (with "tool_choice": "none" the tools are described but the answer is
     text: an agent loop's last step; with "required" or a named tool, the answer is a call:
-    agentrt.spec.structured). priority: smaller runs sooner. hints: what a scheduler may use, e.g.
+    agentrt.structured.output_format). priority: smaller runs sooner. hints: what a scheduler may use, e.g.
     {"next_is_tool": True} when a tool call follows this call (its KV could be held)."""
 
     messages: tuple[Mapping[str, Any], ...]

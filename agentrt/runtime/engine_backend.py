@@ -22,9 +22,9 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
 from agentrt.errors import RequestError
 from agentrt.jsonutil import parse_json
-from agentrt.spec.tool_formats import ToolCallFormat
 from agentrt.runtime.backend import (AheadResult, EngineStep, KVPin, LLMRequest, LLMResponse, LLMStepEvent, PromptRecord, StepCallback,
                                      Usage)
+from agentrt.structured.tool_formats import ToolCallFormat
 
 if TYPE_CHECKING:  # the runtime imports torch only when it runs an engine
     from agentrt.engine.async_engine import AsyncEngine
@@ -257,7 +257,7 @@ class EngineBackend:
         part (none when counting them fails: the trace's account never fails the call)."""
         from agentrt.engine.messages import normalize_messages
         from agentrt.engine.prompt_parts import prompt_parts
-        from agentrt.spec.structured import parse_response_format
+        from agentrt.structured.output_format import parse_response_format
 
         asked = normalize_messages(messages)
         sent, tools = self.engine.format_messages(asked, parse_response_format(response_format))

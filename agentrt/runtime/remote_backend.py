@@ -152,7 +152,7 @@ class RemoteEngineBackend(ClientSignals):
 
     @property
     def tool_format(self) -> Any:
-        from agentrt.spec.tool_formats import FORMATS, HOUSE
+        from agentrt.structured.tool_formats import FORMATS, HOUSE
 
         names = [s.status.get("tool_format") for s in self._workers.values()]
         return FORMATS.get(names[0], HOUSE) if names else HOUSE

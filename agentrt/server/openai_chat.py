@@ -9,7 +9,7 @@ What maps to what:
     response_format json_object / json_schema   grammar-constrained JSON
 Streaming sends chunks as OpenAI does: the role first, then content deltas or tool_call deltas
 (index, id and name, then argument fragments), the finish_reason, usage when asked, [DONE].
-Calls are read in the model family's own format (spec.tool_formats: the engine's tool_format);
+Calls are read in the model family's own format (structured.tool_formats: the engine's tool_format);
 with one that lets text come before the calls (Qwen's <tool_call> blocks), that text is the
 message's content beside its tool_calls.
 """
@@ -33,9 +33,9 @@ from agentrt.server.schemas import (AssistantMessage, ChatCompletion, ChatComple
                                     PromptTokensDetails, SpecStats, ToolCallDelta, ToolCallOut, UsageOut)
 from agentrt.server.tool_stream import Delta as CallDelta, FamilyToolCallStream, ToolCallStream
 from agentrt.spec.report import SpecFigures
-from agentrt.spec.structured import dumps
-from agentrt.spec.tool_formats import HOUSE, ToolCallFormat
-from agentrt.spec.tool_parse import parse_tool_calls
+from agentrt.structured.output_format import dumps
+from agentrt.structured.tool_formats import HOUSE, ToolCallFormat
+from agentrt.structured.tool_parse import parse_tool_calls
 
 TRUNCATED = "structured output truncated"
 

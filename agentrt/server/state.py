@@ -22,7 +22,7 @@ from agentrt.server.metrics import IN_PROCESS, ServerMetrics
 from agentrt.server.openai_chat import ChatService
 from agentrt.server.runs import RunManager, ServedRun
 from agentrt.server.schemas import InputWanted, RunError, RunInfo
-from agentrt.spec.tool_formats import HOUSE
+from agentrt.structured.tool_formats import HOUSE
 
 log = logging.getLogger("agentrt.server")
 

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 from typing import Callable
 
-from agentrt.spec.tool_formats import ToolCallFormat
-from agentrt.spec.tool_parse import call_wrappers, calls_start
+from agentrt.structured.tool_formats import ToolCallFormat
+from agentrt.structured.tool_parse import call_wrappers, calls_start
 
 Delta = tuple[int, "str | None", "str | None", str]  # (call index, id, name, arguments fragment)
 
@@ -97,13 +97,13 @@ class ToolCallStream:
 
 
 class FamilyToolCallStream:
-    """A model family's call turn (spec.tool_formats) as it is generated: the text before the
+    """A model family's call turn (structured.tool_formats) as it is generated: the text before the
     calls as content (held back while it could be the start of a marker such as <tool_call>),
     each call object through a ToolCallStream (index, id and name, then argument fragments), and
     what wraps and separates the calls (markers, <tool_call> tags, list brackets, "; ", fences)
     dropped. feed() returns content strings and Delta tuples in the order they were written.
 
-    >>> from agentrt.spec.tool_formats import QWEN
+    >>> from agentrt.structured.tool_formats import QWEN
     >>> s = FamilyToolCallStream(QWEN, new_id=lambda: "call_1")
     >>> s.feed('Checking.\\n<tool')
     ['Checking.\\n']

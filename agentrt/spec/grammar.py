@@ -17,7 +17,7 @@ import torch
 
 from agentrt.errors import RequestError
 from agentrt.kernels.argmax import argmax_rows
-from agentrt.spec.structured import SEPARATORS, OutputFormat
+from agentrt.structured.output_format import SEPARATORS, OutputFormat
 
 
 class _Xgrammar:
@@ -101,7 +101,7 @@ def _text_grammar(excluded_first: str, openers: tuple[str, ...] = ()) -> xgr.Gra
 
 
 def family_grammar(fmt: OutputFormat, call_grammar: xgr.Grammar) -> xgr.Grammar:
-    """A model family's call turn (spec.tool_formats) around the grammar of one call object: the
+    """A model family's call turn (structured.tool_formats) around the grammar of one call object: the
     turn alone (tool_choice required or named), or text that does not start like it (none), or
     either (auto)."""
     text = _text_grammar(fmt.syntax.first_chars(fmt.parallel), fmt.syntax.text_openers)

@@ -47,7 +47,7 @@ def test_spec_bench_rows_and_summary(tiny, tiny_hf):
 def test_toolcall_bench_rows_and_summary(tiny, tiny_hf):
     from agentrt.bench import toolcall
     from agentrt.bench.prompts import TOOLS
-    from agentrt.spec.structured import parse_response_format
+    from agentrt.structured.output_format import parse_response_format
 
     tools = [t for t in TOOLS if t["function"]["name"] == "get_stock_price"]
     rf = toolcall.response_format(tools)

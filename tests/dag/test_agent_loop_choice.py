@@ -10,7 +10,7 @@ import pytest
 from agentrt.dag import Program, ToolCall
 from agentrt.dag.export import describe
 from agentrt.errors import ProgramRunError, ProgramValidationError, RequestError
-from agentrt.spec.structured import instructions, parse_output, parse_response_format
+from agentrt.structured.output_format import instructions, parse_output, parse_response_format
 
 SEARCH = {"name": "search", "description": "Search the web", "parameters": {
     "type": "object", "properties": {"query": {"type": "string", "maxLength": 3}}, "required": ["query"]}}

@@ -12,7 +12,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from agentrt.server.tool_stream import FamilyToolCallStream
-from agentrt.spec.tool_formats import GEMMA3, LLAMA3, MISTRAL, QWEN
+from agentrt.structured.tool_formats import GEMMA3, LLAMA3, MISTRAL, QWEN
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city.",
                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},

@@ -1,11 +1,11 @@
-"""Schemas no finite JSON value satisfies are found before generation (agentrt.spec.schema_finite)."""
+"""Schemas no finite JSON value satisfies are found before generation (agentrt.structured.schema_finite)."""
 from __future__ import annotations
 
 import pytest
 
 from agentrt.errors import RequestError
-from agentrt.spec.schema_finite import unfinishable_part
-from agentrt.spec.structured import parse_response_format
+from agentrt.structured.output_format import parse_response_format
+from agentrt.structured.schema_finite import unfinishable_part
 
 
 def _tree(child_schema: dict, required: bool = True) -> dict:

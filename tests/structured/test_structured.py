@@ -10,8 +10,8 @@ from scipy.stats import chisquare
 
 from agentrt.decoding.sampling import process_logits
 from agentrt.errors import RequestError
-from agentrt.spec.structured import instructions, parse_output, parse_response_format, with_instructions
 from agentrt.spec.verify import verify_drafts
+from agentrt.structured.output_format import instructions, parse_output, parse_response_format, with_instructions
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Forecast", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}

@@ -11,8 +11,8 @@ from agentrt.spec.drafters.base import DraftRequest
 from agentrt.spec.drafters.suffix import SuffixDrafter
 from agentrt.spec.drafters.template import TemplateDrafter
 from agentrt.spec.grammar import GrammarCache, GrammarState, tokenizer_info, xgr
-from agentrt.spec.structured import parse_response_format, with_syntax
-from agentrt.spec.tool_formats import GEMMA3, LLAMA3, MISTRAL, QWEN
+from agentrt.structured.output_format import parse_response_format, with_syntax
+from agentrt.structured.tool_formats import GEMMA3, LLAMA3, MISTRAL, QWEN
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
@@ -110,7 +110,7 @@ def test_template_drafter_forces_the_wrapper_as_the_vocabularys_own_tokens(vocab
 
 
 def test_qwen_may_think_before_calling_where_text_is_allowed(vocab):
-    from agentrt.spec.structured import parse_output
+    from agentrt.structured.output_format import parse_output
 
     thought = "<think>\nThe user wants Oslo's weather.\n</think>\n\n" + QWEN.calls_text([OSLO], False)
     auto = fmt_of(QWEN, allow_text=True)

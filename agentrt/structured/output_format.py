@@ -20,9 +20,9 @@ the tools, and that text may answer, as for allow_text. So the steps of an agent
 they allow, share their prompt's tokens (and KV). Without one, allow_text False describes a turn
 that can only call.
 
-`syntax` is the model family's tool-call format (spec.tool_formats): None is the house format
+`syntax` is the model family's tool-call format (structured.tool_formats): None is the house format
 above; another wraps and names the same call object its own way (Qwen's <tool_call> blocks,
-Llama 3's "parameters", ...), and its output is read back by spec.tool_parse, text around the
+Llama 3's "parameters", ...), and its output is read back by structured.tool_parse, text around the
 calls becoming content.
 """
 from __future__ import annotations
@@ -37,9 +37,9 @@ import jsonschema
 
 from agentrt.errors import RequestError
 from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth, parse_json
-from agentrt.spec.schema_finite import resolve, unfinishable_part
-from agentrt.spec.tool_formats import ToolCallFormat
-from agentrt.spec.tool_parse import parse_tool_calls
+from agentrt.structured.schema_finite import resolve, unfinishable_part
+from agentrt.structured.tool_formats import ToolCallFormat
+from agentrt.structured.tool_parse import parse_tool_calls
 
 SEPARATORS = (", ", ": ")
 
@@ -321,7 +321,7 @@ def parse_output(fmt: OutputFormat, text: str) -> Any:
 def _family_calls(fmt: OutputFormat, text: str) -> Any:
     """The calls of a family-format output ({"name", "arguments"}; a list of them with parallel),
     None for a text answer. Calls that do not read as calls of the tools, or that break their
-    schema, are text (spec.tool_parse); only a turn that had to call and did not is an error."""
+    schema, are text (structured.tool_parse); only a turn that had to call and did not is an error."""
     if fmt.tool_choice == "none":
         return None
     key = fmt.syntax.arguments_key

@@ -6,7 +6,7 @@ import string
 
 import pytest
 
-from agentrt.spec.structured import parse_response_format
+from agentrt.structured.output_format import parse_response_format
 
 VOCAB = list(string.printable[:95]) + ["</s>"]
 

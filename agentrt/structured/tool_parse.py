@@ -1,4 +1,4 @@
-"""Reading tool calls back out of a model's output, in its family's format (spec.tool_formats).
+"""Reading tool calls back out of a model's output, in its family's format (structured.tool_formats).
 
 A constrained output is exactly a format's call turn, but the parser does not count on it: a
 model writing freely (tool_choice "auto" with text allowed, a peer engine, a truncated turn) puts
@@ -6,7 +6,7 @@ text before its calls, wraps them in fences, drops the wrapper (a special token 
 [TOOL_CALLS] is skipped when the output is decoded), or breaks the JSON. Calls that read as calls
 come back as {"name", "arguments"}; everything else comes back as content, never as an error.
 
->>> from agentrt.spec.tool_formats import QWEN
+>>> from agentrt.structured.tool_formats import QWEN
 >>> parse_tool_calls(QWEN, 'Let me look.\\n<tool_call>\\n{"name": "find", "arguments": {"q": "x"}}\\n</tool_call>')
 ParsedCalls(content='Let me look.', calls=({'name': 'find', 'arguments': {'q': 'x'}},))
 >>> parse_tool_calls(QWEN, '<tool_call>\\n{"name": "find", "arguments": {"q": ').calls
@@ -20,7 +20,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from agentrt.spec.tool_formats import ToolCallFormat
+from agentrt.structured.tool_formats import ToolCallFormat
 
 _DECODER = json.JSONDecoder()
 # Llama 3's built-in tools: <|python_tag|>brave_search.call(query="...") (the tag itself is a

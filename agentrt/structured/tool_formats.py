@@ -16,7 +16,7 @@ The format is chosen from the chat template (the text it expects calls in) and t
 (detect_tool_format); EngineConfig.tool_format may force one. Calls are written with json.dumps'
 default separators, as the templates' `tojson` writes the calls of earlier turns, so a call the
 model made tokenizes alike when the conversation comes back. Parsing the output back (tolerant
-of text before calls and of malformed JSON) lives in spec.tool_parse.
+of text before calls and of malformed JSON) lives in structured.tool_parse.
 """
 from __future__ import annotations
 

@@ -16,10 +16,10 @@ import pytest
 from agentrt.engine.messages import normalize_messages
 from agentrt.engine.tokenizer import Tokenizer
 from agentrt.errors import RequestError
-from agentrt.spec.structured import parse_output, parse_response_format, with_instructions, with_syntax
-from agentrt.spec.tool_formats import (FORMATS, GEMMA3, HOUSE, LLAMA3, MISTRAL, QWEN, detect_tool_format,
-                                       mistral_call_id, tool_format)
-from agentrt.spec.tool_parse import parse_tool_calls
+from agentrt.structured.output_format import parse_output, parse_response_format, with_instructions, with_syntax
+from agentrt.structured.tool_formats import (FORMATS, GEMMA3, HOUSE, LLAMA3, MISTRAL, QWEN, detect_tool_format,
+                                             mistral_call_id, tool_format)
+from agentrt.structured.tool_parse import parse_tool_calls
 
 TEMPLATES = Path(__file__).parent / "data" / "chat_templates"
 SMOLLM2_TEMPLATE = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
@@ -187,8 +187,8 @@ def test_the_module_examples_hold():
     import doctest
 
     import agentrt.server.tool_stream
-    import agentrt.spec.tool_parse
+    import agentrt.structured.tool_parse
 
-    for module in (agentrt.spec.tool_parse, agentrt.server.tool_stream):
+    for module in (agentrt.structured.tool_parse, agentrt.server.tool_stream):
         result = doctest.testmod(module)
         assert result.attempted and not result.failed, module.__name__
