@@ -1,5 +1,6 @@
-"""`agentrt` command line. Subcommands live in their own modules and are imported lazily,
-so `agentrt --help` and the tool worker start without loading torch."""
+"""`agentrt` command line: every subcommand is a module of this package (add_arguments(parser) and
+run(args) -> int), imported lazily, so `agentrt --help` and the tool worker start without loading
+torch. Nothing below the command line imports it."""
 from __future__ import annotations
 
 import argparse
@@ -8,9 +9,9 @@ import sys
 
 # name -> (module, one-line help). Each module has add_arguments(parser) and run(args) -> int.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "generate": ("agentrt.engine.cli_generate", "generate text from a prompt with the engine"),
-    "models": ("agentrt.engine.cli_models", "list known models and their cache state"),
-    "calibrate": ("agentrt.engine.cli_calibrate", "measure the engine's step-cost model"),
+    "generate": ("agentrt.cli.generate", "generate text from a prompt with the engine"),
+    "models": ("agentrt.cli.models", "list known models and their cache state"),
+    "calibrate": ("agentrt.cli.calibrate", "measure the engine's step-cost model"),
     "run": ("agentrt.runtime.cli_run", "run an agent program (examples/*.py)"),
     "resume": ("agentrt.runtime.cli_resume", "go on with a stored run that did not end (agentrt run --db)"),
     "runs": ("agentrt.runtime.cli_runs", "list or prune the runs in a run store"),
@@ -60,6 +61,3 @@ def main(argv: list[str] | None = None) -> int:
               "please report it with the traceback above", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":
-    sys.exit(main())
