@@ -18,9 +18,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("agentrt.runtime.cli_status", "the replicas serving a run store and who owns its unfinished runs"),
     "inspect": ("agentrt.runtime.cli_inspect", "re-render a saved run trace"),
     "worker": ("agentrt.tools.cli_worker", "serve a module's tools over MQTT"),
-    "engine-worker": ("agentrt.server.cli_engine_worker", "serve an engine's LLM calls over MQTT (agentrt serve --engines)"),
-    "serve": ("agentrt.server.cli_serve", "serve agent programs and OpenAI-compatible chat over HTTP"),
-    "submit": ("agentrt.server.cli_submit", "run a program on a server and follow it"),
+    "engine-worker": ("agentrt.cli.engine_worker", "serve an engine's LLM calls over MQTT (agentrt serve --engines)"),
+    "serve": ("agentrt.cli.serve", "serve agent programs and OpenAI-compatible chat over HTTP"),
+    "submit": ("agentrt.cli.submit", "run a program on a server and follow it"),
     "bench": ("agentrt.bench.cli", "run a benchmark: agentrt bench NAME [--quick] [--json PATH]"),
 }
 

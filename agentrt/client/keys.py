@@ -1,7 +1,7 @@
 """Where a client's API key comes from, and the command-line options that give it.
 
 The client side reads one key: --api-key, else --api-key-file, else AGENTRT_API_KEY. The server
-reads its list of keys from AGENTRT_SERVE_API_KEYS (agentrt/server/cli_serve.py); the two names
+reads its list of keys from AGENTRT_SERVE_API_KEYS (agentrt/cli/serve.py); the two names
 differ in more than a letter, and a client that finds only the server's variable says so rather
 than sending no key in silence."""
 from __future__ import annotations

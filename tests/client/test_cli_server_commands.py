@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 
 from agentrt.cli import main
+from agentrt.cli.serve import load_api_keys
 from agentrt.client import Client
 from agentrt.client.keys import env_api_key
-from agentrt.server.cli_serve import load_api_keys
 
 ROOT = Path(__file__).parents[2]
 KEY = "client-test-key"

@@ -38,7 +38,7 @@ async def test_the_notes_desk_example_runs_on_its_mcp_server(tmp_path):
 
 
 async def test_serve_starts_the_mcp_servers_it_is_given(capsys):
-    from agentrt.server.cli_serve import _start_mcp_servers
+    from agentrt.cli.serve import _start_mcp_servers
 
     good = McpServerSpec.of("notes", command=[sys.executable, str(NOTES_SERVER)])
     bad = McpServerSpec.of("broken", command=[str(NOTES_SERVER.parent / "missing")])
