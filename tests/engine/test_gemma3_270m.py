@@ -47,28 +47,35 @@ def test_greedy_continuation_is_right_and_the_same_with_speculation(gemma):
         assert [r.token_ids for r in other] == [r.token_ids for r in runs[0]]
 
 
-def test_runs_on_the_fused_decoder_close_to_the_torch_path(gemma):
-    """The fused quantized decoder runs it (QK-norm, GeGLU, Gemma's norms, 512-token windows, and
-    q, k and v as row blocks of two formats in half the layers: Q5_0, Q8_0); its logits are
-    the PyTorch path's up to int8 rounding flips, as near as that path is to its own batch-invariant variant
-    (tests/engine/test_quant_forward.py's bounds)."""
+def _fast_and_torch_logits(loaded, switch: str) -> tuple:
+    """(logits on the fast path, on the PyTorch path, on its batch-invariant variant) of one prompt;
+    switch: the model's flag that picks the fast path (quant_fused, kernels_enabled)."""
     from engine_runs import forward_step
 
     from agentrt.engine.block_manager import BlockManager
     from agentrt.engine.kv_cache import KVCache
 
-    m = gemma.model
-    assert m.quant_fused and any(len(ly.qkv.parts) > 1 for ly in m.layers)
-    ids = gemma.tokenizer.encode(PROMPTS[0] + " Berlin. The capital of Italy is Rome.")
+    m = loaded.model
+    ids = loaded.tokenizer.encode(PROMPTS[0] + " Berlin. The capital of Italy is Rome.")
 
-    def run(fused: bool, invariant: bool = False):
-        m.quant_fused = fused
+    def run(fast: bool, invariant: bool = False):
+        setattr(m, switch, fast)
         try:
             return forward_step(m, KVCache(m.cfg, 256, 16, m.dtype), BlockManager(16, 16), [ids], [0], invariant)
         finally:
-            m.quant_fused = True
+            setattr(m, switch, True)
 
-    fused, ref, inv = run(True), run(False), run(False, invariant=True)
+    return run(True), run(False), run(False, invariant=True)
+
+
+def test_runs_on_the_fused_decoder_close_to_the_torch_path(gemma):
+    """The fused quantized decoder runs it (QK-norm, GeGLU, Gemma's norms, 512-token windows, and
+    q, k and v as row blocks of two formats in half the layers: Q5_0, Q8_0); its logits are
+    the PyTorch path's up to int8 rounding flips, as near as that path is to its own batch-invariant variant
+    (tests/engine/test_quant_forward.py's bounds)."""
+    m = gemma.model
+    assert m.quant_fused and any(len(ly.qkv.parts) > 1 for ly in m.layers)
+    fused, ref, inv = _fast_and_torch_logits(gemma, "quant_fused")
     rel = (fused - ref).norm(dim=-1) / ref.norm(dim=-1)
     rel_inv = (inv - ref).norm(dim=-1) / ref.norm(dim=-1)  # the PyTorch path against itself summed otherwise
     assert (fused.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
@@ -123,26 +130,12 @@ def test_bf16_runs_on_the_c_kernels_close_to_the_torch_path(gemma_bf16):
     windows with their own rotary base, soft-capped logits): its logits are the PyTorch bf16
     path's up to summation order, as near as that path is to its batch-invariant variant; the
     greedy continuation is right and the same with speculation."""
-    from engine_runs import forward_step
-
-    from agentrt.engine.block_manager import BlockManager
-    from agentrt.engine.kv_cache import KVCache
     from agentrt.kernels.cpu_build import unsupported_reason
 
     if unsupported_reason() is not None:
         pytest.skip(f"CPU kernels cannot run here: {unsupported_reason()}")
-    m = gemma_bf16.model
-    assert m.kernels_enabled
-    ids = gemma_bf16.tokenizer.encode(PROMPTS[0] + " Berlin. The capital of Italy is Rome.")
-
-    def run(kernels: bool, invariant: bool = False):
-        m.kernels_enabled = kernels
-        try:
-            return forward_step(m, KVCache(m.cfg, 256, 16, m.dtype), BlockManager(16, 16), [ids], [0], invariant)
-        finally:
-            m.kernels_enabled = True
-
-    ours, ref, inv = run(True), run(False), run(False, invariant=True)
+    assert gemma_bf16.model.kernels_enabled
+    ours, ref, inv = _fast_and_torch_logits(gemma_bf16, "kernels_enabled")
     rel = (ours - ref).norm(dim=-1) / ref.norm(dim=-1)
     rel_inv = (inv - ref).norm(dim=-1) / ref.norm(dim=-1)
     assert (ours.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
