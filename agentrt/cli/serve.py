@@ -141,7 +141,7 @@ def server_config(args: argparse.Namespace) -> ServerConfig:
         raise RunConfigError(f"--host {args.host} is not a loopback address and no API key is set: anyone who can "
                              f"reach it could run programs. Give --api-key-file PATH (or {SERVE_KEYS_VAR}), or bind "
                              f"to 127.0.0.1")
-    from agentrt.runtime.cli_runs import duration_s
+    from agentrt.cli.runs import duration_s
 
     if args.lease_s <= 0:
         raise RunConfigError(f"--lease-s must be positive, got {args.lease_s:g}")

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from agentrt.cli.run import parse_answers, run_example
 from agentrt.errors import RunConfigError
 from agentrt.jsonutil import MAX_JSON_DEPTH
-from agentrt.runtime.cli_run import parse_answers, run_example
 from agentrt.runtime.input_prompt import ask_value, console_reader
 from agentrt.runtime.loader import coerce_input, load_example
 

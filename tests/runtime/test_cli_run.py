@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from agentrt.cli.run import add_arguments, run_example
 from agentrt.dag import Program
 from agentrt.errors import RunConfigError
 from agentrt.runtime import Runtime, read_trace
-from agentrt.runtime.cli_run import add_arguments, run_example
 from agentrt.runtime.live import LiveProgress
 from agentrt.runtime.loader import coerce_input, load_example, resolve_inputs
 from agentrt.tools import ToolRaisedError, tool

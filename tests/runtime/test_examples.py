@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from agentrt.cli.run import run_example
 from agentrt.runtime import EngineBackend, read_trace
-from agentrt.runtime.cli_run import run_example
 from agentrt.runtime.loader import load_example, resolve_inputs
 from agentrt.runtime.node_report import render_node
 from agentrt.runtime.summary import summarize

@@ -10,10 +10,9 @@ import re
 import pytest
 from rich.console import Console
 
-from agentrt.cli import main
+from agentrt.cli import inspect_run, main
 from agentrt.dag import Program
 from agentrt.runtime import Runtime, read_trace
-from agentrt.runtime import cli_inspect
 from agentrt.runtime.summary import STALL_KEYS, summarize
 from agentrt.runtime.terminal import render_report
 from agentrt.tools import tool
@@ -41,7 +40,7 @@ async def trace_path(scripted, tmp_path):
 
 
 def inspect_json(path, capsys) -> dict:
-    assert cli_inspect.run(argparse.Namespace(trace=str(path), html=None, json=True)) == 0
+    assert inspect_run.run(argparse.Namespace(trace=str(path), html=None, json=True)) == 0
     return json.loads(capsys.readouterr().out)
 
 
@@ -91,7 +90,7 @@ def test_inspect_json_agrees_with_the_trace(trace_path, capsys):
 
 def test_inspect_html_is_self_contained(trace_path, tmp_path, capsys):
     out = tmp_path / "view" / "timeline.html"
-    assert cli_inspect.run(argparse.Namespace(trace=str(trace_path), html=str(out), json=False)) == 0
+    assert inspect_run.run(argparse.Namespace(trace=str(trace_path), html=str(out), json=False)) == 0
     page = out.read_text()
     assert page.startswith("<!DOCTYPE html>") and "</html>" in page
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched from elsewhere
@@ -149,7 +148,7 @@ async def test_cut_and_tool_call_shaped_answers_are_flagged(scripted, tmp_path, 
     (run,) = inspect_json(path, capsys)["runs"]
     assert run["warnings"] == ["cut: cut at max_tokens (3 tokens): the answer may be incomplete",
                                "answer: answered with text shaped like a tool call, which no tool ran"]
-    assert cli_inspect.run(argparse.Namespace(trace=str(path), html=None, json=False)) == 0
+    assert inspect_run.run(argparse.Namespace(trace=str(path), html=None, json=False)) == 0
     shown = capsys.readouterr().out
     assert "warning: cut: cut at max_tokens" in shown and "warning: answer: answered with text" in shown
     # piped (capsys is no terminal): the tables get room instead of 80 columns of "cac…" and "α f…"

@@ -300,7 +300,7 @@ async def test_kv_held_through_a_tool_stall_is_reused_by_the_next_call(tiny_engi
 def test_run_cli_selects_the_policy():
     import argparse
 
-    from agentrt.runtime.cli_run import add_arguments
+    from agentrt.cli.run import add_arguments
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

@@ -10,11 +10,11 @@ import sqlite3
 
 from rich.console import Console
 
+from agentrt.cli import inspect_run
+from agentrt.cli.run import print_finished_node
 from agentrt.dag import Program
 from agentrt.retry import RetryPolicy
 from agentrt.runtime import Runtime
-from agentrt.runtime import cli_inspect
-from agentrt.runtime.cli_run import print_finished_node
 from agentrt.runtime.store import SCHEMA_VERSION, SQLiteRunStore, StoredRun
 from agentrt.tools import tool
 
@@ -75,12 +75,12 @@ async def test_each_failed_attempt_is_in_the_events_trace_store_and_inspect(scri
     assert "retrying in 0.010 s" in verbose and "card declined" in verbose
 
     path = rt.trace.write(tmp_path / "shop.jsonl")
-    assert cli_inspect.run(argparse.Namespace(trace=str(path), html=None, json=False, node="charge")) == 0
+    assert inspect_run.run(argparse.Namespace(trace=str(path), html=None, json=False, node="charge")) == 0
     text = " ".join(capsys.readouterr().out.split())  # as one line, whatever the terminal's width
     assert "attempt 1: tool_raised" in text and "gateway down" in text and "retried after 0.010 s" in text
     assert "attempt 2: tool_raised" in text and "card declined" in text
     assert "not retried: retry_on (ConnectionRefusedError) does not cover ToolRaisedError (raised ValueError)" in text
-    assert cli_inspect.run(argparse.Namespace(trace=str(path), html=None, json=True, node=None)) == 0
+    assert inspect_run.run(argparse.Namespace(trace=str(path), html=None, json=True, node=None)) == 0
     [summary_node] = json.loads(capsys.readouterr().out)["runs"][0]["nodes"]
     assert [a["error_kind"] for a in summary_node["attempt_log"]] == ["tool_raised", "tool_raised"]
 

@@ -9,9 +9,9 @@ import pytest
 
 from rich.console import Console
 
+from agentrt.cli.run import print_finished_node
 from agentrt.dag import Program
 from agentrt.runtime import Runtime
-from agentrt.runtime.cli_run import print_finished_node
 from agentrt.runtime.node_report import render_node
 from agentrt.runtime.summary import summarize
 from agentrt.runtime.terminal import render_report

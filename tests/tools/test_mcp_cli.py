@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from agentrt.runtime.cli_run import run_example
+from agentrt.cli.run import run_example
 from agentrt.runtime.loader import load_example, resolve_inputs
 from agentrt.runtime.scripted import ScriptedBackend
 from agentrt.tools import ToolRegistry

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import argparse
 
+from agentrt.cli.run import add_engine_arguments, run_on_engine
 from agentrt.errors import RunConfigError
-from agentrt.runtime import cli_run
 from agentrt.runtime.store_location import db_argument
 
 
@@ -20,7 +20,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="resume even if the program file changed since the run started")
     p.add_argument("--program", default=None, metavar="PATH",
                    help="the program file, when it moved since the run started (default: where it was)")
-    cli_run.add_engine_arguments(p)
+    add_engine_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         if file_hash(example.path) != stored.program_hash and not args.allow_changed_program:
             raise RunConfigError(f"run '{args.run_id}': the program file {path} changed since the run started; "
                                  "resuming could mix two versions of the program (--allow-changed-program resumes anyway)")
-        return cli_run.run_on_engine(args, example, stored.inputs, store, run_id=stored.run_id,
-                                     resume=store.recorded(stored.run_id))
+        return run_on_engine(args, example, stored.inputs, store, run_id=stored.run_id,
+                             resume=store.recorded(stored.run_id))
     finally:
         store.close()
