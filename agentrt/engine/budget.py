@@ -22,10 +22,18 @@ the window below lets the search follow. Tool-call formats that may answer in te
 only once the output has started as a call: a text answer needs no completion, and a call is
 never turned into a text answer. The completion is not the target's choice: it is what a cut
 output is replaced with, instead of being returned invalid.
+
+This module is the one owner of that work and of its per-sequence state (`Closing`, on
+`Sequence.closing`; the grammar state keeps only the matcher). The step's draft plan
+(engine.draft_plan) asks it for the cap and the forced completion before a step, the grammar
+masks (engine.constraints) for a closing row's masks, the engine for the cut after a step.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable
+
+import torch
 
 from agentrt.engine.sequence import Sequence
 
@@ -39,64 +47,98 @@ Encode = Callable[[str], list[int]]
 Decode = Callable[[list[int]], str]
 
 
+@dataclass
+class Closing:
+    """One constrained sequence's budget state (read and written in this module only, and
+    advanced by Sequence.commit)."""
+
+    longest: int = 0  # the longest completion seen, in tokens (the schema's minimum to begin with)
+    forced: list[int] | None = None  # once set: the completion's tokens still to emit, one per position
+    length: int = 0  # tokens of the completion forced in all
+    cache: tuple | None = None  # (output tokens, their completion ids): the last search
+
+    def commit(self, tokens: list[int]) -> None:
+        """The output grew by `tokens`: each forced one must be the completion's next."""
+        for t in tokens:
+            if not self.forced:
+                return
+            if self.forced[0] != t:
+                raise RuntimeError(f"emitted token {t} where the completion forced {self.forced[0]}")
+            self.forced = self.forced[1:]
+
+
 def _left(seq: Sequence) -> int:
     return seq.params.max_tokens - len(seq.output_ids)
 
 
 def watched(seq: Sequence) -> bool:
     """A constrained sequence in the last stretch of its budget, not closing yet."""
-    g = seq.grammar
-    return (g is not None and g.closing is None and not g.terminated
-            and _left(seq) <= max(CLOSING_WINDOW, WINDOW_FACTOR * g.completion_tokens))
+    c = seq.closing
+    return (c is not None and c.forced is None and not seq.grammar.terminated
+            and _left(seq) <= max(CLOSING_WINDOW, WINDOW_FACTOR * c.longest))
 
 
 def closing(seq: Sequence) -> bool:
-    return seq.grammar is not None and bool(seq.grammar.closing)
+    """Forcing its completion: its drafts and masks are the completion's tokens."""
+    return seq.closing is not None and bool(seq.closing.forced)
+
+
+def closed(seq: Sequence) -> bool:
+    """A completion was forced and has been emitted in full: the output is complete."""
+    return seq.closing is not None and seq.closing.forced is not None and not seq.closing.forced
+
+
+def completion_length(seq: Sequence) -> int:
+    """Tokens of the output that the completion forced (0: none was)."""
+    return seq.closing.length if seq.closing is not None else 0
 
 
 def completion_ids(seq: Sequence, encode: Encode, decode: Decode, after: list[int] = ()) -> list[int] | None:
     """The tokens of the completion after the output and `after`; None when there is none to
     take (the search gave up, or a text-capable format has not started a call)."""
-    g = seq.grammar
+    c = seq.closing
     tokens = seq.output_ids + list(after)
     # keyed by the tokens themselves: the completion fit_emitted found after a step's tokens is the
-    # one plan_closings needs before the next step, once they are the output
+    # one draft_cap needs before the next step, once they are the output
     key = tuple(tokens)
-    if g.completion_cache is not None and g.completion_cache[0] == key:
-        return g.completion_cache[1]
+    if c.cache is not None and c.cache[0] == key:
+        return c.cache[1]
     text = decode(tokens)
     fmt = seq.output_format
     if fmt.is_text_answer(text):
         ids = None  # a text answer, or nothing yet: never completed into text
     else:
-        found = g.completion(encode, text, list(after))
+        found = seq.grammar.completion(encode, text, list(after))
         ids = None if found is None else encode(found) if found else []
-    g.completion_cache = (key, ids)
+    c.cache = (key, ids)
     if ids is not None:
-        g.completion_tokens = max(g.completion_tokens, len(ids))
+        c.longest = max(c.longest, len(ids))
     return ids
 
 
-def plan_closings(rows: list, encode: Encode, decode: Decode) -> None:
-    """Before drafting: cap each watched row's drafts so that its completion fits after them."""
-    for r in rows:
-        if not r.samples or not watched(r.seq):
-            continue
-        ids = completion_ids(r.seq, encode, decode)
-        if ids:
-            r.max_draft = max(0, min(r.max_draft, _left(r.seq) - len(ids) - 1))
+def draft_cap(seq: Sequence, max_draft: int, encode: Encode, decode: Decode) -> int:
+    """Before drafting: the drafts a sampling row may feed so that its completion fits after them."""
+    if not watched(seq):
+        return max_draft
+    ids = completion_ids(seq, encode, decode)
+    return max(0, min(max_draft, _left(seq) - len(ids) - 1)) if ids else max_draft
 
 
-def force_closings(rows: list) -> None:
-    """After drafting, with speculation on: rows that are closing feed their completion as the
-    draft; the token after the draft is forced by the mask. (With speculation off the mask alone
-    forces the completion, a token a step.)"""
-    for r in rows:
-        grammar = r.seq.grammar
-        if r.samples and grammar is not None and grammar.closing:
-            k = min(len(grammar.closing) - 1, r.max_draft)
-            r.draft, r.q, r.forced = list(grammar.closing[:k]), None, [True] * k
-            r.expected_accepted = float(k)
+def forced_draft(seq: Sequence, max_draft: int) -> list[int] | None:
+    """With speculation on, a closing row feeds its completion as the draft (the token after the
+    draft is forced by the mask); None for a row that is not closing. (With speculation off the
+    mask alone forces the completion, a token a step.)"""
+    if not closing(seq):
+        return None
+    return list(seq.closing.forced[: min(len(seq.closing.forced) - 1, max_draft)])
+
+
+def fill_closing_masks(seq: Sequence, k: int, bitmask: torch.Tensor) -> None:
+    """Rows 0..k of `bitmask` (int32 words): each allows only the next token of the completion."""
+    bitmask[: k + 1] = 0
+    for j, t in enumerate(seq.closing.forced[: k + 1]):
+        bit = 1 << (t % 32)
+        bitmask[j, t // 32] = bit - (1 << 32) if bit >= 1 << 31 else bit
 
 
 def fit_emitted(seq: Sequence, emitted: list[int], encode: Encode, decode: Decode,
@@ -118,3 +160,9 @@ def fit_emitted(seq: Sequence, emitted: list[int], encode: Encode, decode: Decod
             return emitted[:j] + [stop_id], None  # complete at j: end there
         return emitted[:j] + ids[:1], ids[1:]
     return emitted, None
+
+
+def start_forcing(seq: Sequence, rest: list[int]) -> None:
+    """After the step's tokens are committed: force `rest`, the completion after them, from here on
+    (its first token was emitted in this step)."""
+    seq.closing.forced, seq.closing.length = rest, len(rest) + 1

@@ -1,9 +1,10 @@
 """Grammar-constrained decoding, an engine part used with or without speculation.
 
-A constrained sequence owns a GrammarState (spec.grammar, xgrammar). Per step the engine asks
-for the masks of every logits row a constrained row verifies (its next token and one after each
-draft token); drafts are cut at the first token the grammar forbids, since its masked p is 0 and
-it could never be accepted. After the step the emitted tokens are committed. The template
+A constrained sequence owns a GrammarState (spec.grammar, xgrammar). Per step the draft plan
+(engine.draft_plan) asks for the masks of every logits row a constrained row verifies (its next
+token and one after each draft token) and learns where each draft must be cut: at the first
+token the grammar forbids, since its masked p is 0 and it could never be accepted. After the step
+the emitted tokens are committed (Sequence.commit). The template
 drafter reads the same state (forced strings, try/rollback) through the drafter protocol's
 GrammarCursor, so a draft follows the grammar the masks enforce.
 """
@@ -13,13 +14,18 @@ from dataclasses import dataclass
 
 import torch
 
+from agentrt.engine import budget
 from agentrt.engine.sequence import Sequence
-from agentrt.engine.step_rows import StepRow
 from agentrt.engine.step_tree import tree_masks
 from agentrt.kernels.argmax import argmax_rows
 from agentrt.spec.grammar import (GRAMMAR_CACHE_BYTES, GrammarCache, GrammarState, apply_masks, masked_argmax,
                                   shared_grammar_cache)
 from agentrt.structured.output_format import OutputFormat
+
+
+# Per row, the draft tokens its grammar allows: None all, a list the indices kept (a chain's first
+# m, or a tree's nodes whose paths it allows), a string the grammar's failure (it keeps none).
+Kept = list[int] | str | None
 
 
 @dataclass
@@ -59,50 +65,48 @@ class Constraints:
 
     def state(self, fmt: OutputFormat) -> GrammarState:
         """A fresh grammar state for a request with this (constrained) output format."""
-        state = GrammarState(self.grammars.compile(fmt))
-        state.completion_tokens = self.grammars.minimum_tokens(fmt, self._tokenizer.encode)  # engine.budget
-        return state
+        return GrammarState(self.grammars.compile(fmt))
 
-    def step_masks(self, rows: list[StepRow]) -> StepMasks | None:
-        """Masks for every verified row of constrained sequences, None when none is; cuts each
-        constrained row's draft at the first token its grammar forbids."""
-        offset, parts = 0, []
-        for r in rows:
-            if not r.samples:
+    def minimum_tokens(self, fmt: OutputFormat) -> int:
+        """The shortest completion of an empty output in this format, in tokens (engine.budget)."""
+        return self.grammars.minimum_tokens(fmt, self._tokenizer.encode)
+
+    def step_masks(self, drafts: list[tuple[Sequence, list[int], tuple[int, ...] | None]]
+                   ) -> tuple[StepMasks | None, list[Kept]]:
+        """Masks for every verified row of the constrained sequences among a step's sampling rows
+        (each as (sequence, draft tokens, tree parents or None), in the step's order), None when
+        none is; and per row the draft tokens its grammar allows (engine.draft_plan keeps those)."""
+        offset, parts, kept = 0, [], []
+        for seq, tokens, parents in drafts:
+            k = len(tokens)
+            grammar = seq.grammar
+            if grammar is None:
+                kept.append(None)
+                offset += k + 1
                 continue
-            grammar = r.seq.grammar
-            if grammar is not None:
-                try:
-                    bm = self.grammars.new_bitmask(r.k + 1)
-                    if grammar.closing:  # finishing within max_tokens (engine.budget): drafts are the completion
-                        grammar.fill_closing_masks(r.k, bm, 0)
-                        parts.append((offset, bm))
-                        offset += r.num_rows
-                        continue
-                    if r.parents is not None:  # a token tree: each node masked after its path
-                        tree_masks(grammar, r, bm)
-                        allowed = r.k
-                    else:
-                        allowed = grammar.fill_masks(r.draft, bm, 0)
-                except Exception as e:  # noqa: BLE001 - one request's grammar fails that request only
-                    r.failed = f"grammar failed: {type(e).__name__}: {e}"
-                    r.cut(0)
-                    offset += r.num_rows
-                    continue
-                if allowed < r.k:
-                    r.cut(allowed)
-                parts.append((offset, bm[: allowed + 1]))
-            offset += r.num_rows
+            try:
+                bm = self.grammars.new_bitmask(k + 1)
+                if budget.closing(seq):  # finishing within max_tokens: drafts are the completion
+                    budget.fill_closing_masks(seq, k, bm)
+                    keep = None
+                elif parents is not None:  # a token tree: each node masked after its path
+                    keep = tree_masks(grammar, tokens, parents, bm)
+                else:
+                    allowed = grammar.fill_masks(tokens, bm, 0)
+                    keep = None if allowed == k else list(range(allowed))
+            except Exception as e:  # noqa: BLE001 - one request's grammar fails that request only
+                kept.append(f"grammar failed: {type(e).__name__}: {e}")
+                offset += 1
+                continue
+            n = k if keep is None else len(keep)
+            parts.append((offset, bm[: n + 1]))
+            kept.append(keep)
+            offset += n + 1
         if not parts:
-            return None
+            return None, kept
         full = self.grammars.new_bitmask(offset)  # all tokens allowed
         masked: list[int] = []
         for start, bm in parts:
             full[start : start + bm.shape[0]] = bm
             masked += range(start, start + bm.shape[0])
-        return StepMasks(full, masked)
-
-    @staticmethod
-    def commit(seq: Sequence, kept: list[int]) -> None:
-        if seq.grammar is not None:
-            seq.grammar.commit(kept)
+        return StepMasks(full, masked), kept

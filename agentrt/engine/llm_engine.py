@@ -1,9 +1,9 @@
 """The synchronous engine core: requests in, one batched forward per step, tokens out.
 
 engine -> scheduler -> block manager -> sequence, one way. A step is a list of StepRows, one per
-scheduled sequence (step_rows.py); speculative decoding fills their drafts (SpecRunner),
-grammar constraints their masks (constraints.py), the sampler what they emit (step_sampler.py).
-The asyncio wrapper lives in async_engine.py.
+scheduled sequence (step_rows.py); the step's draft plan (draft_plan.py) gives them their drafts
+and the grammar masks, the sampler returns what they emit (step_sampler.py), and `_advance`
+commits it (Sequence.commit). The asyncio wrapper lives in async_engine.py.
 """
 from __future__ import annotations
 
@@ -16,24 +16,23 @@ from typing import Callable
 
 import torch
 
-from agentrt.engine.budget import fit_emitted, force_closings, plan_closings
+from agentrt.decoding.penalties import Penalties
+from agentrt.engine import budget
 from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.calibration import load_or_estimate_cost_model
+from agentrt.engine.constraints import Constraints
+from agentrt.engine.draft_plan import DraftPlanner
 from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.messages import normalize_messages
 from agentrt.engine.model_loader import LoadedModel, load_model
 from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent, TokenLogprob
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.scheduler import Scheduler, SchedulerConfig
-from agentrt.engine.sequence import Sequence
-from agentrt.engine.calibration import load_or_estimate_cost_model
-from agentrt.engine.constraints import Constraints
+from agentrt.engine.sequence import Sequence, StopChecker
 from agentrt.engine.spec_runner import DraftStep, SpecConfig, SpecRunner, build_drafter
-from agentrt.engine.step_rows import (StepRow, build_forward_batch, fit_drafts_to_kv, limit_drafts, reserve_draft_kv,
-                                      rows_of)
-from agentrt.decoding.penalties import Penalties
-from agentrt.engine.messages import normalize_messages
-from agentrt.engine.step_sampler import sample_rows, token_logprobs
+from agentrt.engine.step_rows import StepRow, build_forward_batch, rows_of
+from agentrt.engine.step_sampler import Sampled, sample_rows, token_logprobs
 from agentrt.engine.step_tree import compact_accepted
-from agentrt.engine.stop_checker import StopChecker
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
 from agentrt.spec.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
@@ -98,6 +97,8 @@ class LLMEngine:
         self.spec = SpecRunner(config.spec, build_drafter(config.spec.drafter, self) if config.spec.enabled else None,
                                cost_model=lambda: load_or_estimate_cost_model(self),
                                tree_attention=lambda: self.model.tree_attention(self.kv))
+        self.planner = DraftPlanner(self.blocks, self.max_model_len, self.spec, self.constraints,
+                                    self.tokenizer.encode, self.tokenizer.decode)
         self._ids = itertools.count()
         self._seed_gen = torch.Generator().manual_seed(config.seed)
         self._seqs: dict[int, Sequence] = {}
@@ -191,6 +192,7 @@ class LLMEngine:
         if fmt.constrained:
             seq.output_format = fmt
             seq.grammar = self.constraints.state(fmt)
+            seq.closing = budget.Closing(longest=self.constraints.minimum_tokens(fmt))
         return seq
 
     def prepare_ahead(self, messages: list[dict], params: SamplingParams, cut_at: str, ttl_s: float,
@@ -276,91 +278,83 @@ class LLMEngine:
 
     # ---- one step -------------------------------------------------------------------------
     def step(self) -> list[TokenEvent]:
-        """schedule -> draft -> mask -> forward -> sample/verify -> advance, over one row per
-        scheduled sequence (docs/architecture.md, "Data flow of one engine step")."""
+        """schedule -> draft plan (drafts and masks) -> forward -> sample/verify -> advance, over
+        one row per scheduled sequence (docs/architecture.md, "Data flow of one engine step")."""
         t0 = time.monotonic()
         batch = self.scheduler.schedule()
         ended = [self._finish(seq, reason) for seq, reason in batch.ahead_done]
         if not batch.seqs:
             return ended
-        rows = rows_of(batch.seqs, batch.num_new)
-        limit_drafts(rows, self.blocks, self.max_model_len)
-        plan_closings(rows, self.tokenizer.encode, self.tokenizer.decode)
-        drafting = self.spec.propose(rows)
-        if self.spec.drafter is not None:
-            force_closings(rows)
-        fit_drafts_to_kv(rows, self.blocks)
-        masks = self.constraints.step_masks(rows)
-        reserve_draft_kv(rows, self.blocks)
+        plan = self.planner.plan(rows_of(batch.seqs, batch.num_new))
+        rows = plan.rows
         self.kv.copy_blocks(self.blocks.pop_copies())  # copy-on-write of shared, partly filled blocks
         logits = self.model.forward(build_forward_batch(rows, self.blocks, self.device), self.kv,
                                     batch_invariant=self.config.batch_invariant).logits  # [rows, vocab]
-        sample_rows(rows, logits, masks, self.model.kernel_backend)
+        sampled = sample_rows(rows, logits, plan.masks, self.model.kernel_backend)
         duration = time.monotonic() - t0
-        events = [ev for r in rows if (ev := self._advance_or_fail(r)) is not None]
-        self._record(rows, batch.preempted, drafting, t0, duration)
+        events = [ev for r in rows if (ev := self._advance_or_fail(r, sampled.get(r))) is not None]
+        self._record(rows, sampled, batch.preempted, plan.drafting, t0, duration)
         return ended + events
 
-    def _advance_or_fail(self, row: StepRow) -> TokenEvent | None:
+    def _advance_or_fail(self, row: StepRow, out: Sampled | None) -> TokenEvent | None:
         """_advance, with an error of this request's own (its grammar, its stop checks, its output
         validation) ending this request only: the batch goes on."""
         if row.seq.finished:
             return None
+        failed = row.failed
         try:
-            if row.failed is None:
-                return self._advance(row)
+            if failed is None:
+                return self._advance(row, out)
         except Exception as e:  # noqa: BLE001
             log.exception("request %d failed in step %d", row.seq.seq_id, self.step_no)
             if row.seq.finished:  # it failed while finishing: it has ended, with its event lost
                 return None
-            row.failed = f"{type(e).__name__}: {e}"
-        return self.fail(row.seq, f"request failed in the engine step: {row.failed}")
+            failed = f"{type(e).__name__}: {e}"
+        return self.fail(row.seq, f"request failed in the engine step: {failed}")
 
-    def _advance(self, row: StepRow) -> TokenEvent | None:
-        """Keep what the row's sequence emitted: the KV of fed tokens and accepted drafts stays
-        (the last emitted token's is written next step), stop checks, the event."""
+    def _advance(self, row: StepRow, out: Sampled | None) -> TokenEvent | None:
+        """Keep what the row's sequence emitted (out: the sampler's result, None while it
+        prefills): the KV of fed tokens and accepted drafts stays (the last emitted token's is
+        written next step), stop checks, the commit (Sequence.commit), the event."""
         seq = row.seq
         if seq.finished:  # aborted while the step ran
             return None
-        if not row.emitted:  # a prefill chunk that did not reach the prompt's end (or prefill-ahead)
+        if out is None:  # a prefill chunk that did not reach the prompt's end (or prefill-ahead)
             seq.num_computed += row.num_new
             self.blocks.truncate(seq.seq_id, seq.num_computed)
             self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)
             if seq.prefill_only and seq.num_computed >= seq.num_tokens:
                 return self._finish(seq, "prefilled")
             return None
-        closing = None
+        emitted, logprobs, closing, budget_cut = out.emitted, out.logprobs, None, False
         if seq.grammar is not None:  # cut back to what can still be completed within max_tokens
-            emitted, closing = fit_emitted(seq, row.emitted, self.tokenizer.encode, self.tokenizer.decode,
-                                           self.eos_ids[0])
-            if emitted != row.emitted:
-                row.verified, row.emitted = row.accepted, emitted
-                if row.raw_logprobs is not None:
-                    row.logprobs = token_logprobs(row.raw_logprobs, emitted, seq.params.logprobs)
-        if row.accepted_nodes:  # a token tree: its accepted path's K/V to the chain's slots
-            compact_accepted(row, self.blocks, self.kv)
-        seq.num_computed += row.num_new + len(row.emitted) - 1
+            emitted, closing = budget.fit_emitted(seq, out.emitted, self.tokenizer.encode, self.tokenizer.decode,
+                                                  self.eos_ids[0])
+            budget_cut = emitted != out.emitted
+            if budget_cut and out.raw_logprobs is not None:
+                logprobs = token_logprobs(out.raw_logprobs, emitted, seq.params.logprobs)
+        if out.accepted_nodes:  # a token tree: its accepted path's K/V to the chain's slots
+            compact_accepted(row, out.accepted_nodes, self.blocks, self.kv)
+        seq.num_computed += row.num_new + len(emitted) - 1
         self.blocks.truncate(seq.seq_id, seq.num_computed)
         if seq.first_token_time is None:
             seq.first_token_time = time.monotonic()
             self.blocks.cache_prefix(seq.seq_id, seq.all_ids, seq.num_computed)  # siblings reuse the prompt
         stops = self._stops[seq.seq_id]
-        kept, text, reason = stops.apply(row.emitted)
-        self.constraints.commit(seq, kept)
+        kept, text, reason = stops.apply(emitted)
+        logprobs = None if logprobs is None else logprobs[: len(kept)]
+        seq.commit(kept, logprobs)
         if closing is not None:
-            seq.grammar.closing, seq.grammar.closing_length = closing, len(closing) + 1
-        if reason is None and seq.grammar is not None and seq.grammar.closed:
+            budget.start_forcing(seq, closing)
+        if reason is None and budget.closed(seq):
             text, reason = text + stops.flush(), "length"  # completed within max_tokens (engine.budget)
-        self.spec.on_verified(row, kept, self.step_no)
-        logprobs = None if row.logprobs is None else row.logprobs[: len(kept)]
-        if logprobs is not None:
-            seq.logprobs += logprobs
+        self.spec.on_verified(row, out.accepted, budget_cut, kept, self.step_no)
         if reason is not None:
             return self._finish(seq, reason, kept, text, logprobs=logprobs)
         return TokenEvent(seq.seq_id, kept, text, logprobs=logprobs)
 
-    def _record(self, rows: list[StepRow], preempted: list[Sequence], drafting: DraftStep, t0: float,
-                duration: float) -> None:
+    def _record(self, rows: list[StepRow], sampled: dict[StepRow, Sampled], preempted: list[Sequence],
+                drafting: DraftStep, t0: float, duration: float) -> None:
         record = StepRecord(
             step=self.step_no,
             start=t0,
@@ -373,7 +367,7 @@ class LLMEngine:
             num_new=[r.num_new for r in rows],
             k=[r.k for r in rows],
             forced=[sum(r.forced) for r in rows],
-            accepted=[r.accepted for r in rows],
+            accepted=[sampled[r].accepted if r in sampled else 0 for r in rows],
             expected_accepted=[r.expected_accepted for r in rows],
             predicted_s=drafting.predicted_s,
             draft_s=drafting.draft_s,
@@ -416,7 +410,7 @@ class LLMEngine:
             cached_tokens=seq.cached_tokens,
             logprobs=list(seq.logprobs) if seq.params.logprobs is not None else None,
             prompt_text=seq.prompt_text,
-            completion_tokens=seq.grammar.closing_length if seq.grammar is not None else 0,
+            completion_tokens=budget.completion_length(seq),
         )
         del self._seqs[seq.seq_id]
         return TokenEvent(seq.seq_id, list(kept), text, finished=True, finish_reason=reason, error=error, result=result,

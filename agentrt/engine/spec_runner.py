@@ -2,8 +2,9 @@
 controller, account α per request and drafter.
 
 The spec package holds the pieces (drafters, verification, controller, cost model); this class
-wires them to the engine's step rows. It holds no engine: each step hands it the rows (with the
-drafts each may feed, from the KV it can take and the context left) and the step number.
+wires them to the engine's step rows. It holds no engine: each step's draft plan
+(engine.draft_plan) hands it the rows with the drafts each may feed and takes back its
+proposals; after the step it hears what was verified.
 `build_drafter` makes a drafter for an engine from its name.
 """
 from __future__ import annotations
@@ -14,10 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from agentrt.engine.budget import closing
 from agentrt.engine.outputs import StepRecord
 from agentrt.engine.sequence import Sequence
-from agentrt.engine.step_rows import StepRow
+from agentrt.engine.step_rows import RowDraft, StepRow
 from agentrt.errors import SpecConfigError
 from agentrt.spec.acceptance import AcceptanceCalibration
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
@@ -148,15 +148,15 @@ class SpecRunner:
         return stats.report() if stats else NO_SPEC
 
     # ---- per step -------------------------------------------------------------------------
-    def propose(self, rows: list[StepRow]) -> DraftStep:
-        """Fill each sampling row's draft (at most min(kmax, row.max_draft) tokens) with its q,
-        forced marks and expected accepted count."""
+    def propose(self, rows: list[StepRow], max_draft: dict[StepRow, int]) -> tuple[DraftStep, dict[StepRow, RowDraft]]:
+        """Drafts for the step's sampling rows, each at most min(kmax, max_draft[row]) tokens
+        (0: the row does not draft), with their q, forced marks and expected accepted count;
+        rows given none are left out. Every row of the step enters the k controller's step time."""
         if self.drafter is None:
-            return DraftStep()
+            return DraftStep(), {}
         t0 = time.monotonic()
-        # rows forcing a completion within their budget take it as their draft (engine.budget)
-        live = [r for r in rows if r.samples and min(self.config.kmax, r.max_draft) > 0 and not closing(r.seq)]
-        reqs = {r: self._request(r.seq, min(self.config.kmax, r.max_draft)) for r in live}
+        live = [r for r in rows if r.samples and min(self.config.kmax, max_draft.get(r, 0)) > 0]
+        reqs = {r: self._request(r.seq, min(self.config.kmax, max_draft[r])) for r in live}
         if self.drafter.deterministic:
             # Model-free drafts are nearly free: draft as deep as allowed, then let the controller
             # decide how much of each to verify, using the drafter's per-token confidence.
@@ -177,6 +177,7 @@ class SpecRunner:
         if not self.drafter.deterministic:
             want = [r for r in live if ks[r] > 0]
             offered = dict(zip(want, self._drafts([_with_k(reqs[r], ks[r]) for r in want]) if want else []))
+        proposed: dict[StepRow, RowDraft] = {}
         for r in live:
             d = offered.get(r)
             if d is None or ks[r] == 0:
@@ -184,18 +185,18 @@ class SpecRunner:
             d = d.truncated(ks[r])
             if d.parents is not None and not self._tree_ok(r.seq):
                 d = d.first_branch()
-            r.draft, r.q, r.forced = d.tokens, d.probs, d.forced or [False] * len(d.tokens)
-            r.parents = d.parents
-            r.expected_accepted = expected_accepted(accept[r][: len(d.tokens)])
+            n = len(d.tokens)
+            proposed[r] = RowDraft(tuple(d.tokens), None if d.parents is None else tuple(d.parents), d.probs,
+                                   tuple(d.forced or [False] * n), expected_accepted(accept[r][:n]))
             if self.drafter.deterministic:  # what verification will tell the calibration about
-                self._scores[r.seq.seq_id] = scores[r][: len(d.tokens)]
+                self._scores[r.seq.seq_id] = scores[r][:n]
         step = DraftStep(alloc.predicted_step_s, time.monotonic() - t0)
-        drafted = sum(r.k for r in rows)
+        drafted = sum(len(d.tokens) for d in proposed.values())
         if drafted and not self.drafter.deterministic:
             per_token = step.draft_s / drafted
             old = self._draft_cost_per_token
             self._draft_cost_per_token = per_token if old is None else 0.8 * old + 0.2 * per_token
-        return step
+        return step, proposed
 
     def _tree_ok(self, seq: Sequence) -> bool:
         """Trees are verified by the coupled rule on rows without penalties or logprobs (which
@@ -232,15 +233,17 @@ class SpecRunner:
         forced = draft.forced or [False] * len(draft.tokens)
         return [None if f else math.sqrt(max(c, 0.0) * a) for c, f in zip(draft.confidence, forced)]
 
-    def on_verified(self, row: StepRow, kept: list[int], step: int) -> None:
-        """The row's sequence kept these tokens (emitted, maybe cut by a stop) at engine step `step`."""
+    def on_verified(self, row: StepRow, verified: int, budget_cut: bool, kept: list[int], step: int) -> None:
+        """The row's sequence kept these tokens (emitted, maybe cut by a stop) at engine step
+        `step`, of which verification accepted `verified` drafts; budget_cut: the budget's
+        completion cut the emitted run back (engine.budget)."""
         seq = row.seq
         stats = self._stats.get(seq.seq_id)
         if stats is None:
             return
         k = row.k
-        # a stop cuts the accepted run short; a cut by the budget (row.verified) does not unaccept
-        accepted = row.accepted if row.verified is not None else min(row.accepted, len(kept))
+        # a stop cuts the accepted run short; a cut by the budget does not unaccept
+        accepted = verified if budget_cut else min(verified, len(kept))
         forced = sum(row.forced[:accepted])
         if (scores := self._scores.pop(seq.seq_id, None)) is not None and k:
             # the verified draft's free positions (observe() censors them at the first rejection)

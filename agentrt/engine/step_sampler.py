@@ -1,5 +1,6 @@
 """What one step emits per row: penalties on each verified row, then the greedy argmax or the
-processed p, and exact verification of the drafts (spec.verify) or plain sampling.
+processed p, and exact verification of the drafts (spec.verify) or plain sampling. The results
+are returned (`Sampled`); the engine commits them (Sequence.commit).
 
 Sampling is keyed by position: the token at output position n is drawn from its processed p
 with the request's uniform for n (decoding.sampling.position_uniforms). Drafts that are tokens, not
@@ -65,32 +66,42 @@ def _triton_ops() -> _SamplingOps:
     return _SamplingOps(greedy, masked_sample.masked_sample, verify.verify_greedy, verify.verify_drafts)
 
 
+@dataclass(frozen=True)
+class Sampled:
+    """What one sampling row emitted in a step."""
+
+    emitted: list[int]  # the accepted drafts, then the target's own token
+    accepted: int  # drafts the target accepted
+    accepted_nodes: tuple[int, ...] = ()  # a token tree's accepted path (draft indices)
+    raw_logprobs: torch.Tensor | None = None  # [k + 1, vocab] log-softmax, when the request asks for logprobs
+    logprobs: list[TokenLogprob] | None = None  # per emitted token, when the request asks
+
+
 def sample_rows(rows: list[StepRow], logits: torch.Tensor, masks: StepMasks | None,
-                backend: KernelBackend = KernelBackend.CPU) -> None:
-    """Set row.emitted, and row.logprobs where asked, for every sampling row. logits
-    [logits rows, vocab] is modified (penalties, masks). backend: the model's kernel backend."""
+                backend: KernelBackend = KernelBackend.CPU) -> dict[StepRow, Sampled]:
+    """What every sampling row emits (with logprobs where asked). logits [logits rows, vocab] is
+    modified (penalties, masks). backend: the model's kernel backend."""
     ops = _triton_ops() if backend is KernelBackend.TRITON else _CPU_OPS
     sampling = [r for r in rows if r.samples]
     if not sampling:
-        return
+        return {}
     raw = _raw_logprobs(sampling, logits)  # the model's own distribution, before anything edits it
     _penalize(sampling, logits)
     drafts = _flat_drafts(sampling) if any(r.draft for r in sampling) else None
     trees = any(r.parents is not None for r in sampling)
+    nodes: list[tuple[int, ...]] = [()] * len(sampling)
     if trees and all(r.seq.params.temperature == 0 for r in sampling):
-        emitted = _verify_trees(sampling, ops.greedy(logits, masks))
+        emitted, nodes = _verify_trees(sampling, ops.greedy(logits, masks))
     elif trees:
-        emitted = _verify_trees(sampling, _own_draws(sampling, logits, masks, ops))
+        emitted, nodes = _verify_trees(sampling, _own_draws(sampling, logits, masks, ops))
     elif all(r.seq.params.temperature == 0 for r in sampling):
         best = ops.greedy(logits, masks)  # [logits rows]
         emitted = _unpack(ops.verify_greedy(best, *drafts)) if drafts else [[t] for t in best.tolist()]
     else:
         emitted = _sample(sampling, logits, masks, drafts, ops)
-    for r, toks in zip(sampling, emitted):
-        r.emitted = toks
-        if r in raw:
-            r.raw_logprobs = raw[r]
-            r.logprobs = token_logprobs(raw[r], toks, r.seq.params.logprobs)
+    return {r: Sampled(toks, max(0, len(toks) - 1) if r.draft else 0, tuple(path), raw.get(r),
+                       token_logprobs(raw[r], toks, r.seq.params.logprobs) if r in raw else None)
+            for r, toks, path in zip(sampling, emitted, nodes)}
 
 
 def _flat_drafts(sampling: list[StepRow]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -115,17 +126,17 @@ def _sample(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | No
     return _unpack(ops.verify_drafts(probs, draft_tokens, cu, q, u_acc, u_smp))
 
 
-def _verify_trees(sampling: list[StepRow], own: torch.Tensor) -> list[list[int]]:
+def _verify_trees(sampling: list[StepRow], own: torch.Tensor) -> tuple[list[list[int]], list[tuple[int, ...]]]:
     """The coupled rule on a step with token trees (spec.tree_verify.verify_tree_greedy; chains
-    are trees too): own [logits rows] is each row's own token. Sets each tree row's accepted path."""
+    are trees too): own [logits rows] is each row's own token. Each row's emitted tokens and its
+    accepted path (draft indices)."""
     draft_tokens = torch.tensor([t for r in sampling for t in r.draft], dtype=torch.long)
     parents = torch.tensor([p for r in sampling for p in (r.parents if r.parents is not None
                                                            else chain_parents(r.k))], dtype=torch.long)
     cu = torch.tensor([0] + list(itertools.accumulate(r.k for r in sampling)), dtype=torch.long)
     res = verify_tree_greedy(own, draft_tokens, parents, cu)
-    for r, nodes in zip(sampling, res.accepted_nodes):
-        r.accepted_nodes = nodes
-    return [toks[:n] for toks, n in zip(res.output_tokens.tolist(), res.num_emitted.tolist())]
+    return ([toks[:n] for toks, n in zip(res.output_tokens.tolist(), res.num_emitted.tolist())],
+            [tuple(nodes) if r.parents is not None else () for r, nodes in zip(sampling, res.accepted_nodes)])
 
 
 def _own_draws(sampling: list[StepRow], logits: torch.Tensor, masks: StepMasks | None,

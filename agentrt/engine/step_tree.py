@@ -73,41 +73,40 @@ def row_output_offsets(r: StepRow) -> list[int]:
     return [0] + [d + 1 for d in node_depths(r.parents)]
 
 
-def tree_masks(grammar, r: StepRow, bitmask: torch.Tensor) -> None:
-    """Fill bitmask [k + 1, words]: row 0 the grammar's mask now, row 1 + i node i's (after its
-    path); drops the nodes the grammar forbids (and their subtrees) from r."""
-    paths = _paths(r.parents)
-    leaves = [i for i in range(r.k) if i not in set(r.parents)]
+def tree_masks(grammar, tokens: list[int], parents: tuple[int, ...], bitmask: torch.Tensor) -> list[int]:
+    """Fill bitmask [k + 1, words]: row 0 the grammar's mask now, row 1 + j the j-th kept node's
+    (after its path). Returns the nodes the grammar allows (a forbidden node's subtree goes with
+    it), in order: the draft plan keeps only those (engine.draft_plan)."""
+    k = len(tokens)
+    paths = _paths(parents)
+    leaves = [i for i in range(k) if i not in set(parents)]
     scratch = torch.empty_like(bitmask[: max(len(p) for p in paths) + 1]) if paths else bitmask[:1]
-    allowed = [False] * r.k
+    allowed = [False] * k
     grammar.fill_masks([], bitmask, 0)
     for leaf in leaves:
         path = paths[leaf]
-        m = grammar.fill_masks([r.draft[j] for j in path], scratch, 0)
+        m = grammar.fill_masks([tokens[j] for j in path], scratch, 0)
         for depth, node in enumerate(path[:m]):
             allowed[node] = True
             bitmask[1 + node] = scratch[depth + 1]
-    keep = [i for i in range(r.k) if allowed[i]]
-    if len(keep) < r.k:
-        prune(r, keep, bitmask)
-
-
-def prune(r: StepRow, keep: list[int], bitmask: torch.Tensor | None = None) -> None:
-    """Keep only the nodes `keep` (each with its parent kept), renumbered in order."""
-    new = {old: i for i, old in enumerate(keep)}
-    r.parents = [new[r.parents[i]] if r.parents[i] >= 0 else -1 for i in keep]
-    r.draft = [r.draft[i] for i in keep]
-    r.forced = [r.forced[i] for i in keep] if r.forced else []
-    if bitmask is not None:
+    keep = [i for i in range(k) if allowed[i]]
+    if len(keep) < k:
         bitmask[1 : 1 + len(keep)] = bitmask[[1 + i for i in keep]].clone()
+    return keep
 
 
-def compact_accepted(r: StepRow, blocks: BlockManager, kv: KVCache) -> None:
+def kept_tree(parents: tuple[int, ...], keep: list[int]) -> tuple[int, ...]:
+    """The parents of the nodes `keep` (each with its parent kept), renumbered in order."""
+    new = {old: i for i, old in enumerate(keep)}
+    return tuple(new[parents[i]] if parents[i] >= 0 else -1 for i in keep)
+
+
+def compact_accepted(r: StepRow, accepted_nodes: tuple[int, ...], blocks: BlockManager, kv: KVCache) -> None:
     """Move the accepted path's K/V (every layer) from the nodes' slots to the linear slots
     base..base+a-1, in increasing depth (a node at depth d has index >= d: nothing still to be
     read is overwritten)."""
     base = r.start + r.num_new
-    moves = [(base + node, base + depth) for depth, node in enumerate(r.accepted_nodes) if node != depth]
+    moves = [(base + node, base + depth) for depth, node in enumerate(accepted_nodes) if node != depth]
     if not moves:
         return
     slots = blocks.slots(r.seq.seq_id, base, r.end)

@@ -276,15 +276,11 @@ def completion_from(m: xgr.GrammarMatcher, encode: Any, text: str) -> str | None
 
 
 class GrammarState:
-    """One sequence's position in its grammar. `closing`: once set, the tokens that complete the
-    output within its budget, forced one per position until they are all emitted."""
+    """One sequence's position in its grammar: the matcher, and what masks, drafts and the budget's
+    completion search (engine.budget, which keeps its own state) ask of it."""
 
     def __init__(self, compiled: xgr.CompiledGrammar):
         self.matcher = xgr.GrammarMatcher(compiled)
-        self.closing: list[int] | None = None
-        self.completion_tokens = 0  # the last completion's length (engine.budget)
-        self.closing_length = 0  # tokens of the completion forced in all
-        self.completion_cache: tuple | None = None  # (output tokens, completion ids): engine.budget
 
     def completion(self, encode: Any, text: str, after: list[int] = ()) -> str | None:
         """A short text that completes the output `text` (written so far, then `after` tokens
@@ -320,22 +316,6 @@ class GrammarState:
                 return
             if not self.matcher.accept_token(t):
                 raise RuntimeError(f"grammar rejected emitted token {t}: masking and sampling disagree")
-            if self.closing:
-                if self.closing[0] != t:
-                    raise RuntimeError(f"emitted token {t} where the completion forced {self.closing[0]}")
-                self.closing = self.closing[1:]
-
-    @property
-    def closed(self) -> bool:
-        """A completion was forced and has been emitted in full: the output is complete."""
-        return self.closing is not None and not self.closing
-
-    def fill_closing_masks(self, k: int, bitmask: torch.Tensor, row0: int) -> None:
-        """Rows row0..row0+k of `bitmask`: each allows only the next token of the completion."""
-        bitmask[row0 : row0 + k + 1] = 0
-        for j, t in enumerate(self.closing[: k + 1]):
-            bit = 1 << (t % 32)
-            bitmask[row0 + j, t // 32] = bit - (1 << 32) if bit >= 1 << 31 else bit  # int32 words
 
     def forced_string(self) -> str:
         return "" if self.matcher.is_terminated() else self.matcher.find_jump_forward_string()

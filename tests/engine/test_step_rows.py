@@ -1,4 +1,5 @@
-"""The step's rows: draft limits, KV fitting and the flat batch they build (no model needed)."""
+"""The step's rows: draft limits and KV fitting (engine.draft_plan), and the flat batch the rows
+build (no model needed)."""
 from __future__ import annotations
 
 import torch
@@ -6,7 +7,8 @@ import torch
 from agentrt.engine.block_manager import BlockManager
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.sequence import Sequence
-from agentrt.engine.step_rows import build_forward_batch, fit_drafts_to_kv, limit_drafts, reserve_draft_kv, rows_of
+from agentrt.engine.draft_plan import draft_limits, fit_to_kv, planned, reserve_draft_kv
+from agentrt.engine.step_rows import RowDraft, build_forward_batch, rows_of
 
 BS = 4
 
@@ -30,22 +32,22 @@ def test_limit_drafts_by_output_left_context_left_and_kv_share():
     blocks.grow(3, 2)
     rows = rows_of([short, near_end, roomy], [1, 1, 1]) + rows_of([prefill], [2])
     assert [r.samples for r in rows] == [True, True, True, False]
-    limit_drafts(rows, blocks, max_model_len=12)
+    limits = draft_limits(rows, blocks, max_model_len=12)
     free_share = blocks.num_free * BS // 3
-    assert rows[0].max_draft == 2 and rows[1].max_draft == 1
+    assert limits[rows[0]] == 2 and limits[rows[1]] == 1
     # roomy holds 3 tokens in one block: one reserved slot beyond them, plus its share
-    assert rows[2].max_draft == 1 + free_share
-    assert rows[3].max_draft == 0  # prefill chunks never draft
+    assert limits[rows[2]] == 1 + free_share
+    assert rows[3] not in limits  # prefill chunks never draft
 
 
 def test_fit_drafts_to_kv_cuts_in_turn_and_reserve_grows_the_tables():
     blocks = BlockManager(num_blocks=4, block_size=BS)
     a, b = decoding(0, 4, 0, blocks), decoding(1, 4, 0, blocks)  # one full block each, 2 free
     rows = rows_of([a, b], [1, 1])
-    rows[0].draft, rows[0].forced = [5] * 6, [True] * 6  # needs positions 4..9: 2 blocks
-    rows[1].draft, rows[1].forced = [6] * 3, [False] * 3  # needs 1 block, none left after a
-    fit_drafts_to_kv(rows, blocks)
-    assert rows[0].k == 6 and rows[1].k == 0 and rows[1].forced == []
+    drafts = {rows[0]: RowDraft((5,) * 6, forced=(True,) * 6),  # needs positions 4..9: 2 blocks
+              rows[1]: RowDraft((6,) * 3, forced=(False,) * 3)}  # needs 1 block, none left after a
+    rows = planned(rows, fit_to_kv(rows, drafts, blocks))
+    assert rows[0].k == 6 and rows[1].k == 0 and rows[1].forced == ()
     reserve_draft_kv(rows, blocks)
     assert blocks.num_free == 0 and len(blocks.tables[0]) == 3 and rows[0].end == 3 + 1 + 6
 
@@ -57,7 +59,7 @@ def test_forward_batch_is_the_rows_flattened_with_their_first_logits_rows():
     blocks.grow(1, 6)
     b = decoding(2, 2, 0, blocks)
     rows = rows_of([a, prefill, b], [1, 6, 1])
-    rows[0].draft = [21, 22]
+    rows = planned(rows, {rows[0]: RowDraft((21, 22))})
     reserve_draft_kv(rows, blocks)
     fwd = build_forward_batch(rows, blocks, torch.device("cpu"))
     assert fwd.input_ids.tolist() == [7, 21, 22, 11, 12, 13, 14, 15, 16, 2]

@@ -132,9 +132,8 @@ def test_accepted_path_compacted_then_decoding_goes_on_as_after_the_chain(smollm
         f.step([(prompt, None)])
     start = tree.done[0]
     tree.step([(root + tokens, parents)])
-    row = SimpleNamespace(start=start, num_new=1, accepted_nodes=accepted, seq=SimpleNamespace(seq_id=0),
-                          end=start + 1 + len(tokens))
-    compact_accepted(row, tree.bm, tree.kv)
+    row = SimpleNamespace(start=start, num_new=1, seq=SimpleNamespace(seq_id=0), end=start + 1 + len(tokens))
+    compact_accepted(row, accepted, tree.bm, tree.kv)
     tree.done[0] = start + 1 + len(accepted)
     tree.bm.truncate(0, tree.done[0])
     chain.step([(root + [tokens[j] for j in accepted], None)])
