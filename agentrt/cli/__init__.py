@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "engine-worker": ("agentrt.cli.engine_worker", "serve an engine's LLM calls over MQTT (agentrt serve --engines)"),
     "serve": ("agentrt.cli.serve", "serve agent programs and OpenAI-compatible chat over HTTP"),
     "submit": ("agentrt.cli.submit", "run a program on a server and follow it"),
-    "bench": ("agentrt.bench.cli", "run a benchmark: agentrt bench NAME [--quick] [--json PATH]"),
+    "bench": ("agentrt.cli.bench", "run a benchmark: agentrt bench NAME [--quick] [--json PATH]"),
 }
 
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentrt.engine.cli_args import add_dtype_argument
+from agentrt.cli.engine_args import add_dtype_argument, engine_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,11 +15,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentrt.engine import EngineConfig, LLMEngine
+    from agentrt.engine import LLMEngine
     from agentrt.engine.calibration import calibrate_engine
     from agentrt.tables import print_table
 
-    engine = LLMEngine(EngineConfig(model=args.model, dtype=args.dtype, device=args.device))
+    engine = LLMEngine(engine_config(args))
     model, report, path = calibrate_engine(engine, max_tokens=args.max_tokens, repeats=args.repeats)
     print_table("predicted vs measured step time", report)
     print(f"overhead {model.overhead_s * 1e3:.1f} ms, ridge at ~{model.ridge_tokens(512):.1f} tokens (512-token context), "

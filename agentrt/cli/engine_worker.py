@@ -12,7 +12,7 @@ import asyncio
 import logging
 import signal
 
-from agentrt.engine.cli_args import add_model_arguments, add_tool_format_argument
+from agentrt.cli.engine_args import add_model_arguments, add_tool_format_argument, engine_config
 from agentrt.server.memory_args import add_memory_arguments, engine_memory, kv_cache_line
 from agentrt.tools.cli_worker import add_broker_arguments, broker_config
 
@@ -46,15 +46,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace, config) -> int:
-    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
+    from agentrt.engine import AsyncEngine, LLMEngine
     from agentrt.runtime.engine_backend import EngineBackend
     from agentrt.runtime.engine_worker import EngineWorker
 
     engine_kw, spec_kw = engine_memory(args)
-    engine_config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                                 spec=SpecConfig(drafter=args.spec, **spec_kw), batch_invariant=args.batch_invariant,
-                                 tool_format=args.tool_format, **engine_kw)
-    engine = AsyncEngine(await asyncio.to_thread(LLMEngine, engine_config))
+    engine = AsyncEngine(await asyncio.to_thread(LLMEngine, engine_config(args, spec_kw, **engine_kw)))
     backend = EngineBackend(engine, model_name=args.served_model_name or args.model)
     try:
         print(f"agentrt engine-worker: {kv_cache_line(engine.engine)}", flush=True)

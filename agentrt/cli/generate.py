@@ -5,7 +5,7 @@ import argparse
 import asyncio
 import sys
 
-from agentrt.engine.cli_args import add_model_arguments
+from agentrt.cli.engine_args import add_model_arguments, engine_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -36,16 +36,14 @@ async def _stream(engine, prompt, params) -> object:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentrt.engine import AsyncEngine, EngineConfig, SamplingParams, SpecConfig
+    from agentrt.engine import AsyncEngine, SamplingParams
     from agentrt.engine.spec_report import print_spec_summary
 
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
         seed=args.seed, stop=tuple(args.stop),
     )
-    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec, k=args.k),
-                          batch_invariant=getattr(args, "batch_invariant", False))
-    engine = AsyncEngine.from_config(config)
+    engine = AsyncEngine.from_config(engine_config(args, spec={"k": args.k}))
     # on stderr: stdout is the generated text alone (pipes, and bench decode's time to first byte)
     print(f"model: {args.model} ({engine.engine.loaded.precision}; {args.device})", file=sys.stderr, flush=True)
     if args.raw:

@@ -17,7 +17,7 @@ from typing import Any, Mapping, Sequence
 from rich.console import Console
 from rich.text import Text
 
-from agentrt.engine.cli_args import add_model_arguments
+from agentrt.cli.engine_args import add_model_arguments, engine_config
 from agentrt.errors import RunConfigError
 from agentrt.jsonutil import JsonDepthError, parse_json
 from agentrt.runtime.loader import Example, load_example, resolve_inputs
@@ -193,14 +193,12 @@ def run_on_engine(args: argparse.Namespace, example: Example, inputs: Mapping[st
     from agentrt.runtime.terminal import report_console
 
     console = report_console()
-    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
+    from agentrt.engine import AsyncEngine, LLMEngine
     from agentrt.runtime.engine_backend import EngineBackend
 
     with console.status(f"loading {args.model} ..."):
         t0 = time.perf_counter()
-        config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device, spec=SpecConfig(drafter=args.spec),
-                              batch_invariant=getattr(args, "batch_invariant", False))
-        engine = AsyncEngine(LLMEngine(config))
+        engine = AsyncEngine(LLMEngine(engine_config(args)))
         load_s = time.perf_counter() - t0
         # the first call of a fresh engine pays one-off costs: not inside the program's first LLM node
         warmup_s = asyncio.run(engine.warm_up())

@@ -22,7 +22,7 @@ import signal
 from pathlib import Path
 from typing import Any, Mapping
 
-from agentrt.engine.cli_args import add_model_arguments, add_tool_format_argument
+from agentrt.cli.engine_args import add_model_arguments, add_tool_format_argument, engine_config
 from agentrt.errors import RunConfigError
 from agentrt.runtime.remote_routing import ROUTING_MODES
 from agentrt.runtime.store_location import db_argument
@@ -247,7 +247,7 @@ async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, 
 
 async def _start_runtime(args: argparse.Namespace, tools: list, model: str, store: Any = None) -> tuple[Any, Any, Any]:
     """Load the engine on a thread (the event loop keeps answering /health), then the runtime."""
-    from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine, SpecConfig
+    from agentrt.engine import AsyncEngine, LLMEngine
     from agentrt.runtime.engine_backend import EngineBackend
 
     if getattr(args, "engines", None):
@@ -256,11 +256,7 @@ async def _start_runtime(args: argparse.Namespace, tools: list, model: str, stor
         backend = await start_remote_engines(args, model)
         return None, backend, await _runtime(args, tools, model, store, backend, backend.precision)
     engine_kw, spec_kw = engine_memory(args)
-    config = EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
-                          spec=SpecConfig(drafter=args.spec, **spec_kw),
-                          batch_invariant=getattr(args, "batch_invariant", False),
-                          tool_format=getattr(args, "tool_format", "auto"), **engine_kw)
-    engine = AsyncEngine(await asyncio.to_thread(LLMEngine, config))
+    engine = AsyncEngine(await asyncio.to_thread(LLMEngine, engine_config(args, spec_kw, **engine_kw)))
     print(f"agentrt serve: {kv_cache_line(engine.engine)}", flush=True)
     print(f"agentrt serve: tool calls in the {engine.info.tool_format.name} format", flush=True)
     # before /ready says so, not on a client's request

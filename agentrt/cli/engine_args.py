@@ -1,10 +1,14 @@
-"""Command-line options every command that loads a model shares (no torch import: `--help`
-stays fast)."""
+"""Command-line options every command that loads a model shares, and the engine's typed config
+(EngineConfig) made from them (no torch import until a config is made: `--help` stays fast)."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING, Any
 
 from agentrt.structured.tool_formats import FORMATS
+
+if TYPE_CHECKING:  # torch loads only when a config is made
+    from agentrt.engine.llm_engine import EngineConfig
 
 DTYPE_CHOICES = ("auto", "quantized", "bfloat16", "float32")
 
@@ -31,3 +35,15 @@ def add_tool_format_argument(p: argparse.ArgumentParser) -> None:
                    help="the syntax tool calls are described, constrained and parsed in: auto reads it from the "
                         "model's chat template and architecture (Qwen <tool_call> blocks, Llama 3 JSON, Gemma 3's "
                         "JSON prompt, Mistral [TOOL_CALLS]; templates without tools: the house JSON format)")
+
+
+def engine_config(args: argparse.Namespace, spec: dict[str, Any] | None = None, **engine: Any) -> EngineConfig:
+    """The EngineConfig of a command's --model, --dtype, --device, --spec, --batch-invariant and
+    --tool-format (the last two where the command has them); `spec` and `engine`: further
+    SpecConfig and EngineConfig fields."""
+    from agentrt.engine import EngineConfig, SpecConfig
+
+    return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
+                        spec=SpecConfig(drafter=getattr(args, "spec", "none"), **(spec or {})),
+                        batch_invariant=getattr(args, "batch_invariant", False),
+                        tool_format=getattr(args, "tool_format", "auto"), **engine)

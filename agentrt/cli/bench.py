@@ -5,7 +5,7 @@ import argparse
 import importlib
 import sys
 
-from agentrt.engine.cli_args import add_dtype_argument
+from agentrt.cli.engine_args import add_dtype_argument
 
 # bench name -> module. Each module has add_arguments(parser) (optional) and run(args) -> BenchResult.
 BENCHES = {
