@@ -20,9 +20,9 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from agentrt.cli.client_args import (add_api_key_arguments, answer_command, client_from_args, waiting_lines,
+                                     with_key_hint)
 from agentrt.client import Conflict, RunInfo, Unauthorized, split_run_url
-from agentrt.client.cli import answer_command, client_from_args, waiting_lines, with_key_hint
-from agentrt.client.keys import add_api_key_arguments
 from agentrt.errors import RunConfigError
 from agentrt.files import write_text_atomic
 from agentrt.runtime.html_timeline import render_html

@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from agentrt.cli.engine_args import add_model_arguments, add_tool_format_argument, engine_config
+from agentrt.cli.memory_args import add_memory_arguments, engine_memory, kv_cache_line, trim_heap_every
 from agentrt.errors import RunConfigError
 from agentrt.runtime.remote_routing import ROUTING_MODES
 from agentrt.runtime.store_location import db_argument
 from agentrt.server.config import Limits, ServerConfig, is_loopback
-from agentrt.server.memory_args import add_memory_arguments, engine_memory, kv_cache_line, trim_heap_every
 
 log = logging.getLogger("agentrt.server")
 

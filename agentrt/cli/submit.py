@@ -10,9 +10,8 @@ from typing import Any
 
 from rich.console import Console
 
+from agentrt.cli.client_args import add_api_key_arguments, client_from_args, waiting_lines, with_key_hint
 from agentrt.client import Unauthorized
-from agentrt.client.cli import client_from_args, waiting_lines, with_key_hint
-from agentrt.client.keys import add_api_key_arguments
 from agentrt.errors import RunConfigError
 from agentrt.runtime.loader import coerce_input
 

@@ -10,9 +10,27 @@ import sys
 from typing import Any
 
 from agentrt.client.errors import Unauthorized
-from agentrt.client.keys import CLIENT_KEY_VAR, api_key_from_args
+from agentrt.client.keys import CLIENT_KEY_VAR, env_api_key, key_from_file
 from agentrt.client.sync import Client
 from agentrt.errors import RunConfigError
+
+
+def add_api_key_arguments(p: argparse.ArgumentParser) -> None:
+    """--api-key / --api-key-file for a command that talks to a server."""
+    p.add_argument("--api-key", default=None, metavar="KEY",
+                   help=f"the server's API key (default: ${CLIENT_KEY_VAR}; on the command line it shows in `ps`: "
+                        "prefer the file or the variable)")
+    p.add_argument("--api-key-file", default=None, metavar="PATH",
+                   help="read the API key from this file (its first line that is not blank or a # comment)")
+
+
+def api_key_from_args(args: argparse.Namespace) -> tuple[str | None, str | None]:
+    """(the key to send, a note to show the user) from --api-key, --api-key-file, the environment."""
+    if getattr(args, "api_key", None):
+        return args.api_key, None
+    if getattr(args, "api_key_file", None):
+        return key_from_file(args.api_key_file), None
+    return env_api_key()
 
 
 def client_from_args(args: argparse.Namespace, base_url: str) -> Client:

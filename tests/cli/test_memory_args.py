@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
+from agentrt.cli.memory_args import (SERVE_STEP_LOG_STEPS, add_memory_arguments, engine_memory, heap_trimmer,
+                                     trim_heap_every)
 from agentrt.errors import RunConfigError
-from agentrt.server.memory_args import (SERVE_STEP_LOG_STEPS, add_memory_arguments, engine_memory, heap_trimmer,
-                                        trim_heap_every)
 
 
 def parse(*argv: str) -> argparse.Namespace:
