@@ -83,7 +83,7 @@ async def _measure(registry: Any, label: str, workers: int, quick: bool) -> dict
 
 
 def _start_workers(url: str, n: int) -> list[subprocess.Popen]:
-    cmd = [sys.executable, "-m", "agentrt.tools.cli_worker", "agentrt.bench.tools", "--broker", url,
+    cmd = [sys.executable, "-m", "agentrt.cli", "worker", "agentrt.bench.tools", "--broker", url,
            "--concurrency", str(WORKER_SLOTS), "--log-level", "WARNING"]
     return [subprocess.Popen([*cmd, "--id", f"bench-{os.getpid()}-{i}"], stdin=subprocess.DEVNULL) for i in range(n)]
 

@@ -17,7 +17,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "runs": ("agentrt.cli.runs", "list or prune the runs in a run store"),
     "status": ("agentrt.cli.status", "the replicas serving a run store and who owns its unfinished runs"),
     "inspect": ("agentrt.cli.inspect_run", "re-render a saved run trace"),
-    "worker": ("agentrt.tools.cli_worker", "serve a module's tools over MQTT"),
+    "worker": ("agentrt.cli.worker", "serve a module's tools over MQTT"),
     "engine-worker": ("agentrt.cli.engine_worker", "serve an engine's LLM calls over MQTT (agentrt serve --engines)"),
     "serve": ("agentrt.cli.serve", "serve agent programs and OpenAI-compatible chat over HTTP"),
     "submit": ("agentrt.cli.submit", "run a program on a server and follow it"),

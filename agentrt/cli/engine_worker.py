@@ -14,7 +14,7 @@ import signal
 
 from agentrt.cli.engine_args import add_model_arguments, add_tool_format_argument, engine_config
 from agentrt.cli.memory_args import add_memory_arguments, engine_memory, kv_cache_line
-from agentrt.tools.cli_worker import add_broker_arguments, broker_config
+from agentrt.cli.worker import add_broker_arguments, broker_config
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

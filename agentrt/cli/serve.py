@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
         if ex.name in programs:
             raise RunConfigError(f"two program files define a program named '{ex.name}': {programs[ex.name].path}, {ex.path}")
         programs[ex.name] = ex
-    from agentrt.tools.cli_worker import load_tools
+    from agentrt.tools.loader import load_tools
 
     tools = [t for ex in examples for t in ex.tools] + [t for m in args.tools for t in load_tools(m)]
     store = None

@@ -8,8 +8,8 @@ import pytest
 from tool_test_helpers import REPO, WORKER_TOOLS
 
 from agentrt.tools import ToolDefinitionError
-from agentrt.tools.cli_worker import load_tools
 from agentrt.tools.errors import MqttConfigError
+from agentrt.tools.loader import load_tools
 from agentrt.tools.mqtt_protocol import MqttConfig
 
 
@@ -44,7 +44,7 @@ def test_cli_reports_errors_without_traceback(tmp_path):
     out = subprocess.run([sys.executable, "-m", "agentrt.cli", "worker", str(tmp_path / "nope.py")],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 2 and "error: tool module" in out.stderr and "Traceback" not in out.stderr
-    out = subprocess.run([sys.executable, "-m", "agentrt.tools.cli_worker", WORKER_TOOLS, "--tools", "echo,nope"],
+    out = subprocess.run([sys.executable, "-m", "agentrt.cli", "worker", WORKER_TOOLS, "--tools", "echo,nope"],
                          capture_output=True, text=True, cwd=REPO, timeout=60)
     assert out.returncode == 2 and "no tool(s) ['nope']" in out.stderr
 

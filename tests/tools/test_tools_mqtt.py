@@ -11,7 +11,7 @@ import pytest
 from tool_test_helpers import WORKER_TOOLS, wait_for_file, wait_until
 
 from agentrt.tools import NoWorkerError, ToolArgumentsError, ToolRegistry
-from agentrt.tools.cli_worker import load_tools
+from agentrt.tools.loader import load_tools
 from agentrt.tools.mqtt_client import MqttDispatcher
 
 

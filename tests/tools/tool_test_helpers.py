@@ -14,12 +14,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 class WorkerProcess:
-    """`python -m agentrt.tools.cli_worker tests/tools/worker_tools.py` as a subprocess."""
+    """`python -m agentrt.cli worker tests/tools/worker_tools.py` as a subprocess."""
 
     def __init__(self, broker_url: str, worker_id: str, log_dir: Path, *extra: str, env: dict | None = None) -> None:
         self.worker_id = worker_id
         self.log_path = log_dir / f"worker-{worker_id}.log"
-        cmd = [sys.executable, "-m", "agentrt.tools.cli_worker", WORKER_TOOLS, "--broker", broker_url,
+        cmd = [sys.executable, "-m", "agentrt.cli", "worker", WORKER_TOOLS, "--broker", broker_url,
                "--id", worker_id, "--log-level", "INFO", *extra]
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=REPO,
