@@ -3,7 +3,7 @@
 A JSON output cut by max_tokens is useless: unparseable, the whole call wasted. So in the last
 stretch of its budget a constrained sequence keeps a completion of what it has written at hand
 (close the open string, array and object, add the required members with the shortest values,
-end a list of calls after the current one: spec.grammar.completion_from), and:
+end a list of calls after the current one: structured.grammar.completion_from), and:
 
 - before a step, its drafts are capped so that the completion still fits after them;
 - after a step, if the tokens emitted leave no room for their completion (the model opened a

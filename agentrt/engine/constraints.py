@@ -1,6 +1,6 @@
 """Grammar-constrained decoding, an engine part used with or without speculation.
 
-A constrained sequence owns a GrammarState (spec.grammar, xgrammar). Per step the draft plan
+A constrained sequence owns a GrammarState (structured.grammar, xgrammar). Per step the draft plan
 (engine.draft_plan) asks for the masks of every logits row a constrained row verifies (its next
 token and one after each draft token) and learns where each draft must be cut: at the first
 token the grammar forbids, since its masked p is 0 and it could never be accepted. After the step
@@ -18,8 +18,8 @@ from agentrt.engine import budget
 from agentrt.engine.sequence import Sequence
 from agentrt.engine.step_tree import tree_masks
 from agentrt.kernels.argmax import argmax_rows
-from agentrt.spec.grammar import (GRAMMAR_CACHE_BYTES, GrammarCache, GrammarState, apply_masks, masked_argmax,
-                                  shared_grammar_cache)
+from agentrt.structured.grammar import (GRAMMAR_CACHE_BYTES, GrammarCache, GrammarState, apply_masks, masked_argmax,
+                                        shared_grammar_cache)
 from agentrt.structured.output_format import OutputFormat
 
 

@@ -35,7 +35,7 @@ from agentrt.engine.step_sampler import Sampled, sample_rows, token_logprobs
 from agentrt.engine.step_tree import compact_accepted
 from agentrt.engine.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
-from agentrt.spec.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
+from agentrt.structured.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
 from agentrt.structured.output_format import (OutputFormat, parse_output, parse_response_format, with_instructions,
                                              with_syntax)
 from agentrt.structured.tool_formats import ToolCallFormat, detect_tool_format, tool_format

@@ -43,7 +43,7 @@ class Sequence:
     first_token_time: float | None = None
     meta: dict[str, Any] = field(default_factory=dict)  # owner's annotations (program, node)
     output_format: Any = None  # agentrt.structured.output_format.OutputFormat when constrained
-    grammar: Any = None  # agentrt.spec.grammar.GrammarState when constrained
+    grammar: Any = None  # agentrt.structured.grammar.GrammarState when constrained
     closing: Any = None  # agentrt.engine.budget.Closing when constrained: its completion within max_tokens
     penalties: Any = None  # agentrt.decoding.penalties.Penalties when the request asks for any
     logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked for

@@ -168,7 +168,7 @@ VOCAB = list(string.printable[:95]) + ["</s>"]
 def grammars():
     import xgrammar as xgr
 
-    from agentrt.spec.grammar import GrammarCache
+    from agentrt.structured.grammar import GrammarCache
 
     return GrammarCache(xgr.TokenizerInfo(VOCAB, stop_token_ids=[len(VOCAB) - 1]))
 

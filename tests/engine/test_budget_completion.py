@@ -10,7 +10,7 @@ import pytest
 
 from agentrt.engine import SamplingParams, SpecConfig
 from agentrt.engine.budget import CLOSING_WINDOW
-from agentrt.spec.grammar import GrammarState
+from agentrt.structured.grammar import GrammarState
 from agentrt.structured.output_format import parse_output, parse_response_format
 
 RECIPE = {"type": "object", "properties": {

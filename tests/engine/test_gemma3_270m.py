@@ -102,7 +102,7 @@ def test_grammars_read_its_sentencepiece_vocabulary(gemma):
     """xgrammar decodes Gemma's tokens as SentencePiece pieces (U+2581 a space, <0xXX> bytes): a
     token holding a space is allowed where the JSON allows one, and the budget completion of a
     constrained output exists."""
-    from agentrt.spec.grammar import tokenizer_info, vocab_type
+    from agentrt.structured.grammar import tokenizer_info, vocab_type
     from agentrt.structured.output_format import parse_response_format
 
     tok = gemma.tokenizer

@@ -20,7 +20,7 @@ def schema_format(i: int):
 def make_cache():
     import xgrammar as xgr
 
-    from agentrt.spec.grammar import GrammarCache
+    from agentrt.structured.grammar import GrammarCache
 
     info = xgr.TokenizerInfo(VOCAB, stop_token_ids=[len(VOCAB) - 1])
     return lambda max_bytes: GrammarCache(info, max_bytes)

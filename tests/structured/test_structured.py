@@ -115,7 +115,7 @@ def test_masked_argmax_equals_masking_then_argmax(seed):
     they were."""
     import xgrammar as xgr
 
-    from agentrt.spec.grammar import apply_masks, masked_argmax
+    from agentrt.structured.grammar import apply_masks, masked_argmax
 
     g = torch.Generator().manual_seed(seed)
     n, vocab = 7, 100
@@ -168,7 +168,7 @@ def test_parallel_tool_calls_are_a_list_of_valid_calls():
 def test_parallel_grammar_takes_a_list_or_text_and_nothing_else():
     import xgrammar as xgr
 
-    from agentrt.spec.grammar import GrammarCache
+    from agentrt.structured.grammar import GrammarCache
 
     vocab = ["[", "{", "]", "}", '"', "Hi", " there", ",", ":", " "] + [f"<tok{i}>" for i in range(6)]
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[len(vocab) - 1])
@@ -185,7 +185,7 @@ def test_parallel_grammar_takes_a_list_or_text_and_nothing_else():
 def test_tool_choice_none_takes_text_that_does_not_start_like_a_call():
     import xgrammar as xgr
 
-    from agentrt.spec.grammar import GrammarCache
+    from agentrt.structured.grammar import GrammarCache
 
     vocab = ["[", "{", "]", "}", '"', "Hi", " there", ",", ":", " "] + [f"<tok{i}>" for i in range(6)]
     info = xgr.TokenizerInfo(vocab, stop_token_ids=[len(vocab) - 1])

@@ -1,4 +1,4 @@
-"""The grammar of each family's call turn (spec.grammar.family_grammar) run on token strings of the
+"""The grammar of each family's call turn (structured.grammar.family_grammar) run on token strings of the
 SmolLM2 tokenizer, with Qwen's and Mistral's wrapper tokens added as the real vocabularies have
 them: it accepts exactly the format's calls of the schema's tools, and the template drafter
 forces the wrapper as the model's own tokens."""
@@ -10,7 +10,7 @@ from tokenizers import AddedToken, Tokenizer
 from agentrt.spec.drafters.base import DraftRequest
 from agentrt.spec.drafters.suffix import SuffixDrafter
 from agentrt.spec.drafters.template import TemplateDrafter
-from agentrt.spec.grammar import GrammarCache, GrammarState, tokenizer_info, xgr
+from agentrt.structured.grammar import GrammarCache, GrammarState, tokenizer_info, xgr
 from agentrt.structured.output_format import parse_response_format, with_syntax
 from agentrt.structured.tool_formats import GEMMA3, LLAMA3, MISTRAL, QWEN
 

@@ -104,7 +104,7 @@ class Draft:
 
 class GrammarCursor(Protocol):
     """A constrained request's place in its grammar, as a drafter may read it (the engine owns
-    the state and commits what was emitted; spec.grammar.GrammarState implements this)."""
+    the state and commits what was emitted; structured.grammar.GrammarState implements this)."""
 
     @property
     def terminated(self) -> bool:

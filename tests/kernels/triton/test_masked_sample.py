@@ -7,7 +7,7 @@ from agentrt.decoding.sampling import process_logits, sample_from_probs
 from agentrt.errors import SpecError
 from agentrt.kernels.argmax import argmax_reference, unpack_bitmask
 from agentrt.kernels.triton.masked_sample import masked_argmax, masked_sample
-from agentrt.spec.grammar import apply_masks
+from agentrt.structured.grammar import apply_masks
 
 
 def random_masks(gen: torch.Generator, rows: int, vocab: int, density: float) -> torch.Tensor:
