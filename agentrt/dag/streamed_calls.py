@@ -3,7 +3,7 @@
 A model calls tools by writing JSON: `{"name": T, "arguments": {...}}` (the house format), a list
 of such objects for parallel calls, or the same objects in a family's wrapping (Qwen's
 `<tool_call>` blocks, Llama's `; `-separated calls, `"parameters"` for `"arguments"`; see
-spec/tool_formats.py; Mistral's `[TOOL_CALLS]` marker is not recognized: it reads as a list). A call's arguments cannot change once the `}` that
+structured/tool_formats.py; Mistral's `[TOOL_CALLS]` marker is not recognized: it reads as a list). A call's arguments cannot change once the `}` that
 closes its arguments object is written, so the tool can start then, while the model still writes
 the rest of the turn (the call's own `}`, the next calls, the end-of-turn tokens).
 
