@@ -13,17 +13,17 @@ from agentrt.dag.specs import LLMSpec
 from agentrt.runtime.node_state import NodeState
 
 if TYPE_CHECKING:
+    from agentrt.runtime.node_events import NodeEnv
     from agentrt.runtime.program_state import ProgramState
-    from agentrt.runtime.runtime import Runtime
 
 HOLD_COUNTERS = {"hit": "kv_hold_hits", "miss": "kv_hold_misses", "unused": "kv_hold_unused"}
 
 
-def tool_stall_s(rt: Runtime, ps: ProgramState, node: str, spec: LLMSpec, value: Any) -> float | None:
+def tool_stall_s(env: NodeEnv, ps: ProgramState, node: str, spec: LLMSpec, value: Any) -> float | None:
     """Expected seconds this program waits on tools after `node` before its next LLM call
     (consecutive tools add up, parallel ones take the max), or None when no tool follows: a
     tool-call node that answered in text, or a node with no tool after it."""
-    hold = rt.kv_hold
+    hold = env.kv_hold
     if isinstance(spec.output, ToolCall):  # its calls run at once: the slowest one stalls the program
         names = [c["name"] for c in value.get("calls", [value]) if c.get("name") is not None] \
             if isinstance(value, dict) else []
@@ -45,21 +45,21 @@ def tool_stall_s(rt: Runtime, ps: ProgramState, node: str, spec: LLMSpec, value:
     return wait(node) if tools_follow else None
 
 
-def hold_kv(rt: Runtime, ps: ProgramState, ns: NodeState, spec: LLMSpec, value: Any, response: Any) -> None:
+def hold_kv(env: NodeEnv, ps: ProgramState, ns: NodeState, spec: LLMSpec, value: Any, response: Any) -> None:
     """Pin this call's KV while the program waits on the tool(s) that follow it, with a
     time-to-live from their observed latency (see KVHoldPolicy)."""
-    if rt.kv_hold is None:
+    if env.kv_hold is None:
         return
-    stall = tool_stall_s(rt, ps, ns.node, spec, value)
+    stall = tool_stall_s(env, ps, ns.node, spec, value)
     if stall is None:
         return
-    ttl = rt.kv_hold.ttl(stall)
+    ttl = env.kv_hold.ttl(stall)
 
     def pinned(pin: Any) -> None:
         ps.stats.kv_held_blocks += pin.blocks or 0
         ns.attributes["agentrt.kv.hold_blocks"] = pin.blocks
 
-    pin = rt.backend.pin(response, ttl, pinned)
+    pin = env.backend.pin(response, ttl, pinned)
     if pin is None:
         return
     ps.stats.kv_holds += 1
@@ -67,14 +67,14 @@ def hold_kv(rt: Runtime, ps: ProgramState, ns: NodeState, spec: LLMSpec, value: 
     ns.attributes["agentrt.kv.hold_ttl_s"] = round(ttl, 4)
 
 
-def settle_holds(rt: Runtime, ps: ProgramState, ns: NodeState, response: Any) -> None:
+def settle_holds(env: NodeEnv, ps: ProgramState, ns: NodeState, response: Any) -> None:
     """The outcome of the program's KV holds this call continues (it descends from the held
     node): hit when the engine reused every block the call shares with the held tokens, miss when
     it reused fewer (evicted meanwhile), unused when the call shares no full block with them."""
     graph = ps.run.graph
     for held in [h for h in ps.holds if h[0] in graph and nx.has_path(graph, h[0], ns.node)]:
         ps.holds.remove(held)
-        reusable, reused = rt.backend.reuse(held[1], response)
+        reusable, reused = env.backend.reuse(held[1], response)
         outcome = "unused" if reusable == 0 else "hit" if reused >= reusable else "miss"
         counter = HOLD_COUNTERS[outcome]
         setattr(ps.stats, counter, getattr(ps.stats, counter) + 1)

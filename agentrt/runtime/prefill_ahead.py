@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from agentrt.dag.render import render_prompt_prefix
 from agentrt.runtime.backend import LLMRequest, LLMStepEvent, NodeIdentity
+from agentrt.runtime.node_events import NodePhase
 
 if TYPE_CHECKING:
+    from agentrt.runtime.node_events import NodeEnv
     from agentrt.runtime.program_state import ProgramState
-    from agentrt.runtime.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -48,11 +49,11 @@ def waits_on_running_tool(ps: ProgramState, node: str) -> list[str]:
     return tools
 
 
-def start_prefill_ahead(rt: Runtime, ps: ProgramState) -> None:
+def start_prefill_ahead(env: NodeEnv, ps: ProgramState) -> None:
     """Start a prefill-ahead for each pending LLM node that waits on a running tool and has a
     known prompt start (at most one per node)."""
-    backend_ahead = getattr(rt.backend, "prefill_ahead", None)
-    if not rt.prefill_ahead or backend_ahead is None or ps.run.status != "running":
+    backend_ahead = getattr(env.backend, "prefill_ahead", None)
+    if not env.prefill_ahead or backend_ahead is None or ps.run.status != "running":
         return
     for node in list(ps.nodes):
         if node in ps.ahead:
@@ -68,12 +69,12 @@ def start_prefill_ahead(rt: Runtime, ps: ProgramState) -> None:
             messages = None
         if messages is None:
             continue
-        stall = max(_estimate(rt, ps.run.spec(t).tool) for t in tools)
-        ttl = rt.kv_hold.ttl(stall) if rt.kv_hold is not None else DEFAULT_TTL_S
+        stall = max(_estimate(env, ps.run.spec(t).tool) for t in tools)
+        ttl = env.kv_hold.ttl(stall) if env.kv_hold is not None else DEFAULT_TTL_S
         request = LLMRequest(tuple(messages), response_format, spec.max_tokens, spec.temperature,
                              NodeIdentity(ps.run_id, ps.program.name, node), float("inf"), {"prefill_ahead": True},
                              sampling=dict(spec.sampling))
-        task = asyncio.get_running_loop().create_task(_run(rt, ps, node, request, ttl),
+        task = asyncio.get_running_loop().create_task(_run(env, ps, node, request, ttl),
                                                       name=f"agentrt:{ps.run_id}:{node}:prefill-ahead")
         ps.ahead[node] = task
 
@@ -87,11 +88,11 @@ def cancel_prefill_ahead(ps: ProgramState, node: str | None = None) -> None:
             task.cancel()
 
 
-def _estimate(rt: Runtime, tool: str) -> float:
-    return rt.kv_hold.estimate(tool) if rt.kv_hold is not None else DEFAULT_TTL_S
+def _estimate(env: NodeEnv, tool: str) -> float:
+    return env.kv_hold.estimate(tool) if env.kv_hold is not None else DEFAULT_TTL_S
 
 
-async def _run(rt: Runtime, ps: ProgramState, node: str, request: LLMRequest, ttl_s: float) -> None:
+async def _run(env: NodeEnv, ps: ProgramState, node: str, request: LLMRequest, ttl_s: float) -> None:
     ns = ps.nodes[node]
     computed = 0
 
@@ -101,11 +102,11 @@ async def _run(rt: Runtime, ps: ProgramState, node: str, request: LLMRequest, tt
             return
         computed += ev.num_new
         if ns.status == "pending" and ns.log.phase != "prefill_ahead":
-            ns.log.enter("prefill_ahead", rt.trace.at(ev.start))
-            rt.emit(ps.run_id, "node_phase", node=node, phase="prefill_ahead")
+            ns.log.enter("prefill_ahead", env.clock.at(ev.start))
+            env.events.emit(NodePhase(ps.run_id, node, "prefill_ahead"))
 
     try:
-        result = await rt.backend.prefill_ahead(request, MARKER, ttl_s, on_step=on_step)
+        result = await env.backend.prefill_ahead(request, MARKER, ttl_s, on_step=on_step)
         outcome = "cached" if result is None else result.finish_reason
     except asyncio.CancelledError:  # the node started (or the run ended) first: what was computed is cached
         outcome = "interrupted"
@@ -114,8 +115,8 @@ async def _run(rt: Runtime, ps: ProgramState, node: str, request: LLMRequest, tt
         outcome = "error"
     finally:
         if ns.status == "pending" and ns.log.phase == "prefill_ahead":
-            ns.log.enter("waiting", rt.trace.now())
-            rt.emit(ps.run_id, "node_phase", node=node, phase="waiting")
+            ns.log.enter("waiting", env.clock.now())
+            env.events.emit(NodePhase(ps.run_id, node, "waiting"))
         ns.attributes["agentrt.prefill_ahead.tokens"] = computed
         ns.attributes["agentrt.prefill_ahead.outcome"] = outcome
         ps.stats.prefill_ahead_tokens += computed

@@ -14,8 +14,6 @@ the runtime.
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import json
 import time
 from dataclasses import replace
 from typing import Any, Callable, Iterable, Mapping
@@ -27,7 +25,9 @@ from agentrt.dag.specs import EXEC_KINDS
 from agentrt.errors import InputValueError, ProgramRunError, RunConfigError
 from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth
 from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
-from agentrt.runtime.events import RunEvent, RunEventListener
+from agentrt.runtime.events import RunEventListener
+from agentrt.runtime.node_events import (NodeEnv, NodeEvents, NodeFinished, NodeOutcome, NodeStarted, RunFinished,
+                                         RunSubmitted)
 from agentrt.runtime.node_exec import (InputAnswer, InputWait, charge, mark_early_calls, run_input, run_llm,
                                         run_recorded, run_tool)
 from agentrt.runtime.node_state import NodeState, Outcome
@@ -36,7 +36,8 @@ from agentrt.runtime.program_state import (ProgramHandle, ProgramState, RunResul
 from agentrt.runtime.prefill_ahead import cancel_prefill_ahead, start_prefill_ahead
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
-from agentrt.runtime.store import Recorded, RunStore, StoredRun, StoreUnavailable
+from agentrt.runtime.store import Recorded, RunStore, StoreUnavailable
+from agentrt.runtime.subscribers import LiveFeed, node_subscribers
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.runtime.trace_content import REDACTED_ATTR, TraceContent
 from agentrt.tools import Tool, ToolRegistry
@@ -87,30 +88,28 @@ class Runtime:
         self.programs: dict[str, ProgramState] = {}
         self.calls: dict[str, ProgramStats] = {}  # single LLM calls in flight (complete()), by call id
         self._unsubscribe = None
-        self._listeners: list[RunEventListener] = []
+        # what happens in runs goes out as node events (node_events.py) to their subscribers
+        self.live = LiveFeed(self.trace)
+        recorder, subscribers = node_subscribers(store, self.trace_content,
+                                                 lambda run_id, node: self.programs[run_id].nodes[node].attributes,
+                                                 self.live)
+        self.events = NodeEvents(subscribers, lambda: self.live.watched)
+        self.env = NodeEnv(backend, self.tools, self.policy, self.kv_hold, self.trace, self.events,
+                           self.trace_content, self.start_streamed, max_tokens, stream_outputs, prefill_ahead,
+                           records_seeds=recorder.durable)
 
     # -- live events --
     def subscribe_events(self, fn: RunEventListener) -> Callable[[], None]:
         """Call fn(RunEvent) as runs go (see events.py); returns the unsubscribe function."""
-        self._listeners.append(fn)
-
-        def unsubscribe() -> None:
-            if fn in self._listeners:
-                self._listeners.remove(fn)
-
-        return unsubscribe
+        return self.live.listen(fn)
 
     @property
     def watched(self) -> bool:
         """Whether anyone listens to run events (token events are only built then)."""
-        return bool(self._listeners)
+        return self.live.watched
 
     def emit(self, run_id: str, type: str, **data: Any) -> None:
-        if not self._listeners:
-            return
-        event = RunEvent(run_id, type, self.trace.now(), data)
-        for fn in list(self._listeners):
-            fn(event)
+        self.live.emit(run_id, type, **data)
 
     # -- submitting --
     def submit(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
@@ -138,24 +137,12 @@ class Runtime:
         ps = ProgramState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now,
                           priority=float(priority), recorded=resume)
         ps.stats.critical_path = run.critical_path_length()
-        if self.store is not None:
-            self._record_start(ps, dict(inputs), program_hash, metadata)
+        self.events.emit(RunSubmitted(run_id, compiled, dict(inputs), ps.priority, resume is not None, program_hash,
+                                      metadata))
         self.programs[run_id] = ps
         self._subscribe_lane()
         ps.task = asyncio.get_running_loop().create_task(self._drive(ps, dict(inputs)), name=f"agentrt:{run_id}")
         return ProgramHandle(ps)
-
-    def _record_start(self, ps: ProgramState, inputs: dict[str, Any], program_hash: str | None,
-                      metadata: Mapping[str, str] | None) -> None:
-        if self.store.get_run(ps.run_id) is None:
-            digest = program_hash or hashlib.sha256(json.dumps(ps.program.to_json(), sort_keys=True,
-                                                                 default=repr).encode()).hexdigest()
-            self.store.create_run(StoredRun(ps.run_id, ps.program.name, digest, inputs, status="running",
-                                            started_at=time.time(), priority=ps.priority,
-                                            metadata=dict(metadata or {}), origin="cli"))
-        else:  # made by the caller (a served run), or a resumed run
-            self.store.update_run(ps.run_id, status="running",
-                                  **({} if ps.recorded is not None else {"started_at": time.time()}))
 
     def waiting_for(self, run_id: str) -> dict[str, InputWait]:
         """The wait_for nodes of a run that wait for their value now, by node id."""
@@ -340,9 +327,7 @@ class Runtime:
         ns = ps.nodes[node]
         now = self.trace.now()
         mark_early_calls(ps, node, now)
-        if self.store is not None and not ns.attributes.get("agentrt.replayed"):
-            self.store.node_finished(ps.run_id, node, ns.kind, outcome.ok, outcome.value, outcome.error,
-                                     outcome.error_type, outcome.sent)
+        self.events.emit(NodeOutcome(ps.run_id, node, ns.kind, outcome, bool(ns.attributes.get("agentrt.replayed"))))
         try:
             if outcome.ok:
                 ps.run.complete(node, outcome.value)
@@ -361,12 +346,8 @@ class Runtime:
         self._sync_nodes(ps)
 
     def _emit_finished(self, ps: ProgramState, ns: NodeState, value: Any) -> None:
-        replayed = {"replayed": True} if ns.attributes.get("agentrt.replayed") else {}
-        if ns.status == "ok":
-            self.emit(ps.run_id, "node_finished", node=ns.node, kind=ns.kind, status="ok", value=value, **replayed)
-        else:
-            self.emit(ps.run_id, "node_finished", node=ns.node, kind=ns.kind, status=ns.status, error=ns.error,
-                      **replayed)
+        self.events.emit(NodeFinished(ps.run_id, ns.node, ns.kind, ns.status, value if ns.status == "ok" else None,
+                                      ns.error, bool(ns.attributes.get("agentrt.replayed"))))
 
     def start_streamed(self, ps: ProgramState, llm_node: str) -> None:
         """Start what llm_node's streamed output made ready (tools reading its final members,
@@ -393,20 +374,20 @@ class Runtime:
             cancel_prefill_ahead(ps, node)
             ns.status, ns.waited_on = "running", cause
             replayed = ps.recorded is not None and node in ps.recorded.outcomes
-            self.emit(ps.run_id, "node_started", node=node, kind=ns.kind,
-                      **({"tool": ps.run.spec(node).tool} if ns.kind == "tool" else {}),
-                      **({"early": True} if ns.attributes.get("agentrt.started_early") else {}),
-                      **({"replayed": True} if replayed else {}))
+            tool = ps.run.spec(node).tool if ns.kind == "tool" else None
+            self.events.emit(NodeStarted(ps.run_id, node, ns.kind, tool, bool(ns.attributes.get("agentrt.started_early")),
+                                         replayed))
             if replayed:
                 runner = run_recorded
             elif ns.kind == "llm":
                 runner = run_llm
             else:
                 runner = run_input if ns.kind == "wait_for" else run_tool
-            task = asyncio.get_running_loop().create_task(runner(self, ps, ns), name=f"agentrt:{ps.run_id}:{node}")
+            task = asyncio.get_running_loop().create_task(runner(self.env, ps, ns),
+                                                          name=f"agentrt:{ps.run_id}:{node}")
             ps.inflight[task] = node
             task.add_done_callback(ps.ended.put_nowait)
-        start_prefill_ahead(self, ps)
+        start_prefill_ahead(self.env, ps)
 
     def _sync_nodes(self, ps: ProgramState) -> None:
         """Track the run's LLM, tool and wait_for nodes: new ones (fan-out branches, loop steps)
@@ -481,11 +462,8 @@ class Runtime:
         else:
             record.update(inputs=inputs, output=output)
         self.trace.add(record)
-        if self.store is not None and not ps.interrupted:
-            self.store.update_run(ps.run_id, status=status, ended_at=time.time(), output=output,
-                                  error=None if error is None else {"node": failed_node, "message": error})
         if not ps.interrupted:  # an interrupted run has not finished: its resume goes on with its events
-            self.emit(ps.run_id, "run_finished", status=status, output=output, error=error, failed_node=failed_node)
+            self.events.emit(RunFinished(ps.run_id, status, output, error, failed_node))
         return ps.result
 
     def _reprioritize(self) -> None:
