@@ -31,7 +31,7 @@ from agentrt.kernels.cpu_build import (_compiler, _cpu_flags, compile_library, c
 log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
-SOURCES = ("cpu_pool.c", "cpu_quant_avx2.c", "cpu_quant_avx512.c", "cpu_quant_k.c", "cpu_quant_decoder.c", "cpu_argmax_f32.c",
+SOURCES = ("cpu_pool.c", "cpu_quant_avx2.c", "cpu_quant_avx512.c", "cpu_quant_k.c", "cpu_quant_decoder.c", "cpu_quant_attention.c", "cpu_argmax_f32.c",
            "cpu_stream_read.c")
 HEADERS = ("cpu_pool.h", "cpu_quant.h")
 CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11")
@@ -64,6 +64,8 @@ SIGNATURES = {
                                      _I32, _P, _P, _I64]),
     "agentrt_quant_forward": (_I32, [_P, _I64, _P, _I64, _P, _P, _I64, _P, _P, _I64, _I64, _P, _I64, _P, _P, _P, _I32,
                                      _P, _P, _I64]),
+    "agentrt_quant_attention": (_I32, [_P, _I64, _I64, _I32, _I32, _I32, ctypes.c_float, _P, _I64, _P, _P, _I64, _I64,
+                                       _I64, _I64, _P, _P, _I64, _P, _I32]),
     "agentrt_stream_read": (ctypes.c_uint64, [_P, _I64, _I32]),
 }
 

@@ -181,6 +181,44 @@ def quant_decoder_layers(
     return out
 
 
+def quant_attention(
+    q: torch.Tensor,  # [T, nq, d] fp32, rotary applied
+    k_cache: torch.Tensor,  # [num_slots, nkv, d] fp32 contiguous
+    v_cache: torch.Tensor,
+    cu_q: torch.Tensor,  # [B + 1] int64
+    positions: torch.Tensor,  # [T] int64
+    block_tables: torch.Tensor,  # [B, max_blocks] int64
+    block_size: int,
+    scale: float,
+    window: int | None = None,  # a sliding layer: a query at p sees p - window + 1 .. p
+    num_threads: int | None = None,
+    lib: ctypes.CDLL | None = None,
+) -> torch.Tensor:  # [T, nq, d]
+    """The fused decoder's attention alone (csrc/cpu_quant_attention.c): paged_attention_reference's
+    result, each query's bits independent of the other rows and the thread count."""
+    lib = lib if lib is not None else quant_kernels()
+    if lib is None:
+        raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")
+    T, nq, d = q.shape
+    for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
+        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"{name} must be fp32 contiguous on the CPU, got {t.dtype} on {t.device}")
+    if k_cache.shape != v_cache.shape or k_cache.dim() != 3 or k_cache.shape[2] != d:
+        raise ValueError(f"caches must be [num_slots, nkv, {d}], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
+    positions, cu_q, block_tables = _i64(positions, "positions"), _i64(cu_q, "cu_q"), _i64(block_tables, "block_tables")
+    if positions.numel() != T or block_tables.dim() != 2 or block_tables.shape[0] < cu_q.numel() - 1:
+        raise ValueError(f"positions must have {T} entries and block_tables a row per sequence")
+    out = torch.empty_like(q)
+    rc = lib.agentrt_quant_attention(q.data_ptr(), nq * d, T, nq, k_cache.shape[1], d, scale, positions.data_ptr(),
+                                     cu_q.numel() - 1, cu_q.data_ptr(), block_tables.data_ptr(), block_tables.stride(0),
+                                     block_tables.shape[1], block_size, k_cache.shape[0], k_cache.data_ptr(),
+                                     v_cache.data_ptr(), window or 0, out.data_ptr(),
+                                     num_threads or torch.get_num_threads())
+    if rc != 0:
+        raise (IndexError if rc == -2 else RuntimeError)(f"quant_attention: {_ERRORS.get(rc, f'error {rc}')}")
+    return out
+
+
 def quant_decoder_reference(
     layers: list[QuantLayerWeights],
     k_caches: list[torch.Tensor],  # [num_slots, nkv, d] fp32, written

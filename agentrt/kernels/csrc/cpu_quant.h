@@ -71,6 +71,31 @@ static inline float hsum8(__m256 v) {
 static inline __m256i lanes_below(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
+
+/* e^x, ~1 ulp (Cephes' polynomial on x - n ln2, |x - n ln2| <= ln2/2). 2^n is applied in two
+ * halves so that n = 128 (x up to 88.72) stays finite; x < -87.5 gives 0 (the true value is
+ * below FLT_MIN: nothing a softmax or SiLU can tell from 0). NaN stays NaN (min/max return
+ * their second operand on NaN). */
+static inline __m256 exp8(__m256 x) {
+  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-88.0f), _mm256_min_ps(_mm256_set1_ps(88.75f), x));
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
+  const __m256i bias = _mm256_set1_epi32(127);
+  const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
+  const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
+  const __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+  return _mm256_andnot_ps(_mm256_cmp_ps(x, _mm256_set1_ps(-87.5f), _CMP_LT_OQ), y);
+}
 #endif
 
 static inline float f16_to_f32(const uint8_t *p) {
@@ -116,5 +141,20 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
                          int64_t K, float *out, int64_t out_stride, int threads);
 int agentrt_quant_embedding(const int64_t *ids, int64_t T, const uint8_t *w, int fmt, int64_t N, int64_t K,
                             float *out, int64_t out_stride);
+
+/* The attention of a decoder layer (cpu_quant_attention.c): attn[t] = softmax(q_t . K * scale) V
+ * over token t's own positions, for the T tokens of a ragged batch; see the file. */
+typedef struct {
+  int64_t T, qkv_w, q_w;  /* q of token t at qkv + t qkv_w, heads side by side; attn rows q_w apart */
+  int nq, nkv, d;
+  float scale;
+  const int64_t *positions, *seq, *block_tables, *tree_base, *path_slots; /* tree_base NULL: no trees */
+  int64_t bt_stride, block_size, path_stride, window; /* window 0: all positions */
+  const float *qkv, *kc, *vc; /* caches [num_slots, nkv, d] */
+  float *attn;
+} qattn;
+
+/* 0, or -3 when out of memory */
+int quant_attention(const qattn *A, int threads);
 
 #endif

@@ -1,0 +1,570 @@
+/* The quantized decoder's attention (cpu_quant_decoder.c) over the paged fp32 caches, for a
+ * ragged batch: each query token t sees its own sequence's positions lo..p (lo: its sliding
+ * window's first position, else 0; a token-tree node: its path's rows past the tree's base).
+ *
+ * Chunks. A token's positions are cut into chunks of ATTN_CHUNK fixed by the position alone;
+ * chunk c's partial for query head h is, over the chunk's positions j,
+ *   m = max_j s_j,   s = sum_j e^(s_j - m),   acc = sum_j e^(s_j - m) V_j       (s_j = scale q.K_j)
+ * and a token's chunks are folded in order, (m, s, acc) (+) (m', s', acc') =
+ *   (M, s e^(m - M) + s' e^(m' - M), acc e^(m - M) + acc' e^(m' - M)),  M = max(m, m'),
+ * then out = acc * (1 / s).
+ *
+ * Groups. The rows of one sequence in a step (a verification's k + 1 rows, a prefill chunk) read
+ * the same key and value rows, so up to GROUP_ROWS of them are taken together: per chunk and KV
+ * head, each key row is read once for all the group's queries (g query heads x rows), two queries
+ * share each 512-bit multiply-add, and each value row once for up to PV_QUERIES queries. Tasks
+ * are (group, KV head), or with few rows and long contexts (group, chunk, KV head), whose
+ * partials a merge folds per token.
+ *
+ * Batch invariance. Whatever the group, the task or the instruction set, each number is computed
+ * by the same operations in the same order as a token alone: a score's 8 lane sums over its d
+ * values (lane l: values c = l mod 8) and their reduction ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))
+ * (two queries side by side in a 512-bit vector keep those lanes), the max and the exp sums over
+ * each query's own scores, each output column's sum over positions in order, the chunk folds in
+ * order. So a token's attention bits depend neither on the other rows, nor on the thread count,
+ * nor on whether the CPU has AVX-512, and speculation (k+1 verify rows) cannot change greedy
+ * output. */
+#include <stdlib.h>
+
+#include "cpu_quant.h"
+
+#define ATTN_CHUNK 64          /* positions per chunk (a multiple of 8) */
+#define OFF_ENTRIES (ATTN_CHUNK + 8) /* a chunk's row offsets, padded for the last batch of 8 */
+#define GROUP_ROWS 8           /* rows of one sequence sharing each key and value row read */
+#define PV_QUERIES 6           /* queries sharing a value row: 4 accumulators each in registers */
+#define MAX_SPLIT_CHUNKS 4096  /* split into chunk tasks: this many partials at most */
+#define SERIAL_ATTN_MACS 32768 /* less work runs on the caller: cheaper than a join (~5 us) */
+#define PART_STRIDE(d) ((d) + 8) /* a partial: acc[d], m, s, padding */
+
+/* One query of a chunk: its scores s[lo .. lo + n) (indexed from the chunk's start, as off) and
+ * where its partial goes (out[0..d) acc, out[d] m, out[d+1] s). */
+typedef struct {
+  const float *q;
+  float *s, *out;
+  int64_t lo, n;
+} query;
+
+/* ---- the per-ISA inner loops: scores and P.V for a set of queries sharing key/value rows ---- */
+
+#if QUANT_AVX2
+
+static float max_row(const float *s, int64_t n) {
+  __m256 m = _mm256_set1_ps(-INFINITY);
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) m = _mm256_max_ps(m, _mm256_loadu_ps(s + j));
+  if (j < n) { /* the tail, the other lanes -inf (a max is the same in any order) */
+    const __m256i k = lanes_below(n - j);
+    m = _mm256_max_ps(m, _mm256_blendv_ps(_mm256_set1_ps(-INFINITY), _mm256_maskload_ps(s + j, k), _mm256_castsi256_ps(k)));
+  }
+  __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+  return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* s[j] = e^(s[j] - m) for j < n; returns their sum (lane sums in order, then the lanes) */
+static float exp_shift(float *s, int64_t n, float m) {
+  const __m256 mv = _mm256_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    _mm256_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  if (j < n) {
+    const __m256i k = lanes_below(n - j);
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(s + j, k), mv)), _mm256_castsi256_ps(k));
+    _mm256_maskstore_ps(s + j, k, e);
+    acc = _mm256_add_ps(acc, e);
+  }
+  return hsum8(acc);
+}
+
+/* s[j] = scale * (q . K_j) for j < n, K_j = K + off[j] (off: n rounded up to 8 entries). Eight
+ * positions at a time: lane l of acc[r] sums q[c] K_j+r[c] over c = l mod 8, then one transposing
+ * reduction gives the eight dots as one vector, each summed in the same order
+ * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) whichever slot it had. */
+static void scores(const float *q, const float *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
+  const __m256 sv = _mm256_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < n; j0 += 8) {
+    const float *row[8];
+    for (int r = 0; r < 8; r++) row[r] = K + off[j0 + r];
+    __m256 acc[8];
+    for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+      const __m256 qv = _mm256_loadu_ps(q + c);
+      for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row[r] + c), acc[r]);
+    }
+    const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
+    const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
+    const __m256 h0123 = _mm256_hadd_ps(h01, h23), h4567 = _mm256_hadd_ps(h45, h67);
+    /* h0123 = [a0 a1 a2 a3 | b0 b1 b2 b3], a: the sum of lanes 0-3 of acc[r], b: of lanes 4-7 */
+    const __m256 lo = _mm256_permute2f128_ps(h0123, h4567, 0x20), hi = _mm256_permute2f128_ps(h0123, h4567, 0x31);
+    const __m256 v = _mm256_mul_ps(_mm256_add_ps(lo, hi), sv);
+    if (j0 + 8 <= n) _mm256_storeu_ps(s + j0, v);
+    else _mm256_maskstore_ps(s + j0, lanes_below(n - j0), v);
+  }
+}
+
+/* out[c] = sum_j p[j] V_j[c] for c < 8 nv, the positions j in order (V_j = V + off[j]) */
+static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const float *V,
+                                                          const int64_t *off, float *out, const int nv) {
+  __m256 acc[8];
+  for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
+  for (int64_t j = 0; j < L; j++) {
+    const __m256 e = _mm256_set1_ps(p[j]);
+    const float *vr = V + off[j];
+    for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vr + 8 * v), acc[v]);
+  }
+  for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + 8 * v, acc[v]);
+}
+
+static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float *out, int d) {
+  for (int c0 = 0; c0 < d; c0 += 64) { /* d % 8 == 0 (checked): up to 8 accumulators in registers */
+    switch ((d - c0) / 8 < 8 ? (d - c0) / 8 : 8) {
+#define PV(NV) case NV: pv_cols(p, L, V + c0, off, out + c0, NV); break;
+      PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7) default: pv_cols(p, L, V + c0, off, out + c0, 8);
+#undef PV
+    }
+  }
+}
+
+#else /* scalar */
+
+static float max_row(const float *s, int64_t n) {
+  float r = -INFINITY;
+  for (int64_t j = 0; j < n; j++) r = fmaxf(r, s[j]);
+  return r;
+}
+
+static float exp_shift(float *s, int64_t n, float m) {
+  float sum = 0.0f;
+  for (int64_t j = 0; j < n; j++) sum += s[j] = expf(s[j] - m);
+  return sum;
+}
+
+static void scores(const float *q, const float *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
+  for (int64_t j = 0; j < n; j++) {
+    float acc = 0.0f;
+    for (int c = 0; c < d; c++) acc += q[c] * K[off[j] + c];
+    s[j] = acc * scale;
+  }
+}
+
+static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float *out, int d) {
+  for (int c = 0; c < d; c++) out[c] = 0.0f;
+  for (int64_t j = 0; j < L; j++)
+    for (int c = 0; c < d; c++) out[c] += p[j] * V[off[j] + c];
+}
+
+#endif
+
+#if QUANT_AVX512
+
+/* hadd_ps in each 256-bit half: per 128-bit lane [a0+a1, a2+a3, b0+b1, b2+b3] */
+static inline __m512 hadd512(__m512 a, __m512 b) {
+  return _mm512_add_ps(_mm512_shuffle_ps(a, b, 0x88), _mm512_shuffle_ps(a, b, 0xDD));
+}
+
+/* Query q's scores at positions j .. j+7 (lanes half*8 .. half*8+7 of v): those in its range stored */
+static inline void store_half(const query *q, int64_t j, __m512 v, int half) {
+  const int64_t e = q->lo + q->n;
+  unsigned m = j + 8 <= e ? 0xffu : e > j ? (1u << (e - j)) - 1 : 0u;
+  if (q->lo > j) m &= q->lo - j < 8 ? ~((1u << (q->lo - j)) - 1) : 0u;
+  _mm512_mask_storeu_ps(q->s + j - 8 * half, (__mmask16)((m & 0xff) << (8 * half)), v);
+}
+
+/* The 2 NP queries qs (pair i: query 2i in lanes 0-7, 2i+1 in lanes 8-15), scores over the union
+ * of their ranges, eight positions at a time, each lane and reduction as scores(): the same
+ * bits. A key row read serves all of them. qp: d / 8 pairs of q vectors, 16 floats each. */
+static inline __attribute__((always_inline)) void scores_pairs(const query *qs, const int NP, const float *K,
+                                                               const int64_t *off, float scale, int d, float *qp) {
+  int64_t j0 = qs[0].lo, j1 = 0;
+  for (int i = 0; i < 2 * NP; i++) {
+    j0 = qs[i].lo < j0 ? qs[i].lo : j0;
+    j1 = qs[i].lo + qs[i].n > j1 ? qs[i].lo + qs[i].n : j1;
+  }
+  for (int i = 0; i < NP; i++)
+    for (int c = 0; c < d; c += 8) {
+      _mm256_store_ps(qp + (int64_t)(i * d + c) * 2, _mm256_loadu_ps(qs[2 * i].q + c));
+      _mm256_store_ps(qp + (int64_t)(i * d + c) * 2 + 8, _mm256_loadu_ps(qs[2 * i + 1].q + c));
+    }
+  const __m512 sv = _mm512_set1_ps(scale);
+  const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
+  const __m512i hi_idx = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
+  for (int64_t j = j0; j < j1; j += 8) {
+    const float *row[8];
+    for (int r = 0; r < 8; r++) row[r] = K + off[j + r];
+    __m512 acc[2][8];
+    for (int i = 0; i < NP; i++)
+      for (int r = 0; r < 8; r++) acc[i][r] = _mm512_setzero_ps();
+    for (int c = 0; c < d; c += 8) {
+      __m512 qv[2];
+      for (int i = 0; i < NP; i++) qv[i] = _mm512_load_ps(qp + (int64_t)(i * d + c) * 2);
+      for (int r = 0; r < 8; r++) {
+        const __m512 k = _mm512_broadcast_f32x8(_mm256_loadu_ps(row[r] + c));
+        for (int i = 0; i < NP; i++) acc[i][r] = _mm512_fmadd_ps(qv[i], k, acc[i][r]);
+      }
+    }
+    for (int i = 0; i < NP; i++) {
+      const __m512 h0123 = hadd512(hadd512(acc[i][0], acc[i][1]), hadd512(acc[i][2], acc[i][3]));
+      const __m512 h4567 = hadd512(hadd512(acc[i][4], acc[i][5]), hadd512(acc[i][6], acc[i][7]));
+      const __m512 lo = _mm512_permutex2var_ps(h0123, lo_idx, h4567), hi = _mm512_permutex2var_ps(h0123, hi_idx, h4567);
+      const __m512 v = _mm512_mul_ps(_mm512_add_ps(lo, hi), sv); /* lanes 0-7: query 2i's positions j.., 8-15: 2i+1's */
+      store_half(&qs[2 * i], j, v, 0);
+      store_half(&qs[2 * i + 1], j, v, 1);
+    }
+  }
+}
+
+/* out_q[c] = sum_j p_q[j] V_j[c] for the K queries qs (p_q = s_q[lo_q ..]), columns c0 .. c0+63:
+ * each query's positions in order (its own first, then those all K share, then its own last),
+ * one value row read for all of them on the shared positions. */
+static inline __attribute__((always_inline)) void pv_queries(const query *qs, const int K, const float *V,
+                                                             const int64_t *off, int c0) {
+  __m512 acc[PV_QUERIES][4];
+  int64_t lo = qs[0].lo, hi = qs[0].lo + qs[0].n;
+#pragma GCC unroll 6
+  for (int q = 0; q < K; q++) {
+    for (int v = 0; v < 4; v++) acc[q][v] = _mm512_setzero_ps();
+    lo = qs[q].lo > lo ? qs[q].lo : lo;
+    hi = qs[q].lo + qs[q].n < hi ? qs[q].lo + qs[q].n : hi;
+  }
+  if (hi < lo) hi = lo;
+#pragma GCC unroll 6
+  for (int q = 0; q < K; q++) /* the positions before the shared ones */
+    for (int64_t j = qs[q].lo; j < lo && j < qs[q].lo + qs[q].n; j++) {
+      const __m512 e = _mm512_set1_ps(qs[q].s[j]);
+      const float *vr = V + off[j] + c0;
+      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * v), acc[q][v]);
+    }
+  for (int64_t j = lo; j < hi; j++) {
+    const float *vr = V + off[j] + c0;
+    const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
+                 v3 = _mm512_loadu_ps(vr + 48);
+#pragma GCC unroll 6
+    for (int q = 0; q < K; q++) {
+      const __m512 e = _mm512_set1_ps(qs[q].s[j]);
+      acc[q][0] = _mm512_fmadd_ps(e, v0, acc[q][0]);
+      acc[q][1] = _mm512_fmadd_ps(e, v1, acc[q][1]);
+      acc[q][2] = _mm512_fmadd_ps(e, v2, acc[q][2]);
+      acc[q][3] = _mm512_fmadd_ps(e, v3, acc[q][3]);
+    }
+  }
+#pragma GCC unroll 6
+  for (int q = 0; q < K; q++) { /* the positions after */
+    for (int64_t j = hi > qs[q].lo ? hi : qs[q].lo; j < qs[q].lo + qs[q].n; j++) {
+      const __m512 e = _mm512_set1_ps(qs[q].s[j]);
+      const float *vr = V + off[j] + c0;
+      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * v), acc[q][v]);
+    }
+    for (int v = 0; v < 4; v++) _mm512_storeu_ps(qs[q].out + c0 + 16 * v, acc[q][v]);
+  }
+}
+
+#endif
+
+/* Scores and P.V of queries sharing one KV head's key and value rows (K, V: that head's column).
+ * qp: 4 d floats, 64-byte aligned. */
+static void scores_set(const query *qs, int n, const float *K, const int64_t *off, float scale, int d, float *qp) {
+  int i = 0;
+#if QUANT_AVX512
+  for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, scale, d, qp);
+  for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, scale, d, qp);
+#else
+  (void)qp;
+#endif
+  for (; i < n; i++) scores(qs[i].q, K, off + qs[i].lo, qs[i].n, scale, qs[i].s + qs[i].lo, d);
+}
+
+static void pv_set(const query *qs, int n, const float *V, const int64_t *off, int d) {
+  int i = 0;
+#if QUANT_AVX512
+  if (d % 64 == 0)
+    for (; i < n; i += PV_QUERIES)
+      for (int c0 = 0; c0 < d; c0 += 64) switch (n - i < PV_QUERIES ? n - i : PV_QUERIES) {
+#define PVQ(K) case K: pv_queries(qs + i, K, V, off, c0); break;
+          PVQ(1) PVQ(2) PVQ(3) PVQ(4) PVQ(5) default: pv_queries(qs + i, PV_QUERIES, V, off, c0);
+#undef PVQ
+        }
+#endif
+  for (; i < n; i++) pv(qs[i].s + qs[i].lo, qs[i].n, V, off + qs[i].lo, qs[i].out, d);
+}
+
+/* ---- chunks, groups and tasks ---- */
+
+typedef struct {
+  const qattn *A;
+  int g;                    /* query heads per KV head */
+  int64_t n_groups;
+  const int64_t *group;     /* group i: rows group[i] .. group[i+1]-1, one sequence's */
+  const int64_t *cu_chunks; /* split: group i's chunk tasks from cu_chunks[i] (times nkv) */
+  const int64_t *cu_parts;  /* split: token t's chunk partials from cu_parts[t] */
+  float *parts;             /* split: partial (t, chunk c, head h) at parts + ((cu_parts[t] + c) nq + h) PART_STRIDE */
+  float *work;
+  int64_t work_floats;      /* per thread */
+  pool_chunks chunks;
+} actx;
+
+static int64_t first_key(const qattn *A, int64_t t) {
+  return A->window && A->positions[t] >= A->window ? A->positions[t] - A->window + 1 : 0;
+}
+
+static int64_t first_chunk(const qattn *A, int64_t t) { return first_key(A, t) / ATTN_CHUNK; }
+static int64_t last_chunk(const qattn *A, int64_t t) { return A->positions[t] / ATTN_CHUNK; }
+
+/* Row t's positions in chunk c, as [lo, lo + n) from the chunk's start; n = 0 outside its range */
+static int64_t chunk_range(const qattn *A, int64_t t, int64_t c, int64_t *lo) {
+  const int64_t base = c * ATTN_CHUNK, first = first_key(A, t), end = A->positions[t] + 1;
+  const int64_t j0 = base > first ? base : first, j1 = end < base + ATTN_CHUNK ? end : base + ATTN_CHUNK;
+  *lo = j0 - base;
+  return j1 > j0 ? j1 - j0 : 0;
+}
+
+/* off[j] = the cache row (times the row stride) of position base + j of row t's keys, for j in
+ * [lo, hi), then hi .. hi + 7 repeating the last: the batches of 8 read past a range's end. */
+static void chunk_offsets(const qattn *A, int64_t t, int64_t c, int64_t lo, int64_t hi, int64_t *off) {
+  const int64_t bs = A->block_size, stride = (int64_t)A->nkv * A->d, base = c * ATTN_CHUNK;
+  const int64_t *bt = A->block_tables + A->seq[t] * A->bt_stride;
+  const int64_t tb = A->tree_base ? A->tree_base[t] : INT64_MAX;
+  const int64_t *path = A->tree_base ? A->path_slots + t * A->path_stride : NULL;
+  for (int64_t j = lo; j < hi; j++) {
+    const int64_t p = base + j; /* a tree node's keys past the tree's base are its path's rows */
+    off[j] = p >= tb ? path[p - tb] * stride : (bt[p / bs] * bs + p % bs) * stride;
+  }
+  for (int64_t j = hi; j < hi + 8 && j < OFF_ENTRIES; j++) off[j] = off[hi - 1];
+}
+
+/* Where chunk c's partial of (row t, head h) goes: split, its slot in parts (merged later); else
+ * the (group, KV head) task's buffer at run, per query a running partial and the chunk's one
+ * ((2 i + {0, 1}) PART_STRIDE, i = (t - t0) g + h mod g), the query's first chunk the running one. */
+typedef struct {
+  float *run;
+  int64_t t0;
+} dst_spec;
+
+static float *query_dst(const actx *X, const dst_spec *D, int64_t t, int h, int64_t c) {
+  const qattn *A = X->A;
+  if (!D->run) return X->parts + ((X->cu_parts[t] + c) * A->nq + h) * PART_STRIDE(A->d);
+  const int64_t i = (t - D->t0) * X->g + h % X->g;
+  return D->run + (2 * i + (c == first_chunk(A, t) ? 0 : 1)) * PART_STRIDE(A->d);
+}
+
+/* Chunk c's partials of rows t0..t1-1 (one group) for KV heads k0..k1-1. work: OFF_ENTRIES
+ * int64, then GROUP_ROWS g ATTN_CHUNK scores, 4 d floats of query pairs, GROUP_ROWS g queries. */
+static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, int64_t c, const dst_spec *D,
+                        float *work) {
+  const qattn *A = X->A;
+  const int d = A->d, g = X->g;
+  int64_t *off = (int64_t *)work;
+  float *sc = work + 2 * OFF_ENTRIES;
+  float *qp = sc + (int64_t)GROUP_ROWS * g * ATTN_CHUNK; /* 64-byte aligned: see quant_attention */
+  query *qs = (query *)(qp + 4 * d);
+  int64_t lo = ATTN_CHUNK, hi = 0, first = -1;
+  for (int64_t t = t0; t < t1; t++) {
+    int64_t l;
+    const int64_t n = chunk_range(A, t, c, &l);
+    if (!n) continue;
+    if (first < 0) first = t;
+    lo = l < lo ? l : lo;
+    hi = l + n > hi ? l + n : hi;
+  }
+  if (first < 0) return;
+  chunk_offsets(A, first, c, lo, hi, off); /* a group's rows share their keys (one sequence, no tree) */
+  for (int k = k0; k < k1; k++) {
+    int nqs = 0;
+    for (int64_t t = t0; t < t1; t++) {
+      int64_t l;
+      const int64_t n = chunk_range(A, t, c, &l);
+      if (!n) continue;
+      for (int h = k * g; h < (k + 1) * g; h++, nqs++)
+        qs[nqs] = (query){A->qkv + t * A->qkv_w + (int64_t)h * d, sc + (int64_t)nqs * ATTN_CHUNK,
+                          query_dst(X, D, t, h, c), l, n};
+    }
+    const int64_t kv = (int64_t)k * d;
+    scores_set(qs, nqs, A->kc + kv, off, A->scale, d, qp);
+    for (int i = 0; i < nqs; i++) {
+      const float m = max_row(qs[i].s + qs[i].lo, qs[i].n), sum = exp_shift(qs[i].s + qs[i].lo, qs[i].n, m);
+      qs[i].out[d] = m;
+      qs[i].out[d + 1] = sum;
+    }
+    pv_set(qs, nqs, A->vc + kv, off, d);
+  }
+}
+
+/* run (+)= part (the fold above) */
+static void fold(float *run, const float *part, int d) {
+  const float m = run[d] >= part[d] ? run[d] : part[d], a = expf(run[d] - m), b = expf(part[d] - m);
+  for (int c = 0; c < d + 2; c++) run[c] = run[c] * a + part[c] * b; /* acc and s */
+  run[d] = m;
+}
+
+static void finish(const float *run, int d, float *out) {
+  const float inv = 1.0f / run[d + 1];
+  for (int c = 0; c < d; c++) out[c] = run[c] * inv;
+}
+
+static float *thread_work(const actx *X, int tid) { return X->work + (int64_t)tid * X->work_floats; }
+
+/* Token path: task i is group i / nkv's KV head i mod nkv, its chunks in turn, each folded into
+ * the running partials as it comes, then the attention rows. */
+static void groups_job(void *ctx, int tid, int nt) {
+  (void)nt;
+  const actx *X = ctx;
+  const qattn *A = X->A;
+  float *work = thread_work(X, tid), *run = work + X->work_floats - 2 * (int64_t)GROUP_ROWS * X->g * PART_STRIDE(A->d);
+  for (int64_t i; (i = pool_claim((pool_chunks *)&X->chunks, tid)) >= 0;) {
+    const int64_t t0 = X->group[i / A->nkv], t1 = X->group[i / A->nkv + 1];
+    const int k = (int)(i % A->nkv);
+    int64_t c0 = INT64_MAX, c1 = -1;
+    for (int64_t t = t0; t < t1; t++) {
+      c0 = first_chunk(A, t) < c0 ? first_chunk(A, t) : c0;
+      c1 = last_chunk(A, t) > c1 ? last_chunk(A, t) : c1;
+    }
+    const dst_spec D = {run, t0};
+    for (int64_t c = c0; c <= c1; c++) {
+      group_chunk(X, t0, t1, k, k + 1, c, &D, work);
+      for (int64_t t = t0; t < t1; t++)
+        if (c > first_chunk(A, t) && c <= last_chunk(A, t))
+          for (int h = k * X->g; h < (k + 1) * X->g; h++) {
+            float *r = query_dst(X, &D, t, h, first_chunk(A, t));
+            fold(r, r + PART_STRIDE(A->d), A->d);
+          }
+    }
+    for (int64_t t = t0; t < t1; t++)
+      for (int h = k * X->g; h < (k + 1) * X->g; h++)
+        finish(query_dst(X, &D, t, h, first_chunk(A, t)), A->d, A->attn + t * A->q_w + (int64_t)h * A->d);
+  }
+}
+
+/* Split path: task i is (group, chunk, KV head); a token's partials are merged afterwards. */
+static void chunks_job(void *ctx, int tid, int nt) {
+  (void)nt;
+  const actx *X = ctx;
+  const qattn *A = X->A;
+  float *work = thread_work(X, tid);
+  const dst_spec D = {NULL, 0};
+  for (int64_t i, gi = 0; (i = pool_claim((pool_chunks *)&X->chunks, tid)) >= 0;) {
+    while (i >= X->cu_chunks[gi + 1] * A->nkv) gi++; /* a thread's claims ascend */
+    while (i < X->cu_chunks[gi] * A->nkv) gi--;      /* except after taking over another's range */
+    const int64_t r = i - X->cu_chunks[gi] * A->nkv;
+    group_chunk(X, X->group[gi], X->group[gi + 1], (int)(r % A->nkv), (int)(r % A->nkv) + 1, r / A->nkv, &D, work);
+  }
+}
+
+static void merge_job(void *ctx, int tid, int nt) {
+  (void)nt;
+  const actx *X = ctx;
+  const qattn *A = X->A;
+  const int64_t ps = (int64_t)A->nq * PART_STRIDE(A->d);
+  for (int64_t t; (t = pool_claim((pool_chunks *)&X->chunks, tid)) >= 0;) {
+    float *run = X->parts + (X->cu_parts[t] + first_chunk(A, t)) * ps;
+    for (int64_t c = first_chunk(A, t) + 1; c <= last_chunk(A, t); c++)
+      for (int h = 0; h < A->nq; h++)
+        fold(run + h * PART_STRIDE(A->d), X->parts + (X->cu_parts[t] + c) * ps + h * PART_STRIDE(A->d), A->d);
+    for (int h = 0; h < A->nq; h++) finish(run + h * PART_STRIDE(A->d), A->d, A->attn + t * A->q_w + (int64_t)h * A->d);
+  }
+}
+
+static void run_job(pool_fn fn, actx *X, int64_t tasks, int threads) {
+  const int nt = threads > tasks ? (int)tasks : threads;
+  pool_chunks_init(&X->chunks, tasks, nt);
+  if (nt <= 1) fn(X, 0, 1);
+  else pool_run(fn, X, nt);
+}
+
+static __thread scratch_buf scratch;
+
+static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+int quant_attention(const qattn *A, int threads) {
+  const int64_t T = A->T;
+  const int g = A->nq / A->nkv;
+  int64_t macs = 0, n_parts = 0;
+  for (int64_t t = 0; t < T; t++) {
+    macs += (A->positions[t] + 1) * (int64_t)A->nq * A->d;
+    n_parts += last_chunk(A, t) + 1;
+  }
+  if (macs < SERIAL_ATTN_MACS) threads = 1;
+  /* Groups: each run of rows of one sequence (a token-tree node alone: its keys are its own),
+   * cut into near-equal groups of at most `rows`, small enough to give each thread two tasks. */
+  int64_t rows = T * A->nkv / (2 * threads);
+  rows = rows < 1 ? 1 : rows > GROUP_ROWS ? GROUP_ROWS : rows;
+  const int split = threads > 1 && T < 4 * threads && n_parts > T && n_parts <= MAX_SPLIT_CHUNKS;
+  const int64_t work_floats = up16(2 * OFF_ENTRIES + (int64_t)GROUP_ROWS * g * ATTN_CHUNK + 4 * (int64_t)A->d +
+                                   (int64_t)GROUP_ROWS * g * (sizeof(query) / sizeof(float) + 1) +
+                                   2 * (int64_t)GROUP_ROWS * g * PART_STRIDE(A->d));
+  const int64_t n_part_floats = split ? n_parts * A->nq * PART_STRIDE(A->d) : 0;
+  /* per-thread work (64-byte aligned: the query pairs), the split's partials, then 3 (T + 1) int64 */
+  float *buf = scratch_get(&scratch, sizeof(float) * (size_t)(threads * work_floats + n_part_floats) +
+                                         sizeof(int64_t) * 3 * (size_t)(T + 1));
+  if (!buf) return -3;
+  int64_t *group = (int64_t *)(buf + threads * work_floats + n_part_floats), *cu_chunks = group + (T + 1),
+          *cu_parts = cu_chunks + (T + 1);
+  actx X = {.A = A, .g = g, .group = group, .cu_chunks = cu_chunks, .cu_parts = cu_parts, .work = buf,
+            .work_floats = work_floats, .parts = buf + threads * work_floats};
+  int64_t n_groups = 0;
+  cu_chunks[0] = cu_parts[0] = 0;
+  for (int64_t t = 0; t < T;) {
+    int64_t e = t + 1; /* the run t .. e-1 */
+    const int tree = A->tree_base && A->tree_base[t] <= A->positions[t];
+    if (!tree)
+      while (e < T && A->seq[e] == A->seq[t] && !(A->tree_base && A->tree_base[e] <= A->positions[e])) e++;
+    const int64_t pieces = (e - t + rows - 1) / rows;
+    for (int64_t p = 0; p < pieces; p++) {
+      const int64_t a = t + (e - t) * p / pieces, b = t + (e - t) * (p + 1) / pieces;
+      int64_t c1 = 0;
+      for (int64_t u = a; u < b; u++) c1 = last_chunk(A, u) > c1 ? last_chunk(A, u) : c1;
+      group[n_groups] = a;
+      cu_chunks[n_groups + 1] = cu_chunks[n_groups] + c1 + 1;
+      n_groups++;
+    }
+    t = e;
+  }
+  group[n_groups] = T;
+  X.n_groups = n_groups;
+  for (int64_t t = 0; t < T; t++) cu_parts[t + 1] = cu_parts[t] + last_chunk(A, t) + 1;
+  if (split) {
+    run_job(chunks_job, &X, cu_chunks[n_groups] * A->nkv, threads);
+    run_job(merge_job, &X, T, threads);
+  } else {
+    run_job(groups_job, &X, n_groups * A->nkv, threads);
+  }
+  return 0;
+}
+
+/* The attention alone (tests, benches): q [T, nq d] rows q_stride apart, out [T, nq d]; the
+ * caches [num_slots, nkv, d]; sequence b's tokens cu_q[b] .. cu_q[b+1]-1. Returns 0; -1 for a
+ * bad dimension; -2 for an index out of range (nothing written); -3 when out of memory. */
+int agentrt_quant_attention(const float *q, int64_t q_stride, int64_t T, int nq, int nkv, int d, float scale,
+                            const int64_t *positions, int64_t B, const int64_t *cu_q, const int64_t *block_tables,
+                            int64_t bt_stride, int64_t bt_cols, int64_t block_size, int64_t num_slots,
+                            const float *kc, const float *vc, int64_t window, float *out, int threads) {
+  if (nq < 1 || nkv < 1 || nq % nkv || d < 2 || d % 2 || (QUANT_AVX2 && d % 8) || q_stride < (int64_t)nq * d ||
+      window < 0)
+    return -1;
+  if (T <= 0) return 0;
+  if (B < 1 || cu_q[0] != 0 || cu_q[B] != T || block_size < 1) return -2;
+  int64_t *seq = malloc(sizeof(int64_t) * (size_t)T);
+  if (!seq) return -3;
+  for (int64_t b = 0; b < B; b++) {
+    if (cu_q[b + 1] < cu_q[b]) goto bad;
+    for (int64_t t = cu_q[b]; t < cu_q[b + 1]; t++) {
+      seq[t] = b;
+      if (positions[t] < 0 || positions[t] / block_size >= bt_cols) goto bad;
+      for (int64_t i = 0; i <= positions[t] / block_size; i++) {
+        const int64_t blk = block_tables[b * bt_stride + i];
+        if (blk < 0 || (blk + 1) * block_size > num_slots) goto bad;
+      }
+    }
+  }
+  const qattn A = {.T = T, .qkv_w = q_stride, .q_w = (int64_t)nq * d, .nq = nq, .nkv = nkv, .d = d, .scale = scale,
+                   .positions = positions, .seq = seq, .block_tables = block_tables, .bt_stride = bt_stride,
+                   .block_size = block_size, .window = window, .qkv = q, .kc = kc, .vc = vc, .attn = out};
+  const int rc = quant_attention(&A, threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads);
+  free(seq);
+  return rc;
+bad:
+  free(seq);
+  return -2;
+}

@@ -1,0 +1,57 @@
+"""The quantized decoder's attention (csrc/cpu_quant_attention.c) takes the rows of one sequence
+together (a verification's k + 1 rows, a prefill): per chunk and KV head, their queries share each
+key and value row read, two queries per 512-bit vector. Each row's bits must still be those of
+the row computed alone: rows of two sequences at once against each row alone, with few rows
+(chunk tasks) and many (group tasks), head sizes on the 512-bit P.V path (64, 128) and off it
+(48), GQA groups of 1, 3 and 4 query heads, a sliding window, on 1 and 2 threads; and the result
+against paged_attention_reference."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrt.kernels.paged_attention import paged_attention_reference
+from agentrt.kernels.quant_build import unsupported_reason
+from agentrt.kernels.quant_decoder import quant_attention
+
+pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
+                                reason=f"quantized kernels cannot run here: {unsupported_reason()}")
+BS, BLOCKS, CONTEXT = 16, 40, 150  # past position 128 a query folds three chunks of 64
+
+
+def _case(nq: int, nkv: int, d: int, rows: int):
+    """Two sequences of CONTEXT + rows cached positions (blocks scattered), their last `rows` as queries."""
+    g = torch.Generator().manual_seed(nq * 1000 + d + rows)
+    k = torch.randn(BLOCKS * BS, nkv, d, generator=g)
+    v = torch.randn(BLOCKS * BS, nkv, d, generator=g)
+    tables = torch.randperm(BLOCKS, generator=g)[:2 * 12].view(2, 12)
+    positions = torch.arange(CONTEXT, CONTEXT + rows).repeat(2)
+    q = 2 * torch.randn(2 * rows, nq, d, generator=g)  # scores spread enough that the softmax is not flat
+    return q, k, v, torch.tensor([0, rows, 2 * rows]), positions, tables
+
+
+@pytest.mark.parametrize("nq, nkv, d, window", [(6, 2, 64, None), (3, 3, 128, None), (8, 2, 64, 50), (6, 2, 48, None)],
+                         ids=["gqa3-d64", "mha-d128", "gqa4-d64-window", "gqa3-d48"])
+@pytest.mark.parametrize("rows", [3, 19], ids=["chunk-tasks", "group-tasks"])
+def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, rows):
+    q, k, v, cu_q, positions, tables = _case(nq, nkv, d, rows)
+    scale = d**-0.5
+    together = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2)
+    for t in range(2 * rows):
+        s = t // rows
+        alone = quant_attention(q[t:t + 1].contiguous(), k, v, torch.tensor([0, 1]), positions[t:t + 1],
+                                tables[s:s + 1], BS, scale, window, num_threads=2)
+        assert torch.equal(together[t], alone[0]), t
+    assert torch.equal(together, quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=1))
+    ref = paged_attention_reference(q, k, v, cu_q, positions, tables, BS, scale, window)
+    torch.testing.assert_close(together, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_bad_indices_are_refused():
+    q, k, v, cu_q, positions, tables = _case(6, 2, 64, 3)
+    bad = tables.clone()
+    bad[0, 2] = BLOCKS  # a block past the cache
+    with pytest.raises(IndexError, match="out of range"):
+        quant_attention(q, k, v, cu_q, positions, bad, BS, 0.125)
+    with pytest.raises(IndexError, match="out of range"):
+        quant_attention(q, k, v, torch.tensor([0, 4, 3]), positions, tables, BS, 0.125)
