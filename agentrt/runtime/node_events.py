@@ -8,6 +8,8 @@ event loop; an exception one raises (the store unavailable) reaches the emitter 
 if the write were inline.
 
     RunSubmitted   a run is submitted (the store records it, or marks a recorded one running)
+    RunStarted     its driver starts (the run's graph as it stands)
+    GraphChanged   its graph may have changed (a fan-out or loop step expanded, a branch decided)
     NodeStarted    the driver started a node's task (kind, tool, early, replayed)
     NodeDispatched the node's work begins: an LLM call is sent (seed), a tool is called (args), a
                    wait_for node asks (the store records the start: a resume knows it was in flight)
@@ -23,7 +25,7 @@ if the write were inline.
     NodeValue      the value a node produced
     NodeOutcome    how a node's work ended, as the driver reports it to the program run
     NodeFinished   a node finished (ok, error, cancelled)
-    RunFinished    a run ended (not an interrupted one: it goes on when resumed)
+    RunFinished    a run ended; an interrupted one has not finished (it goes on when resumed)
 """
 from __future__ import annotations
 
@@ -31,7 +33,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 if TYPE_CHECKING:
-    from agentrt.dag import CompiledProgram
+    from agentrt.dag import CompiledProgram, ProgramRun
     from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
     from agentrt.runtime.node_state import Outcome
     from agentrt.runtime.policy import KVHoldPolicy, SchedulingPolicy
@@ -50,6 +52,20 @@ class RunSubmitted:
     resumed: bool
     program_hash: str | None = None
     metadata: Mapping[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    run_id: str
+    program: str
+    inputs: Mapping[str, Any]
+    run: ProgramRun  # the live run, read when the event is heard
+
+
+@dataclass(frozen=True)
+class GraphChanged:
+    run_id: str
+    run: ProgramRun
 
 
 @dataclass(frozen=True)
@@ -177,6 +193,7 @@ class RunFinished:
     output: Any
     error: str | None
     failed_node: str | None
+    interrupted: bool = False
 
 
 Subscriber = Callable[[Any], None]
@@ -194,8 +211,13 @@ class NodeEvents:
     def watched(self) -> bool:
         return self._watched()
 
+    def subscribe(self, fn: Subscriber) -> Callable[[], None]:
+        """Add a subscriber after the runtime's own; returns the unsubscribe function."""
+        self.subscribers.append(fn)
+        return lambda: self.subscribers.remove(fn) if fn in self.subscribers else None
+
     def emit(self, event: Any) -> None:
-        for fn in self.subscribers:
+        for fn in list(self.subscribers):
             fn(event)
 
 

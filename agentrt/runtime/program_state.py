@@ -62,9 +62,6 @@ class ProgramState:
     recorded: Recorded | None = None  # a resumed run: what the store recorded of it
     waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value
     interrupted: bool = False  # stopped by Runtime.interrupt or by its store going away: it stays resumable
-    # the graph's nodes and edges when watchers last heard of it
-    graph_seen: tuple[frozenset[str], frozenset[tuple[str, str]]] = (frozenset(), frozenset())
-    graph_states: dict[str, Any] = field(default_factory=dict)  # ... and the states of its non-LLM/tool nodes
 
 
 class ProgramHandle:

@@ -26,8 +26,8 @@ from agentrt.errors import InputValueError, ProgramRunError, RunConfigError
 from agentrt.jsonutil import MAX_JSON_DEPTH, JsonDepthError, json_depth
 from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
 from agentrt.runtime.events import RunEventListener
-from agentrt.runtime.node_events import (NodeEnv, NodeEvents, NodeFinished, NodeOutcome, NodeStarted, RunFinished,
-                                         RunSubmitted)
+from agentrt.runtime.node_events import (GraphChanged, NodeEnv, NodeEvents, NodeFinished, NodeOutcome, NodeStarted,
+                                         RunFinished, RunStarted, RunSubmitted)
 from agentrt.runtime.node_exec import (InputAnswer, InputWait, charge, mark_early_calls, run_input, run_llm,
                                         run_recorded, run_tool)
 from agentrt.runtime.node_state import NodeState, Outcome
@@ -107,9 +107,6 @@ class Runtime:
     def watched(self) -> bool:
         """Whether anyone listens to run events (token events are only built then)."""
         return self.live.watched
-
-    def emit(self, run_id: str, type: str, **data: Any) -> None:
-        self.live.emit(run_id, type, **data)
 
     # -- submitting --
     def submit(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
@@ -290,11 +287,7 @@ class Runtime:
     # -- driving one run --
     async def _drive(self, ps: ProgramState, inputs: dict[str, Any]) -> RunResult:
         failed_node = error = None
-        if self.watched:
-            graph = ps.run.graph
-            ps.graph_seen = frozenset(graph), frozenset(graph.edges)
-            ps.graph_states = {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in EXEC_KINDS}
-            self.emit(ps.run_id, "run_started", program=ps.program.name, inputs=inputs, graph=ps.run.to_json())
+        self.events.emit(RunStarted(ps.run_id, ps.program.name, inputs, ps.run))
         try:
             self._sync_nodes(ps)
             self._start_ready(ps, ps.run.ready(), cause=None)
@@ -401,24 +394,7 @@ class Runtime:
                 ps.nodes[node] = NodeState(node, attrs["kind"], name, now)
         for node in [n for n in ps.nodes if n not in graph]:
             del ps.nodes[node]
-        if self.watched:
-            self._emit_graph_change(ps)
-        else:  # nobody heard of the graph: a watcher that comes later gets all of it as added
-            ps.graph_seen, ps.graph_states = (frozenset(), frozenset()), {}
-
-    def _emit_graph_change(self, ps: ProgramState) -> None:
-        """Watchers get what changed, never the whole graph again: nodes and edges added (a fan-out
-        or loop step expanded), removed (a branch case not taken), and the new states of the
-        graph's other nodes (branches deciding, fan-outs joining); LLM, tool and wait_for nodes
-        tell their own states in their events."""
-        graph = ps.run.graph
-        seen = frozenset(graph), frozenset(graph.edges)
-        states = {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in EXEC_KINDS}
-        changed = {n: s for n, s in states.items() if n in ps.graph_seen[0] and ps.graph_states.get(n) != s}
-        if seen != ps.graph_seen or changed:
-            delta = ps.run.graph_delta(*ps.graph_seen)
-            ps.graph_seen, ps.graph_states = seen, states
-            self.emit(ps.run_id, "graph", **delta, states=changed)
+        self.events.emit(GraphChanged(ps.run_id, ps.run))
 
     async def _cancel_inflight(self, ps: ProgramState) -> None:
         """Cancel the run's nodes in flight and wait for them; nodes that had ended but were not
@@ -462,8 +438,7 @@ class Runtime:
         else:
             record.update(inputs=inputs, output=output)
         self.trace.add(record)
-        if not ps.interrupted:  # an interrupted run has not finished: its resume goes on with its events
-            self.events.emit(RunFinished(ps.run_id, status, output, error, failed_node))
+        self.events.emit(RunFinished(ps.run_id, status, output, error, failed_node, ps.interrupted))
         return ps.result
 
     def _reprioritize(self) -> None:

@@ -17,11 +17,12 @@ import json
 import time
 from typing import Any, Callable, MutableMapping
 
+from agentrt.dag.specs import EXEC_KINDS
 from agentrt.runtime.events import RunEvent, RunEventListener
-from agentrt.runtime.node_events import (Dispatching, InputGiven, InputWanted, LLMResponded, NodeDispatched,
-                                         NodeFinished, NodeOutcome, NodePhase, NodeStarted, NodeStep, NodeTokens,
-                                         NodeValue, RunFinished, RunSubmitted, Subscriber, ToolAttempted,
-                                         ToolProgressed, ToolReturned)
+from agentrt.runtime.node_events import (Dispatching, GraphChanged, InputGiven, InputWanted, LLMResponded,
+                                         NodeDispatched, NodeFinished, NodeOutcome, NodePhase, NodeStarted, NodeStep,
+                                         NodeTokens, NodeValue, RunFinished, RunStarted, RunSubmitted, Subscriber,
+                                         ToolAttempted, ToolProgressed, ToolReturned)
 from agentrt.runtime.store_api import RunStore, StoredRun, args_hash
 from agentrt.runtime.trace import Trace
 from agentrt.runtime.trace_content import TraceContent
@@ -138,6 +139,8 @@ class StoreRecorder(Dispatching):
             self.store.node_finished(ev.run_id, ev.node, ev.kind, o.ok, o.value, o.error, o.error_type, o.sent)
 
     def finished(self, ev: RunFinished) -> None:
+        if ev.interrupted:  # not finished: nothing after its last recorded write counts
+            return
         self.store.update_run(ev.run_id, status=ev.status, ended_at=time.time(), output=ev.output,
                               error=None if ev.error is None else {"node": ev.failed_node, "message": ev.error})
 
@@ -156,11 +159,15 @@ class NoStore:
 
 class LiveFeed(Dispatching):
     """The RunEvents of events.py for the runtime's live listeners; nothing is built while nobody
-    listens."""
+    listens. Of each run's graph, listeners get what changed since they last heard of it; a
+    listener that comes later gets the whole graph as added."""
 
     def __init__(self, clock: Trace) -> None:
         self.clock = clock
         self.listeners: list[RunEventListener] = []
+        # run id -> the graph's nodes and edges when listeners last heard of it, and the states of
+        # its nodes other than LLM, tool and wait_for ones
+        self.graphs: dict[str, tuple[frozenset[str], frozenset[tuple[str, str]], dict[str, Any]]] = {}
 
     @property
     def watched(self) -> bool:
@@ -185,6 +192,32 @@ class LiveFeed(Dispatching):
     def __call__(self, event: Any) -> None:
         if self.listeners:
             super().__call__(event)
+        elif isinstance(event, GraphChanged):  # nobody heard of the graph
+            self.graphs.pop(event.run_id, None)
+        if isinstance(event, RunFinished):
+            self.graphs.pop(event.run_id, None)
+
+    @staticmethod
+    def _states(graph: Any) -> dict[str, Any]:
+        return {n: a.get("state") for n, a in graph.nodes(data=True) if a["kind"] not in EXEC_KINDS}
+
+    def run_started(self, ev: RunStarted) -> None:
+        graph = ev.run.graph
+        self.graphs[ev.run_id] = frozenset(graph), frozenset(graph.edges), self._states(graph)
+        self.emit(ev.run_id, "run_started", program=ev.program, inputs=ev.inputs, graph=ev.run.to_json())
+
+    def graph(self, ev: GraphChanged) -> None:
+        """Nodes and edges added (a fan-out or loop step expanded), removed (a branch case not
+        taken), and the new states of the graph's other nodes (branches deciding, fan-outs
+        joining); LLM, tool and wait_for nodes tell their own states in their events."""
+        graph = ev.run.graph
+        nodes, edges, seen_states = self.graphs.get(ev.run_id, (frozenset(), frozenset(), {}))
+        now, states = (frozenset(graph), frozenset(graph.edges)), self._states(graph)
+        changed = {n: s for n, s in states.items() if n in nodes and seen_states.get(n) != s}
+        if now != (nodes, edges) or changed:
+            delta = ev.run.graph_delta(nodes, edges)
+            self.graphs[ev.run_id] = *now, states
+            self.emit(ev.run_id, "graph", **delta, states=changed)
 
     def started(self, ev: NodeStarted) -> None:
         self.emit(ev.run_id, "node_started", node=ev.node, kind=ev.kind,
@@ -228,12 +261,14 @@ class LiveFeed(Dispatching):
                       **replayed)
 
     def run_finished(self, ev: RunFinished) -> None:
+        if ev.interrupted:  # it has not finished: its resume goes on with its events
+            return
         self.emit(ev.run_id, "run_finished", status=ev.status, output=ev.output, error=ev.error,
                   failed_node=ev.failed_node)
 
     on = {NodeStarted: started, NodePhase: phase, NodeStep: step, NodeTokens: tokens, ToolAttempted: attempted,
           ToolProgressed: progressed, InputWanted: input_wanted, InputGiven: input_given, NodeFinished: finished,
-          RunFinished: run_finished}
+          RunFinished: run_finished, RunStarted: run_started, GraphChanged: graph}
 
 
 def node_subscribers(store: RunStore | None, content: TraceContent, attributes: Attributes,
