@@ -84,7 +84,7 @@ def measure_kv_write(heads: tuple[int, int, int], layers: int, tokens: int = 100
                      repeats: int = 3, cache_tokens: int = 32768) -> dict[str, float]:
     """ms per `tokens`-token prefill step of rotary + KV write over every layer, into fresh slots
     of caches as large as the engine's default (the mapping's size changes what a fault costs)."""
-    from agentrt.engine.kv_cache import cache_buffer
+    from agentrt.engine.kv.kv_cache import cache_buffer
     from agentrt.kernels.paged_attention import rotary_kv_write
 
     nq, nkv, d = heads

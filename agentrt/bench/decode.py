@@ -218,7 +218,7 @@ def _paired_floor(engine, prompt: list[int], n_tokens: int, read_buf: torch.Tens
 def _read_buffer(nbytes: int) -> torch.Tensor:
     """nbytes on (transparent) huge pages, as the quantized weights are, every page written; fp32
     ones, so that the torch fallback of stream_read_seconds adds normal floats."""
-    from agentrt.engine.kv_cache import cache_buffer
+    from agentrt.engine.kv.kv_cache import cache_buffer
 
     buf = cache_buffer(((nbytes + 3) // 4,), torch.float32, "cpu").fill_(1.0)
     return buf.view(torch.uint8)[:nbytes]

@@ -71,8 +71,8 @@ def identical_outputs(loaded, max_tokens: int, progress=None, limit: int | None 
 def verify_step_ms(loaded, ks=(0, 4, 15), ctx: int = 300, reps: int = 20,
                    batch_invariant: bool = False) -> dict[int, float]:
     """Median ms of a forward of k + 1 tokens for one sequence with ctx cached positions."""
-    from agentrt.engine.block_manager import BlockManager
-    from agentrt.engine.kv_cache import KVCache
+    from agentrt.engine.kv.block_manager import BlockManager
+    from agentrt.engine.kv.kv_cache import KVCache
     from agentrt.engine.models.attention import build_attention_metadata
     from agentrt.engine.models.batch import ForwardBatch
 

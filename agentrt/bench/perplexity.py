@@ -67,8 +67,8 @@ def from_logits(logits: torch.Tensor, ids: list[int]) -> float:
 
 def ours(loaded, ids: list[int]) -> float:
     """Our model's perplexity over ids: one prefill through model.forward, logits of every row."""
-    from agentrt.engine.block_manager import BlockManager
-    from agentrt.engine.kv_cache import KVCache
+    from agentrt.engine.kv.block_manager import BlockManager
+    from agentrt.engine.kv.kv_cache import KVCache
     from agentrt.engine.models.attention import build_attention_metadata
     from agentrt.engine.models.batch import ForwardBatch
 

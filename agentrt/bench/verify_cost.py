@@ -42,8 +42,8 @@ class _Batches:
     """Sequences 0..S-1 with CONTEXT cached positions each, and the forward batch of S x n rows."""
 
     def __init__(self, model, seqs: int, max_rows: int):
-        from agentrt.engine.block_manager import BlockManager
-        from agentrt.engine.kv_cache import KVCache
+        from agentrt.engine.kv.block_manager import BlockManager
+        from agentrt.engine.kv.kv_cache import KVCache
 
         self.model = model
         per_seq = (CONTEXT + max_rows + BLOCK - 1) // BLOCK + 1
@@ -88,8 +88,8 @@ def forward_ms(model, reps: int) -> dict[tuple[int, int], float]:
 
 def prefill_tok_s(model, reps: int, n: int = PREFILL_TOKENS) -> float:
     """Tokens/s of one forward of an n-token prompt from an empty cache, fastest of reps."""
-    from agentrt.engine.block_manager import BlockManager
-    from agentrt.engine.kv_cache import KVCache
+    from agentrt.engine.kv.block_manager import BlockManager
+    from agentrt.engine.kv.kv_cache import KVCache
     from agentrt.engine.models.attention import build_attention_metadata
     from agentrt.engine.models.batch import ForwardBatch
 

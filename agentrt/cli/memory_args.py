@@ -71,7 +71,7 @@ def engine_memory(args: argparse.Namespace) -> tuple[dict[str, Any], dict[str, A
 
 def kv_cache_line(engine: Any) -> str:
     """What the KV cache takes, for the start-up log: it is most of a small model's memory."""
-    from agentrt.engine.kv_cache import KVCache
+    from agentrt.engine.kv.kv_cache import KVCache
 
     tokens = engine.kv.num_blocks * engine.kv.block_size
     nbytes = tokens * KVCache.bytes_per_token(engine.model.cfg, engine.model.dtype)

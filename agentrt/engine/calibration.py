@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.attention import build_attention_metadata
 from agentrt.engine.models.llama import ForwardBatch
 from agentrt.engine.registry import cache_root

@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from agentrt.engine import budget
-from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.constraints import Constraints, StepMasks
 from agentrt.engine.spec_runner import DraftStep, SpecRunner
 from agentrt.engine.step_rows import NO_DRAFT, RowDraft, StepRow

@@ -18,11 +18,11 @@ import torch
 
 from agentrt.decoding.penalties import Penalties
 from agentrt.engine import budget
-from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.calibration import load_or_estimate_cost_model
 from agentrt.engine.constraints import Constraints
 from agentrt.engine.draft_plan import DraftPlanner
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.messages import normalize_messages
 from agentrt.engine.model_loader import LoadedModel, load_model
 from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent, TokenLogprob

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.sequence import SeqStatus, Sequence
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.models.attention import build_attention_metadata
 from agentrt.engine.models.llama import ForwardBatch
 from agentrt.engine.sequence import Sequence

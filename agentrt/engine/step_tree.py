@@ -22,8 +22,8 @@ from agentrt.kernels.quant_decoder import TreeKeys
 from agentrt.spec.tree_verify import node_depths
 
 if TYPE_CHECKING:
-    from agentrt.engine.block_manager import BlockManager
-    from agentrt.engine.kv_cache import KVCache
+    from agentrt.engine.kv.block_manager import BlockManager
+    from agentrt.engine.kv.kv_cache import KVCache
     from agentrt.engine.step_rows import StepRow
 
 

@@ -10,7 +10,7 @@ import hypothesis.strategies as st
 from hypothesis import settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from agentrt.engine.block_manager import BlockManager, OutOfBlocks
+from agentrt.engine.kv.block_manager import BlockManager, OutOfBlocks
 
 NUM_BLOCKS, BLOCK = 12, 4
 

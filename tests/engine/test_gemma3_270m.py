@@ -52,8 +52,8 @@ def _fast_and_torch_logits(loaded, switch: str) -> tuple:
     switch: the model's flag that picks the fast path (quant_fused, kernels_enabled)."""
     from engine_runs import forward_step
 
-    from agentrt.engine.block_manager import BlockManager
-    from agentrt.engine.kv_cache import KVCache
+    from agentrt.engine.kv.block_manager import BlockManager
+    from agentrt.engine.kv.kv_cache import KVCache
 
     m = loaded.model
     ids = loaded.tokenizer.encode(PROMPTS[0] + " Berlin. The capital of Italy is Rome.")

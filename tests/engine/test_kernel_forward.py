@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.engine.block_manager import BlockManager
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.block_manager import BlockManager
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.attention import build_attention_metadata
 from agentrt.engine.models.llama import ForwardBatch
 from agentrt.kernels.cpu_build import unsupported_reason

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrt.engine.config import ModelConfig
-from agentrt.engine.kv_cache import HUGE_PAGE, KVCache, cache_buffer
+from agentrt.engine.kv.kv_cache import HUGE_PAGE, KVCache, cache_buffer
 
 
 @pytest.mark.parametrize("huge_pages", [True, False])
@@ -63,7 +63,7 @@ def _resident_bytes(t: torch.Tensor) -> int | None:
 @pytest.mark.parametrize("populate_option", ["kernel", "unsupported"])
 def test_prefaulted_buffer_is_resident_zero_and_writable(populate_option, monkeypatch):
     if populate_option == "unsupported":  # a kernel without MADV_POPULATE_WRITE: pages are written instead
-        monkeypatch.setattr("agentrt.engine.kv_cache.MADV_POPULATE_WRITE", 12345)
+        monkeypatch.setattr("agentrt.engine.kv.kv_cache.MADV_POPULATE_WRITE", 12345)
     shape = (3 * HUGE_PAGE // 384, 3, 64)  # 6 MB of bf16
     lazy = cache_buffer(shape, torch.bfloat16, "cpu")
     t = cache_buffer(shape, torch.bfloat16, "cpu", prefault=True)
@@ -104,7 +104,7 @@ def test_a_shared_partly_filled_block_is_copied_before_it_is_written():
     """Copy-on-write end to end: a sequence forked mid-block grows into the shared block; the
     engine's copy (BlockManager.pop_copies -> KVCache.copy_blocks) keeps the shared positions for
     the fork, and the original's K/V stay as they were when the fork writes its own token."""
-    from agentrt.engine.block_manager import BlockManager
+    from agentrt.engine.kv.block_manager import BlockManager
 
     cfg = ModelConfig(architecture="llama", vocab_size=32, hidden_size=8, intermediate_size=16, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1, head_dim=4)

@@ -11,8 +11,8 @@ import torch
 from engine_runs import forward_step
 
 from agentrt.engine import SamplingParams, SpecConfig
-from agentrt.engine.block_manager import BlockManager
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.block_manager import BlockManager
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.llama import LlamaModel
 from agentrt.engine.weights import load_state_dict
 from agentrt.errors import ModelLoadError

@@ -6,8 +6,8 @@ import torch
 
 from engine_runs import forward_step
 
-from agentrt.engine.block_manager import BlockManager
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.block_manager import BlockManager
+from agentrt.engine.kv.kv_cache import KVCache
 
 transformers = pytest.importorskip("transformers")
 VARIANTS = ["llama2", "llama3", "smollm", "mistral", "qwen2"]

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.scheduler import Scheduler, SchedulerConfig
 from agentrt.engine.sequence import Sequence

@@ -26,8 +26,8 @@ import pytest
 import torch
 
 from agentrt.engine import SamplingParams, SpecConfig
-from agentrt.engine.block_manager import BlockManager
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.block_manager import BlockManager
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models import quant_forward as qf
 from agentrt.engine.models.attention import build_attention_metadata, paged_attention
 from agentrt.engine.models.layers import apply_rotary, rms_norm

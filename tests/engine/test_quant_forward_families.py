@@ -14,8 +14,8 @@ import pytest
 import torch
 from engine_runs import forward_step
 
-from agentrt.engine.block_manager import BlockManager
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.block_manager import BlockManager
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models import quant_forward as qf
 from agentrt.kernels.quant_build import unsupported_reason
 

@@ -23,8 +23,8 @@ import torch
 
 from engine_runs import forward_step
 
-from agentrt.engine.block_manager import BlockManager
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.block_manager import BlockManager
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear
 from agentrt.kernels import quant_linear as quant_kernels
 from agentrt.kernels.quant_build import unsupported_reason

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.engine.block_manager import BlockManager
+from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.sequence import Sequence
 from agentrt.engine.draft_plan import draft_limits, fit_to_kv, planned, reserve_draft_kv

@@ -24,7 +24,7 @@ import weakref
 
 import torch
 
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput
 from agentrt.kernels.cpu_build import cpu_kernels
 from agentrt.kernels.decoder import Dims, LayerWeights, decoder_layers, layer_table

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models import invariant
 from agentrt.engine.models.attention import AttentionMetadata, paged_attention
 from agentrt.engine.models.batch import ForwardBatch

@@ -17,7 +17,7 @@ import os
 import torch
 
 from agentrt.engine.config import ModelConfig
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.attention import AttentionMetadata, paged_attention  # noqa: F401  (re-export)
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F401  (re-export)
 from agentrt.engine.models.kernel_forward import KernelDecoder, kernel_forward, kernel_support

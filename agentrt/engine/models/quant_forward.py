@@ -26,7 +26,7 @@ import weakref
 
 import torch
 
-from agentrt.engine.kv_cache import KVCache
+from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.batch import ForwardBatch, ForwardOutput
 from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear
 from agentrt.kernels.decoder import Dims

@@ -105,7 +105,7 @@ def gather_weights(linears: list[QuantLinear], embedding: QuantEmbedding | None)
     Why: a batch-1 step streams every weight from DRAM once, and on 4 KB pages the TLB misses
     cost ~12% of the 30 layers' linears (2.8-2.9 ms against 3.1-3.3 ms on SmolLM2's Q4_1 here);
     the interleaved layout runs 1.3-2.5x faster than the file's. ~0.15 s for 100 MB."""
-    from agentrt.engine.kv_cache import cache_buffer  # an anonymous mapping with MADV_HUGEPAGE
+    from agentrt.engine.kv.kv_cache import cache_buffer  # an anonymous mapping with MADV_HUGEPAGE
 
     if kernels.quant_kernels() is None:
         return None

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # the block manager builds the prefix cache over its allocator
-    from agentrt.engine.block_manager import BlockAllocator
+    from agentrt.engine.kv.block_manager import BlockAllocator
 
 
 @dataclass

@@ -70,7 +70,7 @@ class BlockManager:
         self._copies: list[tuple[int, int]] = []  # (src, dst) block copies owed before the next write
         self.prefix = None
         if prefix_caching:
-            from agentrt.engine.prefix_cache import PrefixCache
+            from agentrt.engine.kv.prefix_cache import PrefixCache
 
             self.prefix = PrefixCache(self.allocator, block_size)
 
