@@ -23,7 +23,7 @@ from agentrt.engine.calibration import load_or_estimate_cost_model
 from agentrt.engine.constraints import Constraints
 from agentrt.engine.draft_plan import DraftPlanner
 from agentrt.engine.kv.kv_cache import KVCache
-from agentrt.engine.messages import normalize_messages
+from agentrt.engine.chat.messages import normalize_messages
 from agentrt.engine.model_loader import LoadedModel, load_model
 from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent, TokenLogprob
 from agentrt.engine.sampling_params import SamplingParams
@@ -33,7 +33,7 @@ from agentrt.engine.spec_runner import DraftStep, SpecConfig, SpecRunner, build_
 from agentrt.engine.step_rows import StepRow, build_forward_batch, rows_of
 from agentrt.engine.step_sampler import Sampled, sample_rows, token_logprobs
 from agentrt.engine.step_tree import compact_accepted
-from agentrt.engine.tokenizer import IncrementalDetokenizer
+from agentrt.engine.chat.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
 from agentrt.structured.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
 from agentrt.structured.output_format import (OutputFormat, parse_output, parse_response_format, with_instructions,
@@ -137,7 +137,7 @@ class LLMEngine:
         raise RequestError("prompt must be a non-empty string or a non-empty list of chat messages")
 
     def _render_chat(self, messages: list[dict], tools: list[dict] | None) -> str:
-        """Messages already normalized (engine.messages) through the chat template. Earlier tool
+        """Messages already normalized (engine.chat.messages) through the chat template. Earlier tool
         calls and results are put as the family's template renders them (ToolCallFormat.history;
         a request without tools too: Gemma 3's template refuses a tool turn)."""
         if self.tool_format.name != "house":

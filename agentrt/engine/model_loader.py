@@ -12,7 +12,7 @@ from agentrt.engine.gguf_convert import TENSOR_TABLE
 from agentrt.engine.models.layers import onednn_bf16
 from agentrt.engine.models.llama import LlamaModel
 from agentrt.engine.registry import ModelSource, find_model_gguf, resolve_model
-from agentrt.engine.tokenizer import Tokenizer
+from agentrt.engine.chat.tokenizer import Tokenizer
 from agentrt.engine.weights import load_state_dict
 from agentrt.errors import ModelLoadError
 from agentrt.kernels import quant_build

@@ -15,7 +15,7 @@ import torch
 from agentrt.engine.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
-    from agentrt.engine.tokenizer import IncrementalDetokenizer
+    from agentrt.engine.chat.tokenizer import IncrementalDetokenizer
 
 
 class SeqStatus(enum.Enum):

@@ -72,7 +72,7 @@ class PromptRecord:
     """What the model was sent: the messages as encoded (the backend's format instructions
     added), the tools handed to the chat template (None: none), the exact text that was
     tokenized (None when the backend does not render one), and its parts as
-    [{"part", "tokens", "added"}] (engine.prompt_parts)."""
+    [{"part", "tokens", "added"}] (engine.chat.prompt_parts)."""
 
     messages: tuple[Mapping[str, Any], ...]
     text: str | None = None

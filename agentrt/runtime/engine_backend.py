@@ -255,8 +255,8 @@ class EngineBackend:
         """The messages and tools the engine encoded this request from (as LLMEngine.prepare
         formats them), the text it tokenized (GenerationResult.prompt_text) and the tokens of each
         part (none when counting them fails: the trace's account never fails the call)."""
-        from agentrt.engine.messages import normalize_messages
-        from agentrt.engine.prompt_parts import prompt_parts
+        from agentrt.engine.chat.messages import normalize_messages
+        from agentrt.engine.chat.prompt_parts import prompt_parts
         from agentrt.structured.output_format import parse_response_format
 
         asked = normalize_messages(messages)

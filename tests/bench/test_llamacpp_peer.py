@@ -109,7 +109,7 @@ def peer(smollm2_source):
 
 
 def test_llamacpp_peer_greedy_equals_its_own_generate(peer, smollm2_source):
-    from agentrt.engine.tokenizer import Tokenizer
+    from agentrt.engine.chat.tokenizer import Tokenizer
 
     tok = Tokenizer.from_dir(smollm2_source.path)
     ids = tok.encode(tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],

@@ -1,10 +1,10 @@
-"""Chat messages are checked before the chat template sees them (agentrt/engine/messages.py)."""
+"""Chat messages are checked before the chat template sees them (agentrt/engine/chat/messages.py)."""
 from __future__ import annotations
 
 import pytest
 
 from agentrt.engine import SamplingParams
-from agentrt.engine.messages import normalize_messages
+from agentrt.engine.chat.messages import normalize_messages
 from agentrt.errors import RequestError
 
 

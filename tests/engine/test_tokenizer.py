@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.engine.tokenizer import IncrementalDetokenizer, Tokenizer
+from agentrt.engine.chat.tokenizer import IncrementalDetokenizer, Tokenizer
 from agentrt.errors import ModelLoadError, RequestError
 
 transformers = pytest.importorskip("transformers")

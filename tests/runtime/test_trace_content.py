@@ -9,7 +9,7 @@ import pytest
 
 from agentrt.cli import main
 from agentrt.dag import JsonSchema, Program
-from agentrt.engine.messages import normalize_messages
+from agentrt.engine.chat.messages import normalize_messages
 from agentrt.errors import RunConfigError
 from agentrt.runtime import EngineBackend, Runtime
 from agentrt.runtime.trace_content import REDACTED_ATTR, TRUNCATED_ATTR, TraceContent

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrt.engine.messages import normalize_messages
-from agentrt.engine.tokenizer import Tokenizer
+from agentrt.engine.chat.messages import normalize_messages
+from agentrt.engine.chat.tokenizer import Tokenizer
 from agentrt.errors import RequestError
 from agentrt.structured.output_format import parse_output, parse_response_format, with_instructions, with_syntax
 from agentrt.structured.tool_formats import (FORMATS, GEMMA3, HOUSE, LLAMA3, MISTRAL, QWEN, detect_tool_format,
