@@ -16,7 +16,7 @@ import time
 import torch
 
 from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
-from agentrt.engine.model_loader import load_model
+from agentrt.engine.loading.model_loader import load_model
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
                                             "parameters": {"type": "object", "required": ["city"],

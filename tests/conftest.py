@@ -78,7 +78,7 @@ def open_run_store(store_location):
 @pytest.fixture(scope="session")
 def smollm2_source():
     """The embedded SmolLM2-135M-Instruct, converted into the user's cache on first use (~5 s, once)."""
-    from agentrt.engine.registry import resolve_model
+    from agentrt.engine.loading.registry import resolve_model
 
     return resolve_model("smollm2-135m-instruct", progress=False)
 

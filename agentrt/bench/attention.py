@@ -122,7 +122,7 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.kernels.cpu_build import unsupported_reason
 
     reason = unsupported_reason()

@@ -204,7 +204,7 @@ def calibrated_cost_model(loaded, quick: bool, log=lambda msg: None):
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     console = Console(stderr=True)
     batches = [1, 4, 16] if args.quick else [1, 2, 4, 8, 16, 32]

@@ -152,7 +152,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def float_dtype(dtype: str) -> str:
     """The dtype of our dequantized path: --dtype when it names a float, else what "auto" picks
     for a model without a GGUF on this hardware."""
-    from agentrt.engine.model_loader import default_dtype
+    from agentrt.engine.loading.model_loader import default_dtype
 
     return dtype if dtype in ("bfloat16", "float32") else str(default_dtype()).removeprefix("torch.")
 
@@ -160,7 +160,7 @@ def float_dtype(dtype: str) -> str:
 def quantized_engine(model: str, notes: list[str]):
     """Our engine on the model's GGUF blocks, or None (with a note) where that path cannot run."""
     from agentrt.engine import EngineConfig, LLMEngine
-    from agentrt.engine.registry import find_model_gguf
+    from agentrt.engine.loading.registry import find_model_gguf
     from agentrt.kernels.quant_build import unsupported_reason
 
     if find_model_gguf(model) is None:
@@ -229,8 +229,8 @@ def run(args: argparse.Namespace) -> BenchResult:
 
     from agentrt.bench import llamacpp, perplexity
     from agentrt.engine import EngineConfig, LLMEngine
-    from agentrt.engine.model_loader import gguf_formats
-    from agentrt.engine.registry import find_model_gguf
+    from agentrt.engine.loading.model_loader import gguf_formats
+    from agentrt.engine.loading.registry import find_model_gguf
 
     console = Console(stderr=True)
     n_tokens = 32 if args.quick else 128

@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     from agentrt.bench.spec import shared_cost_model
     from agentrt.bench.workload import POLICIES
     from agentrt.bench.workload_load import EXAMPLE_NAMES, EXAMPLES_DIR, ToolLatency, arrival_times, workload
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.runtime.loader import load_example
     from agentrt.runtime.store import SQLiteRunStore
     from agentrt.runtime.store_postgres import PostgresRunStore

@@ -195,7 +195,7 @@ def programs_part(args: argparse.Namespace, console: Console, rates: list[float]
     from agentrt.bench.spec import shared_cost_model
     from agentrt.bench.workload import POLICIES
     from agentrt.bench.workload_load import EXAMPLE_NAMES, EXAMPLES_DIR, ToolLatency, arrival_times, workload
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.runtime.loader import load_example
 
     loaded = load_model(args.model, args.dtype, progress=False)

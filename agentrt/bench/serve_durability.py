@@ -31,7 +31,7 @@ def durability_part(args: Any, console: Console, rate: float, n: int, repeats: i
     from agentrt.bench.spec import shared_cost_model
     from agentrt.bench.workload import POLICIES
     from agentrt.bench.workload_load import EXAMPLE_NAMES, EXAMPLES_DIR, ToolLatency, arrival_times, workload
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.runtime.loader import load_example
     from agentrt.runtime.store import SQLiteRunStore
 

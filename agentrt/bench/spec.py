@@ -158,7 +158,7 @@ def load_hf(loaded):
     the dtype of the quantized path's activations."""
     import transformers
 
-    from agentrt.engine.registry import KNOWN_MODELS, resolve_model
+    from agentrt.engine.loading.registry import KNOWN_MODELS, resolve_model
 
     path = loaded.source.path
     if getattr(loaded.model, "quantized", None):
@@ -297,8 +297,8 @@ def shared_cost_model(loaded):
 
 def run(args: argparse.Namespace) -> BenchResult:
     from agentrt.bench import llamacpp
-    from agentrt.engine.model_loader import load_model
-    from agentrt.engine.registry import find_model_gguf
+    from agentrt.engine.loading.model_loader import load_model
+    from agentrt.engine.loading.registry import find_model_gguf
 
     console = Console(stderr=True)
     quick = args.quick

@@ -242,7 +242,7 @@ def per_request(best: dict[str, list[dict]], policies: list[Policy], expected: l
 
 
 def run(args: argparse.Namespace) -> BenchResult:
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.structured.output_format import parse_response_format
 
     console = Console(stderr=True)

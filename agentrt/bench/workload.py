@@ -231,7 +231,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     import torch
 
     from agentrt.bench.spec import shared_cost_model
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.runtime.loader import load_example
 
     console = Console(stderr=True)

@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from agentrt.engine.registry import cache_root, list_models
+    from agentrt.engine.loading.registry import cache_root, list_models
 
     rows = list_models()
     if args.json:

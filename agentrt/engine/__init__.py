@@ -1,4 +1,4 @@
-"""The inference engine. Public names load lazily so `agentrt.engine.registry` stays light."""
+"""The inference engine. Public names load lazily so `agentrt.engine.loading.registry` stays light."""
 from __future__ import annotations
 
 import importlib
@@ -11,7 +11,7 @@ _EXPORTS = {
     "SpecConfig": "agentrt.engine.spec_runner",
     "GenerationResult": "agentrt.engine.outputs",
     "TokenEvent": "agentrt.engine.outputs",
-    "load_model": "agentrt.engine.model_loader",
+    "load_model": "agentrt.engine.loading.model_loader",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -15,7 +15,7 @@ import torch
 from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.attention import build_attention_metadata
 from agentrt.engine.models.llama import ForwardBatch
-from agentrt.engine.registry import cache_root
+from agentrt.engine.loading.registry import cache_root
 from agentrt.errors import CalibrationError
 from agentrt.kernels.machine import machine_id, measure_machine
 from agentrt.spec.cost_model import StepCostModel, analytic, calibrate, cost_model_path, default_grid

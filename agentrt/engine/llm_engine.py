@@ -24,7 +24,7 @@ from agentrt.engine.constraints import Constraints
 from agentrt.engine.draft_plan import DraftPlanner
 from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.chat.messages import normalize_messages
-from agentrt.engine.model_loader import LoadedModel, load_model
+from agentrt.engine.loading.model_loader import LoadedModel, load_model
 from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent, TokenLogprob
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.scheduler import Scheduler, SchedulerConfig

@@ -300,7 +300,7 @@ def build_drafter(spec: str, engine) -> Drafter:
         return ModelDrafter(LayerSkipRunner(engine, n), name=spec, seed=engine.config.seed)
     if kind == "draft":
         from agentrt.engine.draft_runner import SeparateModelRunner
-        from agentrt.engine.model_loader import load_model
+        from agentrt.engine.loading.model_loader import load_model
         from agentrt.spec.drafters.model import ModelDrafter
 
         if not arg:

@@ -14,7 +14,7 @@ CHATS = {
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     return load_model(str(tiny_model_dir("smollm")), "float32", progress=False)
 
@@ -166,7 +166,7 @@ def test_attention_bench_kv_write_rows():
 def test_determinism_section_rows(smollm2_source):
     """bench decode --determinism: every drafter's row (on 3 requests), and the verify steps."""
     from agentrt.bench import determinism
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.kernels.cpu_build import unsupported_reason
 
     if unsupported_reason() is not None:

@@ -111,7 +111,7 @@ def test_inputs_name_known_cities_and_no_program_of_32_repeats_another():
 
 
 async def test_one_policy_runs_the_examples_on_a_tiny_model(tiny_model_dir):
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.runtime.loader import load_example
 
     loaded = load_model(str(tiny_model_dir("smollm")), "float32", progress=False)
@@ -184,7 +184,7 @@ def test_arrival_times_all_at_once_or_seeded_poisson():
 
 
 async def test_staggered_programs_count_their_time_from_their_own_submit(tiny_model_dir):
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.runtime.loader import load_example
 
     loaded = load_model(str(tiny_model_dir("smollm")), "float32", progress=False)

@@ -7,7 +7,7 @@ import torch
 
 @pytest.fixture(scope="session")
 def smollm2_fp32(smollm2_source):
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     return load_model(str(smollm2_source.path), "float32", progress=False)
 
@@ -15,7 +15,7 @@ def smollm2_fp32(smollm2_source):
 @pytest.fixture(scope="session")
 def smollm2_quant(smollm2_source):
     """The embedded SmolLM2 on its GGUF's quantized blocks (skipped where the kernels cannot build)."""
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.kernels.quant_build import unsupported_reason
 
     if unsupported_reason() is not None or smollm2_source.gguf is None:
@@ -29,7 +29,7 @@ def smollm2_greedy(smollm2_source):
     tokens across batches: its GGUF's quantized blocks where the kernels build (each row's bits
     depend on nothing else in the batch, and a step runs ~10x faster than fp32 on a CPU without
     AMX), else fp32."""
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.kernels.quant_build import unsupported_reason
 
     if unsupported_reason() is None and smollm2_source.gguf is not None:
@@ -46,7 +46,7 @@ def hf_smollm2_fp32(smollm2_source):
 
 @pytest.fixture(scope="session")
 def tiny_loaded(tiny_model_dir):
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     cache = {}
 

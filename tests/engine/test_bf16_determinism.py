@@ -41,7 +41,7 @@ MAX_TOKENS = 24
 
 @pytest.fixture(scope="module")
 def smollm2_bf16(smollm2_source):
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     return load_model(str(smollm2_source.path), "bfloat16", progress=False)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
-from agentrt.engine.registry import KNOWN_MODELS, list_models, package_installed
+from agentrt.engine.loading.registry import KNOWN_MODELS, list_models, package_installed
 
 GEMMA = "gemma3-270m"
 pytestmark = pytest.mark.skipif(not package_installed(KNOWN_MODELS[GEMMA]),
@@ -16,7 +16,7 @@ PROMPTS = ["The capital of France is Paris. The capital of Germany is", "def fib
 
 @pytest.fixture(scope="module")
 def gemma():
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     return load_model(GEMMA, progress=False)  # joined and converted into the user's cache on first use (~40 s)
 
@@ -83,7 +83,7 @@ def test_runs_on_the_fused_decoder_close_to_the_torch_path(gemma):
 
 
 def test_tokenizer_rebuilt_from_the_gguf_matches_llama_cpp(gemma):
-    """The SentencePiece vocabulary rebuilt as a BPE (engine/gguf_spm_tokenizer.py) splits text as
+    """The SentencePiece vocabulary rebuilt as a BPE (engine/loading/gguf_spm_tokenizer.py) splits text as
     llama.cpp splits it from the same file: spaces, runs of spaces and newlines, bytes, CJK, emoji."""
     from agentrt.bench.llamacpp import import_llama_cpp
 
@@ -120,7 +120,7 @@ def test_grammars_read_its_sentencepiece_vocabulary(gemma):
 
 @pytest.fixture(scope="module")
 def gemma_bf16():
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     return load_model(GEMMA, "bfloat16", progress=False)  # its blocks dequantized once
 

@@ -109,7 +109,7 @@ def test_smollm2_kernel_forward_is_as_close_to_fp32_as_the_torch_path(smollm2_so
     """On a real model, 30 layers of bf16 rounding dominate: both bf16 paths sit ~0.1-0.4 from the
     fp32 logits and ~0.1 from each other. Bound: the kernel path's mean error against fp32 is at
     most 1.25x the PyTorch bf16 path's (observed 0.85-1.1x over seeds)."""
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     model = load_model(str(smollm2_source.path), "bfloat16", progress=False).model
     g = torch.Generator().manual_seed(7)

@@ -11,10 +11,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from agentrt.engine import gguf_convert, registry
-from agentrt.engine.gguf_convert import CONVERSION_MARKER, convert_gguf, unpermute_rotary
-from agentrt.engine.registry import KnownModel, list_models, resolve_model
-from agentrt.engine.weights import expected_shapes, load_state_dict
+from agentrt.engine.loading import gguf_convert, registry
+from agentrt.engine.loading.gguf_convert import CONVERSION_MARKER, convert_gguf, unpermute_rotary
+from agentrt.engine.loading.registry import KnownModel, list_models, resolve_model
+from agentrt.engine.loading.weights import expected_shapes, load_state_dict
 from agentrt.errors import ModelLoadError, ModelNotInstalledError
 from tiny_models import VARIANTS, _llama_cpp_permute, save_tiny_gguf
 

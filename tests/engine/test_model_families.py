@@ -14,7 +14,7 @@ from agentrt.engine import SamplingParams, SpecConfig
 from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models.llama import LlamaModel
-from agentrt.engine.weights import load_state_dict
+from agentrt.engine.loading.weights import load_state_dict
 from agentrt.errors import ModelLoadError
 
 transformers = pytest.importorskip("transformers")
@@ -154,7 +154,7 @@ def _own_cache(tmp_path, monkeypatch):
 def test_gguf_float_weights_match_transformers(family, family_gguf):
     """F32 tensors in the GGUF: the converted model's logits are transformers' on the source
     checkpoint (names, Gemma's norm offset, Llama 3's rope_freqs, the sliding pattern and scale)."""
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     path, hf_dir = family_gguf(family, "F32")
     loaded = load_model(str(path), "float32", progress=False)
@@ -178,7 +178,7 @@ def test_llama31_rope_freqs_give_back_its_scaling():
     from tiny_models import _llama3_rope_freqs
 
     from agentrt.engine.config import RopeScaling
-    from agentrt.engine.gguf_convert import llama3_scaling_from_factors
+    from agentrt.engine.loading.gguf_convert import llama3_scaling_from_factors
     from agentrt.engine.models.layers import _llama3_inv_freq
 
     params = {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -200,7 +200,7 @@ def test_gguf_quantized_blocks_run_the_same_model(family, family_gguf, monkeypat
     """Q8_0 projections kept as blocks: with float activations (the reference linear) the logits are
     the dequantized fp32 model's; on the fused quantized decoder greedy output is the same with
     speculation."""
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
     from agentrt.kernels import quant_linear as quant_kernels
     from agentrt.kernels.quant_build import unsupported_reason
     from agentrt.kernels.quant_formats import quant_linear_reference

@@ -33,7 +33,7 @@ def quantized(tmp_path_factory):
     """quantized(family) -> the tiny model loaded on its GGUF blocks."""
     from tiny_models import save_tiny_gguf
 
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     made = {}
 

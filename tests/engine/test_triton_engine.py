@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from agentrt.engine import SamplingParams, SpecConfig
-from agentrt.engine.model_loader import load_model
+from agentrt.engine.loading.model_loader import load_model
 from agentrt.engine.models.layer_ops import triton_support
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.backend import KernelBackend, choose_backend

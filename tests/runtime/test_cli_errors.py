@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentrt.cli import main
-from agentrt.engine.registry import weight_files
+from agentrt.engine.loading.registry import weight_files
 from agentrt.errors import ModelLoadError
 from agentrt.tools.mqtt_protocol import MqttConfig
 

@@ -17,7 +17,7 @@ SYSTEM = "You are a travel agent. Use the weather report to plan one day outdoor
 @pytest.fixture
 def tiny_async_engine(tiny_model_dir):
     from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     path = tiny_model_dir("smollm")
     loaded = load_model(str(path), "float32", progress=False)

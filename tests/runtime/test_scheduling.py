@@ -206,7 +206,7 @@ PING = {"type": "object", "properties": {}, "additionalProperties": False}
 @pytest.fixture(scope="module")
 def tiny_engine_factory(tiny_model_dir):
     from agentrt.engine import AsyncEngine, EngineConfig, LLMEngine
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     path = tiny_model_dir("smollm")
     loaded = load_model(str(path), "float32", progress=False)

@@ -65,7 +65,7 @@ def test_stream_of_text_holds_back_only_what_could_open_a_call():
 
 @pytest.fixture(scope="module")
 def loaded(smollm2_source):
-    from agentrt.engine.model_loader import load_model
+    from agentrt.engine.loading.model_loader import load_model
 
     return load_model("smollm2-135m-instruct", "auto", progress=False)
 

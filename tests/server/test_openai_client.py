@@ -244,7 +244,7 @@ def test_each_example_served_with_its_events(server, example):
 
 
 def test_penalties_and_logit_bias_steer_the_output(client):
-    from agentrt.engine.registry import resolve_model
+    from agentrt.engine.loading.registry import resolve_model
     from agentrt.engine.chat.tokenizer import Tokenizer
 
     msgs = ask("Count from 1 to 20.")  # a repetitive answer, so the penalties have tokens to act on

@@ -74,7 +74,7 @@ def _gemma_norm_weight(w: torch.Tensor) -> torch.Tensor:
 
 
 class LlamaModel:
-    """Inference-only model. Weights come in Hugging Face names (see engine/weights.py).
+    """Inference-only model. Weights come in Hugging Face names (see engine/loading/weights.py).
 
     use_kernels: run every batch on the C kernels (bf16 on CPUs
     with AMX; agentrt/engine/models/kernel_forward.py). None = whenever they can run here, unless
@@ -89,7 +89,7 @@ class LlamaModel:
                  use_kernels: bool | None = None):
         self.cfg = cfg
         emb = state_dict["model.embed_tokens.weight"]
-        # GGUF blocks (models/quantized.py): fp32 activations on the CPU, the C kernels off
+        # GGUF blocks (loading/quantized.py): fp32 activations on the CPU, the C kernels off
         self.quantized = _quantized_modules(cfg, state_dict)
         if self.quantized:
             emb = QuantEmbedding(emb) if isinstance(emb, QuantWeight) else emb

@@ -62,6 +62,27 @@ static float max_row(const float *s, int64_t n) {
 }
 
 /* s[j] = e^(s[j] - m) for j < n; returns their sum (lane sums in order, then the lanes) */
+#if QUANT_AVX512
+static float exp_shift(float *s, int64_t n, float m) { /* 16 at a time, added to the 8 lane sums in order */
+  const __m512 mv = _mm512_set1_ps(m);
+  __m256 acc = _mm256_setzero_ps();
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+    _mm512_storeu_ps(s + j, e);
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+    acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
+  }
+  if (j < n) { /* the lanes past n: zeros, as the 8-wide tail adds */
+    const __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
+    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv)));
+    _mm512_mask_storeu_ps(s + j, k, e);
+    acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
+    if (n - j > 8) acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
+  }
+  return hsum8(acc);
+}
+#else
 static float exp_shift(float *s, int64_t n, float m) {
   const __m256 mv = _mm256_set1_ps(m);
   __m256 acc = _mm256_setzero_ps();
@@ -79,6 +100,7 @@ static float exp_shift(float *s, int64_t n, float m) {
   }
   return hsum8(acc);
 }
+#endif
 
 /* s[j] = scale * (q . K_j) for j < n, K_j = K + off[j] (off: n rounded up to 8 entries). Eight
  * positions at a time: lane l of acc[r] sums q[c] K_j+r[c] over c = l mod 8, then one transposing
@@ -328,9 +350,10 @@ static void chunk_offsets(const qattn *A, int64_t t, int64_t c, int64_t lo, int6
   const int64_t *bt = A->block_tables + A->seq[t] * A->bt_stride;
   const int64_t tb = A->tree_base ? A->tree_base[t] : INT64_MAX;
   const int64_t *path = A->tree_base ? A->path_slots + t * A->path_stride : NULL;
-  for (int64_t j = lo; j < hi; j++) {
-    const int64_t p = base + j; /* a tree node's keys past the tree's base are its path's rows */
-    off[j] = p >= tb ? path[p - tb] * stride : (bt[p / bs] * bs + p % bs) * stride;
+  for (int64_t j = lo, p = base + lo, b = p / bs, jj = p % bs; j < hi; j++, p++) {
+    /* a tree node's keys past the tree's base are its path's rows */
+    off[j] = p >= tb ? path[p - tb] * stride : (bt[b] * bs + jj) * stride;
+    if (++jj == bs) jj = 0, b++;
   }
   for (int64_t j = hi; j < hi + 8 && j < OFF_ENTRIES; j++) off[j] = off[hi - 1];
 }

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from agentrt.engine.config import ModelConfig
-from agentrt.engine.registry import weight_files
+from agentrt.engine.loading.registry import weight_files
 from agentrt.errors import ModelLoadError
 
 # Tensors some checkpoints carry that no model needs (old Llama checkpoints saved the RoPE table).

@@ -27,8 +27,8 @@ from typing import Any
 
 import numpy as np
 
-from agentrt.engine.gguf_tokenizer import build_gguf_tokenizer
-from agentrt.engine.gguf_tokenizer import gguf_field as _field
+from agentrt.engine.loading.gguf_tokenizer import build_gguf_tokenizer
+from agentrt.engine.loading.gguf_tokenizer import gguf_field as _field
 from agentrt.errors import ModelLoadError
 
 # Bump when the output format changes: caches written by an older converter are then rebuilt.
@@ -274,7 +274,7 @@ def dequantized_tensors(reader: Any, config: dict[str, Any], on_tensor: Any = No
 
 
 def tensor_table(reader: Any) -> dict[str, Any]:
-    """Where each tensor of a GGUFReader's file lies: what models/quantized.py maps them by."""
+    """Where each tensor of a GGUFReader's file lies: what quantized.py maps them by."""
     return {"data_offset": int(reader.data_offset), "tensors": [
         {"name": t.name, "type": int(t.tensor_type), "shape": [int(d) for d in t.shape], "offset": int(t.data_offset),
          "n_bytes": int(t.n_bytes)} for t in reader.tensors]}

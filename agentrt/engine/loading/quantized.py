@@ -7,7 +7,7 @@ dequantized copy of a quantized tensor in memory:
   the token embedding a QuantEmbedding (lookups give exactly the dequantized rows), and the
   output head, the embedding's own blocks when tied, a QuantLinear;
 - the rest (norms, F32/F16/BF16 tensors, a quantized format without a kernel) is dequantized
-  to fp32 with gguf.quants, as engine/gguf_convert.py does for the float path.
+  to fp32 with gguf.quants, as engine/loading/gguf_convert.py does for the float path.
 Norms, rotary tables, attention and the KV cache run in fp32.
 
 The tensors are found through the tensor table the conversion cached (gguf_convert.tensor_table),
@@ -17,7 +17,7 @@ file's header and size.
 Names follow the converter: gguf_convert.hf_tensor_name maps GGUF to HF names, and Q/K rows get
 gguf_convert.unpermute_rotary, applied to the quantized rows (a block runs along K, inside a row,
 so permuting whole rows of blocks is exact). The tensor set is checked against the config as the
-safetensors loader checks it (engine/weights.py): a missing or unknown tensor is an error that
+safetensors loader checks it (engine/loading/weights.py): a missing or unknown tensor is an error that
 names it.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from agentrt.engine.gguf_convert import ROPE_FREQS, hf_float_tensor, hf_tensor_name, unpermute_rotary
+from agentrt.engine.loading.gguf_convert import ROPE_FREQS, hf_float_tensor, hf_tensor_name, unpermute_rotary
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.quant_formats import FORMAT_BY_GGML_TYPE, QuantWeight, quant_weight_from_gguf
 
@@ -115,7 +115,7 @@ def load_quantized_model(cfg, gguf_path: Path | str, table: dict, max_positions:
     """A CPU LlamaModel on the GGUF's own weights (see the module docstring). `model.quantized`
     maps each quantized module ("layers.3.qkv", "embed", "lm_head") to its formats."""
     from agentrt.engine.models.llama import LlamaModel
-    from agentrt.engine.weights import check_tensor_set
+    from agentrt.engine.loading.weights import check_tensor_set
 
     weights = read_gguf_weights(gguf_path, cfg, table)
     check_tensor_set(gguf_path, {name: tuple(w.shape) for name, w in weights.items()}, cfg)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import torch
 
-from agentrt.engine.gguf_convert import TENSOR_TABLE
+from agentrt.engine.loading.gguf_convert import TENSOR_TABLE
 from agentrt.engine.models.layers import onednn_bf16
 from agentrt.engine.models.llama import LlamaModel
-from agentrt.engine.registry import ModelSource, find_model_gguf, resolve_model
+from agentrt.engine.loading.registry import ModelSource, find_model_gguf, resolve_model
 from agentrt.engine.chat.tokenizer import Tokenizer
-from agentrt.engine.weights import load_state_dict
+from agentrt.engine.loading.weights import load_state_dict
 from agentrt.errors import ModelLoadError
 from agentrt.kernels import quant_build
 
@@ -112,7 +112,7 @@ def load_model(name_or_path: str, dtype: str | torch.dtype = "auto", device: str
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ModelLoadError(f"device {device!r} was asked for but CUDA is not available")
     if runs_quantized(dtype, device, find_model_gguf(name_or_path), name_or_path):
-        from agentrt.engine.models.quantized import load_quantized_model
+        from agentrt.engine.loading.quantized import load_quantized_model
 
         source = resolve_model(name_or_path, progress=progress, weights=False)
         table = json.loads((source.path / TENSOR_TABLE).read_text())

@@ -63,7 +63,7 @@ def build_gguf_tokenizer(reader: Any) -> tuple[Any, dict[str, Any]]:
     types: list[int] = list(gguf_field(reader, "tokenizer.ggml.token_type", [1] * len(tokens)))
     arch = gguf_field(reader, "general.architecture")
     if model == "llama":
-        from agentrt.engine.gguf_spm_tokenizer import build_spm_tokenizer
+        from agentrt.engine.loading.gguf_spm_tokenizer import build_spm_tokenizer
 
         tok = build_spm_tokenizer(tokens, types, arch)
     else:
@@ -93,7 +93,7 @@ def build_gguf_tokenizer(reader: Any) -> tuple[Any, dict[str, Any]]:
     }
     template = gguf_field(reader, "tokenizer.chat_template")
     if template is None and arch == "gemma3":  # llama.cpp's Gemma 3 files carry none
-        from agentrt.engine.gguf_spm_tokenizer import GEMMA3_CHAT_TEMPLATE
+        from agentrt.engine.loading.gguf_spm_tokenizer import GEMMA3_CHAT_TEMPLATE
 
         template = GEMMA3_CHAT_TEMPLATE
     if template is not None:

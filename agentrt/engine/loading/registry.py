@@ -186,7 +186,7 @@ def validate_model_dir(path: Path, weights: bool = True) -> ModelConfig:
 def _resolve_gguf(name: str, gguf_path: Path, out: Path, progress: bool, weights: bool) -> ModelSource:
     """A GGUF converted into `out` (once, then cached): in whole, or with weights=False only its
     configuration and tokenizer (the quantized path reads the tensors from the GGUF itself)."""
-    from agentrt.engine import gguf_convert
+    from agentrt.engine.loading import gguf_convert
 
     if not gguf_convert.conversion_is_current(out, gguf_path, weights):
         gguf_convert.convert_gguf(gguf_path, out, progress=progress, weights=weights)
@@ -194,7 +194,7 @@ def _resolve_gguf(name: str, gguf_path: Path, out: Path, progress: bool, weights
 
 
 def _resolve_known(known: KnownModel, progress: bool, weights: bool) -> ModelSource:
-    from agentrt.engine import gguf_convert
+    from agentrt.engine.loading import gguf_convert
 
     out = model_cache_dir(known.name)
     gguf_path = find_gguf(known)
@@ -256,7 +256,7 @@ def list_models() -> list[dict[str, Any]]:
     """One row per known model: name, description, installed, cached, path, size (bytes or None:
     what the model takes in the cache, its conversion and a GGUF joined from parts), install.
     Listing joins nothing: a GGUF in parts not joined yet counts as not cached."""
-    from agentrt.engine.gguf_convert import conversion_is_current
+    from agentrt.engine.loading.gguf_convert import conversion_is_current
 
     rows = []
     for known in KNOWN_MODELS.values():
