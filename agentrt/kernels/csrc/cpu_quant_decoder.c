@@ -42,7 +42,8 @@
 #include "cpu_quant.h"
 
 #define LAYER_FIELDS 28
-#define SERIAL_TOKENS 32        /* per-token phases on fewer tokens: cheaper than a join (~5 us) */
+#define SERIAL_VALUES 16384     /* per-token phases over fewer values (tokens x row width) run on the
+                                 * caller: cheaper than a join (~5 us) */
 #define PTR(type, v) ((type)(intptr_t)(v))
 
 enum { PH_NORM, PH_ROTARY, PH_RESIDUAL, PH_SILU };
@@ -200,7 +201,9 @@ static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
 static void run_tokens(dec *D, int phase, int threads) {
   D->phase = phase;
-  if (D->T < SERIAL_TOKENS || threads <= 1) {
+  /* the SiLU phase reads 2 inter values a token, with an exp each: worth threads from fewer tokens */
+  const int64_t width = phase == PH_SILU ? 2 * D->inter : D->hidden;
+  if (D->T * width < SERIAL_VALUES || threads <= 1) {
     for (int64_t t = 0; t < D->T; t++) token_phase(D, t);
     return;
   }
