@@ -66,6 +66,7 @@ SIGNATURES = {
                                      _P, _P, _I64]),
     "agentrt_quant_attention": (_I32, [_P, _I64, _I64, _I32, _I32, _I32, ctypes.c_float, _P, _I64, _P, _P, _I64, _I64,
                                        _I64, _I64, _P, _P, _I64, _P, _I32]),
+    "agentrt_quant_reserve": (_I32, [_I64, _I64, _I64, _I32, _I32, _I32]),
     "agentrt_stream_read": (ctypes.c_uint64, [_P, _I64, _I32]),
 }
 

@@ -299,6 +299,22 @@ def quant_model_table(layer_table: torch.Tensor, dims: Dims, cos: torch.Tensor, 
     return QuantModelTable(fields, layer_table, dims.hidden, head.shape[0])
 
 
+def quant_reserve(dims: Dims, tokens: int, lib: ctypes.CDLL | None = None) -> None:
+    """Size and touch the calling thread's kernel buffers for a step of up to `tokens` tokens of a
+    model with these dimensions (the decoder's activations, the linears' int8 rows), so that the
+    first step that large neither grows the process nor pays its page faults then. Call it on the
+    thread that runs the forwards."""
+    lib = lib if lib is not None else quant_kernels()
+    if lib is None:
+        raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")
+    rc = lib.agentrt_quant_reserve(tokens, dims.hidden, dims.intermediate, dims.num_heads, dims.num_kv_heads,
+                                   dims.head_dim)
+    if rc == -1:
+        raise ValueError(f"quant_reserve: bad step size {tokens} or dimensions {dims}")
+    if rc != 0:
+        raise MemoryError(f"quant_reserve: no memory for the buffers of a {tokens}-token step")
+
+
 def _index(t: torch.Tensor, n: int | None, name: str) -> torch.Tensor:
     if not (t.dtype is torch.long and t.is_cpu and t.is_contiguous()):  # the engine's own tensors pass as they are
         t = _i64(t, name)

@@ -26,7 +26,7 @@ import torch
 
 from agentrt.kernels.decoder import Dims
 from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
-from agentrt.kernels.quant_decoder import (QuantLayerWeights, quant_decoder_layers, quant_decoder_reference,
+from agentrt.kernels.quant_decoder import (QuantLayerWeights, quant_decoder_layers, quant_decoder_reference, quant_reserve,
                                            quant_layer_table)
 from agentrt.kernels.quant_formats import Q4_1, Q4_K, Q6_K, Q8_0, QuantWeight, interleave_rows8, quantize
 
@@ -196,3 +196,16 @@ def test_softmax_of_far_apart_scores_is_finite():
     quant_decoder_layers(quant_layer_table([big], run.k, run.v), 1, DIMS, out, pos, cos, sin, slots, BLOCKS * BS, cu,
                          bt, BS)
     assert torch.isfinite(out).all() and not math.isnan(out.sum().item())
+
+
+def test_reserve_sizes_the_buffers_and_refuses_what_it_cannot():
+    """quant_reserve touches the calling thread's buffers for a step (a forward after it gives the
+    same rows); a negative size is refused by name, one no memory holds raises MemoryError."""
+    before, _ = _steps(True)
+    quant_reserve(DIMS, 512)
+    after, _ = _steps(True)
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(before, after))
+    with pytest.raises(ValueError, match="step size -1"):
+        quant_reserve(DIMS, -1)
+    with pytest.raises(MemoryError, match="2199023255552-token step"):
+        quant_reserve(DIMS, 2**41)

@@ -181,4 +181,7 @@ typedef struct {
 /* 0, or -3 when out of memory */
 int quant_attention(const qattn *A, int threads);
 
+/* The calling thread's buffers touched for a step of T tokens (cpu_quant_avx2.c, _decoder.c) */
+int quant_linear_reserve(int64_t M, int64_t K);
+
 #endif

@@ -542,6 +542,18 @@ int agentrt_quant_interleave(const uint8_t *w, int fmt, int64_t N, int64_t K, ui
   return 0;
 }
 
+/* The calling thread's activation buffer sized and touched for M rows of K values (any format):
+ * a step's first call at a new largest size then neither grows it nor faults its pages in.
+ * Returns 0, -3 when out of memory. */
+int quant_linear_reserve(int64_t M, int64_t K) {
+  const int64_t M16 = (M + 15) / 16 * 16, nb = K / QK, nb8 = (nb + 7) / 8 * 8;
+  const size_t size = (size_t)(M16 * K) * 2 + sizeof(float) * (size_t)(M16 * (nb8 + nb));
+  void *p = scratch_get(&scratch, size);
+  if (!p) return -3;
+  memset(p, 0, size);
+  return 0;
+}
+
 /* out fp32 [M, N] (row stride out_stride) = x fp32 [M, K] (row stride x_stride) @ W.T, W [N, K]
  * in format fmt (rows of K/bs blocks of bs values, contiguous; or, with ROWS8 set, as
  * agentrt_quant_interleave lays them out). Returns 0, or -1 for a bad format or K, -3 when out

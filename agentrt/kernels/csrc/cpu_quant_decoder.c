@@ -215,6 +215,11 @@ static void run_tokens(dec *D, int phase, int threads) {
 /* The caller's buffers for the layers' activations (the linears have their own). */
 static __thread scratch_buf scratch;
 
+static size_t decoder_scratch_bytes(int64_t T, int64_t hidden, int64_t inter, int64_t qkv_w, int64_t q_w) {
+  return sizeof(float) * (size_t)(2 * up16(T * hidden) + up16(T * qkv_w) + up16(T * q_w) + up16(T * 2 * inter) +
+                                  2 * up16(T + 1));
+}
+
 /* Inputs the loops index by: positions in [0, rope_rows), slots in [0, num_slots), cu_q a
  * partition of 0..T, every block a token's context reaches inside the table and the cache,
  * rows in [0, T). Fills seq[t], token t's sequence. */
@@ -278,7 +283,7 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
   const int64_t n_x = up16(T * hidden), n_qkv = up16(T * D.qkv_w), n_attn = up16(T * D.q_w);
   const int64_t n_gu = up16(T * 2 * inter), n_seq = up16(T + 1);
   /* floats, then seq (int64: two floats per entry) */
-  float *buf = scratch_get(&scratch, sizeof(float) * (size_t)(2 * n_x + n_qkv + n_attn + n_gu + 2 * n_seq));
+  float *buf = scratch_get(&scratch, decoder_scratch_bytes(T, hidden, inter, D.qkv_w, D.q_w));
   if (!buf) return -3;
   D.x = buf;
   D.tmp = D.x + n_x;
@@ -394,4 +399,19 @@ int agentrt_quant_forward(const int64_t *model, int64_t num_layers, const int64_
   if (!rc && cap != 0.0f)
     for (int64_t i = 0; i < n_rows * model[M_HEAD_ROWS]; i++) logits[i] = tanhf(logits[i] / cap) * cap;
   return rc;
+}
+
+/* The calling thread's buffers sized and touched for a step of up to T tokens of a model of these
+ * dimensions (the decoder's activations, the linears' int8 rows): they grow at a new largest step,
+ * once, which a long-running server would otherwise see as its memory growing late, and that
+ * step would pay the page faults. Returns 0, -1 for a bad dimension, -3 when out of memory. */
+int agentrt_quant_reserve(int64_t T, int64_t hidden, int64_t inter, int nq, int nkv, int d) {
+  if (T < 0 || hidden < 1 || inter < 1 || nq < 1 || nkv < 1 || d < 1) return -1;
+  const int64_t q_w = (int64_t)nq * d, qkv_w = (int64_t)(nq + 2 * nkv) * d;
+  const size_t size = decoder_scratch_bytes(T, hidden, inter, qkv_w, q_w);
+  void *p = scratch_get(&scratch, size);
+  if (!p) return -3;
+  memset(p, 0, size);
+  const int64_t widest = inter > q_w ? inter : q_w; /* the linears' K: hidden, q_w and inter */
+  return quant_linear_reserve(T, widest > hidden ? widest : hidden);
 }
