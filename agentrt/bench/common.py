@@ -17,7 +17,8 @@ from agentrt.tables import fmt as _fmt, print_table
 @dataclass
 class BenchResult:
     """rows: one dict per measured configuration (same keys across rows make one table).
-    summary: the figures the benchmark's issue asks for; printed as the final `NAME: k=v` line."""
+    summary: the figures the benchmark's goals are stated in (docs/benchmarks.md); printed as the final
+    `NAME: k=v` line."""
 
     rows: list[dict[str, Any]]
     summary: dict[str, Any]

@@ -4,10 +4,10 @@ elsewhere.
 
 torch.argmax on CPU tracks an index per element (~0.06 ms per 49k-wide row: 2.5 ms for the 40
 rows of a speculative batch step) and joins OpenMP threads, which stall when the other core is
-busy (8 ms for 10 rows measured under load); masking a copy of a row first (xgrammar's CPU
-apply_token_bitmask_inplace) costs ~0.4 ms more. The kernel takes two vector passes per row,
-reading the mask bits as it goes, on the kernels' own workers. Same result as the reference: the
-first maximal index after disallowed entries are set to -inf, a NaN above everything.
+busy; masking a copy of a row first (xgrammar's CPU apply_token_bitmask_inplace) costs ~0.4 ms
+more. The kernel takes two vector passes per row, reading the mask bits as it goes, on the
+kernels' own workers. Same result as the reference: the first maximal index after disallowed
+entries are set to -inf, a NaN above everything.
 """
 from __future__ import annotations
 

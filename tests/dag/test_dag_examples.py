@@ -1,5 +1,6 @@
-"""The three programs the issue names, declared with the DSL, compiled, and driven through a run
-(the LLM and tool outputs are fixed values standing in for the runtime)."""
+"""The three example programs (trip planner, research fan-out, SQL agent), declared with the DSL,
+compiled, and driven through a run (the LLM and tool outputs are fixed values standing in for the
+runtime)."""
 import pytest
 
 from agentrt.dag import JsonSchema, Program, render_prompt, tool_arguments

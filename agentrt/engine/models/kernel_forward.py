@@ -13,10 +13,10 @@ sliding layers' own rotary tables; the embedding scaled before, the logits soft-
 then the final norm fused into the head. Every op rounds to bf16 where the PyTorch path's
 separate ops do, so the two paths differ by float summation order only
 (tests/engine/test_kernel_forward.py). Used for every batch the model runs in bf16 on CPU:
-decode, verification and prefill alike. (Capping it at 64 tokens and sending larger steps to the
-PyTorch path put a cliff into the step cost, 40 ms at 64 tokens and 75 ms at 65, that the
-adaptive controller's roofline cannot represent; the kernel path is faster at every size
-measured, up to 512 new tokens: docs/benchmarks.md.)
+decode, verification and prefill alike, with no size cap: sending larger steps to the PyTorch
+path put a cliff into the step cost (40 ms at 64 tokens, 75 ms at 65 with a 64-token cap) that
+the adaptive controller's roofline cannot represent, and the kernel path was the faster at every
+size measured, up to 512 new tokens.
 """
 from __future__ import annotations
 

@@ -103,7 +103,7 @@ def gather_weights(linears: list[QuantLinear], embedding: QuantEmbedding | None)
     Returns the buffer (the weights hold views of it), or None where the C kernels do not run.
 
     Why: a batch-1 step streams every weight from DRAM once, and on 4 KB pages the TLB misses
-    cost ~12% of the 30 layers' linears (2.8-2.9 ms against 3.1-3.3 ms on SmolLM2's Q4_1 here);
+    cost ~12% of the 30 layers' linears (2.8-2.9 ms against 3.1-3.3 ms, SmolLM2's Q4_1, 2-core EPYC);
     the interleaved layout runs 1.3-2.5x faster than the file's. ~0.15 s for 100 MB."""
     from agentrt.engine.kv.kv_cache import cache_buffer  # an anonymous mapping with MADV_HUGEPAGE
 
