@@ -187,7 +187,7 @@ def calibrated_cost_model(loaded, quick: bool, log=lambda msg: None):
     """The cached calibration for this model, dtype and machine, else a fresh one by
     calibrate_engine, saved where every engine looks for it."""
     from agentrt.engine.calibration import calibrate_engine, model_cost_path
-    from agentrt.engine.spec_runner import SpecConfig
+    from agentrt.engine.step.spec_runner import SpecConfig
     from agentrt.spec.cost_model import StepCostModel
 
     engine = new_engine(loaded, SpecConfig(), 4096)

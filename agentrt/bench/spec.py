@@ -281,7 +281,7 @@ def shared_cost_model(loaded):
     on the quantized path, the warm-up fit on five forwards (made and cached here, as they make
     it); else the analytic roofline."""
     from agentrt.engine.calibration import load_or_estimate_cost_model, model_cost_path, quick_cost_model
-    from agentrt.engine.spec_runner import SpecConfig
+    from agentrt.engine.step.spec_runner import SpecConfig
 
     engine = new_engine(loaded, SpecConfig(), 256)
     path = model_cost_path(engine)

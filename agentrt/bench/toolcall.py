@@ -36,7 +36,7 @@ from agentrt.bench.spec import load_hf, new_engine, run_hf, run_ours, shared_cos
 from agentrt.bench.toolcall_budget import run_budgets
 from agentrt.bench.toolcall_parallel import run_parallel
 from agentrt.dag.streamed_calls import StreamedCalls
-from agentrt.engine.spec_runner import SpecConfig
+from agentrt.engine.step.spec_runner import SpecConfig
 from agentrt.spec.report import SpecFigures
 from agentrt.tables import print_table
 

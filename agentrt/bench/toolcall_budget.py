@@ -1,6 +1,6 @@
 """The budget part of `agentrt bench toolcall`: lists of tool calls (parallel calls, several per
 turn) generated under every max_tokens from the schema's minimum up, without speculation and with
-the template drafter; how many outputs parse and meet the schema (engine.budget completes a
+the template drafter; how many outputs parse and meet the schema (engine.step.budget completes a
 constrained output within its budget). A small model loops in a list of calls, so most of these
 outputs reach their budget: before the completion, such outputs were cut mid-JSON.
 

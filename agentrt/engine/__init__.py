@@ -8,7 +8,7 @@ _EXPORTS = {
     "EngineConfig": "agentrt.engine.llm_engine",
     "AsyncEngine": "agentrt.engine.async_engine",
     "SamplingParams": "agentrt.engine.sampling_params",
-    "SpecConfig": "agentrt.engine.spec_runner",
+    "SpecConfig": "agentrt.engine.step.spec_runner",
     "GenerationResult": "agentrt.engine.outputs",
     "TokenEvent": "agentrt.engine.outputs",
     "load_model": "agentrt.engine.loading.model_loader",

@@ -13,7 +13,7 @@ from agentrt.engine.calibration import fit_cost_model_when_idle
 from agentrt.engine.llm_engine import EngineConfig, LLMEngine
 from agentrt.engine.outputs import GenerationResult, TokenEvent
 from agentrt.engine.sampling_params import SamplingParams
-from agentrt.engine.sequence import Sequence
+from agentrt.engine.step.sequence import Sequence
 from agentrt.structured.tool_formats import ToolCallFormat
 
 T = TypeVar("T")

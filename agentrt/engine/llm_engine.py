@@ -17,22 +17,22 @@ from typing import Callable
 import torch
 
 from agentrt.decoding.penalties import Penalties
-from agentrt.engine import budget
+from agentrt.engine.step import budget
 from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.calibration import load_or_estimate_cost_model
-from agentrt.engine.constraints import Constraints
-from agentrt.engine.draft_plan import DraftPlanner
+from agentrt.engine.step.constraints import Constraints
+from agentrt.engine.step.draft_plan import DraftPlanner
 from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.chat.messages import normalize_messages
 from agentrt.engine.loading.model_loader import LoadedModel, load_model
 from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent, TokenLogprob
 from agentrt.engine.sampling_params import SamplingParams
-from agentrt.engine.scheduler import Scheduler, SchedulerConfig
-from agentrt.engine.sequence import Sequence, StopChecker
-from agentrt.engine.spec_runner import DraftStep, SpecConfig, SpecRunner, build_drafter
-from agentrt.engine.step_rows import StepRow, build_forward_batch, rows_of
-from agentrt.engine.step_sampler import Sampled, sample_rows, token_logprobs
-from agentrt.engine.step_tree import compact_accepted
+from agentrt.engine.step.scheduler import Scheduler, SchedulerConfig
+from agentrt.engine.step.sequence import Sequence, StopChecker
+from agentrt.engine.step.spec_runner import DraftStep, SpecConfig, SpecRunner, build_drafter
+from agentrt.engine.step.step_rows import StepRow, build_forward_batch, rows_of
+from agentrt.engine.step.step_sampler import Sampled, sample_rows, token_logprobs
+from agentrt.engine.step.step_tree import compact_accepted
 from agentrt.engine.chat.tokenizer import IncrementalDetokenizer
 from agentrt.errors import RequestError
 from agentrt.structured.grammar import GRAMMAR_CACHE_BYTES, GrammarCache
@@ -347,7 +347,7 @@ class LLMEngine:
         if closing is not None:
             budget.start_forcing(seq, closing)
         if reason is None and budget.closed(seq):
-            text, reason = text + stops.flush(), "length"  # completed within max_tokens (engine.budget)
+            text, reason = text + stops.flush(), "length"  # completed within max_tokens (engine.step.budget)
         self.spec.on_verified(row, out.accepted, budget_cut, kept, self.step_no)
         if reason is not None:
             return self._finish(seq, reason, kept, text, logprobs=logprobs)

@@ -47,7 +47,7 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None  # one per token id, when asked for
     prompt_text: str | None = None  # the exact text the prompt was tokenized from (chat template applied)
     # the last tokens that were forced to complete a structured output within max_tokens
-    # (engine.budget); the tokens before them are the model's own
+    # (engine.step.budget); the tokens before them are the model's own
     completion_tokens: int = 0
 
 

@@ -277,7 +277,7 @@ def completion_from(m: xgr.GrammarMatcher, encode: Any, text: str) -> str | None
 
 class GrammarState:
     """One sequence's position in its grammar: the matcher, and what masks, drafts and the budget's
-    completion search (engine.budget, which keeps its own state) ask of it."""
+    completion search (engine.step.budget, which keeps its own state) ask of it."""
 
     def __init__(self, compiled: xgr.CompiledGrammar):
         self.matcher = xgr.GrammarMatcher(compiled)

@@ -109,7 +109,7 @@ def test_seeded_sampling_does_not_depend_on_drafts_or_what_runs_beside(smollm2_b
     """Temperature 1 with a fixed seed: the same tokens as the request alone without drafts,
     when drafted at any k and beside other requests arriving while it decodes, with chunked
     prefill. Sampling draws the token at each output position with that position's own uniform
-    and verifies token drafts by coupling (agentrt/engine/step_sampler.py), so drafts change how
+    and verifies token drafts by coupling (agentrt/engine/step/step_sampler.py), so drafts change how
     many tokens a pass emits, never which."""
     prompt, fmt = SMOLLM2_PROMPTS[1] if spec.drafter == "template" else SMOLLM2_PROMPTS[3]
     mine = (prompt, SamplingParams(max_tokens=32, temperature=1.0, seed=7, response_format=fmt))

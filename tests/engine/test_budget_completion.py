@@ -1,4 +1,4 @@
-"""Constrained outputs end valid within max_tokens (engine.budget): at every budget from the
+"""Constrained outputs end valid within max_tokens (engine.step.budget): at every budget from the
 schema's minimum up, with and without speculation, the output parses and meets its schema, the
 tokens before the forced completion are the model's own, and the completion is short."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import jsonschema
 import pytest
 
 from agentrt.engine import SamplingParams, SpecConfig
-from agentrt.engine.budget import CLOSING_WINDOW
+from agentrt.engine.step.budget import CLOSING_WINDOW
 from agentrt.structured.grammar import GrammarState
 from agentrt.structured.output_format import parse_output, parse_response_format
 

@@ -7,11 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from agentrt.engine.budget import Closing
-from agentrt.engine.draft_plan import cut, keep_nodes, planned
+from agentrt.engine.step.budget import Closing
+from agentrt.engine.step.draft_plan import cut, keep_nodes, planned
 from agentrt.engine.sampling_params import SamplingParams
-from agentrt.engine.sequence import Sequence, StopChecker
-from agentrt.engine.step_rows import NO_DRAFT, RowDraft, rows_of
+from agentrt.engine.step.sequence import Sequence, StopChecker
+from agentrt.engine.step.step_rows import NO_DRAFT, RowDraft, rows_of
 
 
 def test_a_planned_row_and_its_draft_are_frozen():

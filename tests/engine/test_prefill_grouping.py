@@ -11,8 +11,8 @@ import pytest
 
 from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.sampling_params import SamplingParams
-from agentrt.engine.scheduler import Scheduler, SchedulerConfig
-from agentrt.engine.sequence import Sequence
+from agentrt.engine.step.scheduler import Scheduler, SchedulerConfig
+from agentrt.engine.step.sequence import Sequence
 
 BS = 4  # block size
 PARAMS = SamplingParams(max_tokens=8, temperature=0)

@@ -1,4 +1,4 @@
-"""The step's rows: draft limits and KV fitting (engine.draft_plan), and the flat batch the rows
+"""The step's rows: draft limits and KV fitting (engine.step.draft_plan), and the flat batch the rows
 build (no model needed)."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import torch
 
 from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.sampling_params import SamplingParams
-from agentrt.engine.sequence import Sequence
-from agentrt.engine.draft_plan import draft_limits, fit_to_kv, planned, reserve_draft_kv
-from agentrt.engine.step_rows import RowDraft, build_forward_batch, rows_of
+from agentrt.engine.step.sequence import Sequence
+from agentrt.engine.step.draft_plan import draft_limits, fit_to_kv, planned, reserve_draft_kv
+from agentrt.engine.step.step_rows import RowDraft, build_forward_batch, rows_of
 
 BS = 4
 

@@ -120,7 +120,7 @@ def test_accepted_path_compacted_then_decoding_goes_on_as_after_the_chain(smollm
     those after the same path fed as a chain."""
     from types import SimpleNamespace
 
-    from agentrt.engine.step_tree import compact_accepted
+    from agentrt.engine.step.step_tree import compact_accepted
 
     m, tok = smollm2_quant.model, smollm2_quant.tokenizer
     prompt, root = tok.encode(PROMPTS[0]), tok.encode(" Paris")[:1]

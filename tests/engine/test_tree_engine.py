@@ -1,4 +1,4 @@
-"""Token-tree drafts through the engine (engine/step_tree.py) on the embedded SmolLM2 GGUF:
+"""Token-tree drafts through the engine (engine/step/step_tree.py) on the embedded SmolLM2 GGUF:
 greedy output is the same without speculation, with chains and with trees, and trees are
 proposed where an enum or several quoted values fit."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agentrt.engine import SamplingParams, SpecConfig
-from agentrt.engine import step_rows
+from agentrt.engine.step import step_rows
 
 CONVERT = {"type": "function", "function": {"name": "convert_temperature", "description": "Convert a temperature",
            "parameters": {"type": "object", "properties": {  # the enum mid-call: inside a draft

@@ -50,7 +50,7 @@ def torch_llama(tiny_model_dir):
 @pytest.fixture
 def triton_sampler_calls(monkeypatch):
     """{op name: calls} of the step sampler's Triton ops in this test."""
-    from agentrt.engine import step_sampler
+    from agentrt.engine.step import step_sampler
 
     calls: dict[str, int] = {}
     real = step_sampler._triton_ops()
@@ -121,7 +121,7 @@ def test_cuda_takes_the_triton_path_by_default(tiny_loaded):
 
 @pytest.mark.skipif(DEVICE != "cpu", reason="a CPU machine's import graph")
 def test_a_cpu_engine_never_imports_the_triton_kernels():
-    code = ("import sys, json; import agentrt.engine.llm_engine, agentrt.engine.step_sampler; "
+    code = ("import sys, json; import agentrt.engine.llm_engine, agentrt.engine.step.step_sampler; "
             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('agentrt.kernels.triton'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
     assert json.loads(out.stdout.strip().splitlines()[-1]) == []

@@ -24,7 +24,7 @@ from agentrt.spec.tree_verify import node_depths
 if TYPE_CHECKING:
     from agentrt.engine.kv.block_manager import BlockManager
     from agentrt.engine.kv.kv_cache import KVCache
-    from agentrt.engine.step_rows import StepRow
+    from agentrt.engine.step.step_rows import StepRow
 
 
 def chain_parents(k: int) -> list[int]:
@@ -76,7 +76,7 @@ def row_output_offsets(r: StepRow) -> list[int]:
 def tree_masks(grammar, tokens: list[int], parents: tuple[int, ...], bitmask: torch.Tensor) -> list[int]:
     """Fill bitmask [k + 1, words]: row 0 the grammar's mask now, row 1 + j the j-th kept node's
     (after its path). Returns the nodes the grammar allows (a forbidden node's subtree goes with
-    it), in order: the draft plan keeps only those (engine.draft_plan)."""
+    it), in order: the draft plan keeps only those (engine.step.draft_plan)."""
     k = len(tokens)
     paths = _paths(parents)
     leaves = [i for i in range(k) if i not in set(parents)]

@@ -44,7 +44,7 @@ class Sequence:
     meta: dict[str, Any] = field(default_factory=dict)  # owner's annotations (program, node)
     output_format: Any = None  # agentrt.structured.output_format.OutputFormat when constrained
     grammar: Any = None  # agentrt.structured.grammar.GrammarState when constrained
-    closing: Any = None  # agentrt.engine.budget.Closing when constrained: its completion within max_tokens
+    closing: Any = None  # agentrt.engine.step.budget.Closing when constrained: its completion within max_tokens
     penalties: Any = None  # agentrt.decoding.penalties.Penalties when the request asks for any
     logprobs: list = field(default_factory=list)  # TokenLogprob per output token, when asked for
     prompt_text: str | None = None  # the text prompt_ids were encoded from (None: given as token ids)

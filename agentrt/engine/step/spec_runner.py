@@ -3,7 +3,7 @@ controller, account α per request and drafter.
 
 The spec package holds the pieces (drafters, verification, controller, cost model); this class
 wires them to the engine's step rows. It holds no engine: each step's draft plan
-(engine.draft_plan) hands it the rows with the drafts each may feed and takes back its
+(engine.step.draft_plan) hands it the rows with the drafts each may feed and takes back its
 proposals; after the step it hears what was verified.
 `build_drafter` makes a drafter for an engine from its name.
 """
@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from agentrt.engine.outputs import StepRecord
-from agentrt.engine.sequence import Sequence
-from agentrt.engine.step_rows import RowDraft, StepRow
+from agentrt.engine.step.sequence import Sequence
+from agentrt.engine.step.step_rows import RowDraft, StepRow
 from agentrt.errors import SpecConfigError
 from agentrt.spec.acceptance import AcceptanceCalibration
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
@@ -47,7 +47,7 @@ class SpecConfig:
     history_tokens: int = 1 << 16
     # widest token tree a model-free drafter may propose (candidates at one place: enum members,
     # strings from the prompt, the suffix drafter's continuations), verified in the same forward
-    # (engine/step_tree.py); 1: chains only. Models on the bf16 C or Triton kernels draft chains.
+    # (engine/step/step_tree.py); 1: chains only. Models on the bf16 C or Triton kernels draft chains.
     # Chains by default: on the tool-call bench trees gave 0.97x the tokens per pass of chains
     # (their nodes spend the depth budget; docs/benchmarks.md, toolcall).
     tree_width: int = 1
@@ -236,7 +236,7 @@ class SpecRunner:
     def on_verified(self, row: StepRow, verified: int, budget_cut: bool, kept: list[int], step: int) -> None:
         """The row's sequence kept these tokens (emitted, maybe cut by a stop) at engine step
         `step`, of which verification accepted `verified` drafts; budget_cut: the budget's
-        completion cut the emitted run back (engine.budget)."""
+        completion cut the emitted run back (engine.step.budget)."""
         seq = row.seq
         stats = self._stats.get(seq.seq_id)
         if stats is None:
@@ -288,7 +288,7 @@ def build_drafter(spec: str, engine) -> Drafter:
         suffix = SuffixDrafter(digits=digit_tokens(engine.tokenizer.encode), history_tokens=engine.config.spec.history_tokens)
         return suffix if kind == "suffix" else TemplateDrafter(suffix, engine.tokenizer.encode, engine.tokenizer.decode)
     if kind == "layerskip":
-        from agentrt.engine.draft_runner import LayerSkipRunner
+        from agentrt.engine.step.draft_runner import LayerSkipRunner
         from agentrt.spec.drafters.model import ModelDrafter
 
         try:
@@ -299,7 +299,7 @@ def build_drafter(spec: str, engine) -> Drafter:
             raise SpecConfigError(f"drafter {spec!r}: N must be in 1..{engine.model.num_layers - 1}")
         return ModelDrafter(LayerSkipRunner(engine, n), name=spec, seed=engine.config.seed)
     if kind == "draft":
-        from agentrt.engine.draft_runner import SeparateModelRunner
+        from agentrt.engine.step.draft_runner import SeparateModelRunner
         from agentrt.engine.loading.model_loader import load_model
         from agentrt.spec.drafters.model import ModelDrafter
 

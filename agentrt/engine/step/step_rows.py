@@ -1,5 +1,5 @@
 """One engine step as a list of rows: a StepRow per scheduled sequence, with the drafts the
-step's draft plan gave it (engine.draft_plan: frozen once planned), and the flat forward batch
+step's draft plan gave it (engine.step.draft_plan: frozen once planned), and the flat forward batch
 built from them.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.models.attention import build_attention_metadata
 from agentrt.engine.models.llama import ForwardBatch
-from agentrt.engine.sequence import Sequence
-from agentrt.engine.step_tree import tree_keys, tree_positions
+from agentrt.engine.step.sequence import Sequence
+from agentrt.engine.step.step_tree import tree_keys, tree_positions
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class RowDraft:
 
     tokens: tuple[int, ...] = ()
     # a token tree instead of a chain: each draft token's parent (-1: the fed token), parents
-    # first (engine/step_tree.py); None: the drafts are a chain
+    # first (engine/step/step_tree.py); None: the drafts are a chain
     parents: tuple[int, ...] | None = None
     q: torch.Tensor | None = None  # [k, V] the draft was drawn from; None: deterministic drafts
     forced: tuple[bool, ...] = ()  # per draft token: the grammar forced it

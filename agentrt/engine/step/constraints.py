@@ -1,7 +1,7 @@
 """Grammar-constrained decoding, an engine part used with or without speculation.
 
 A constrained sequence owns a GrammarState (structured.grammar, xgrammar). Per step the draft plan
-(engine.draft_plan) asks for the masks of every logits row a constrained row verifies (its next
+(engine.step.draft_plan) asks for the masks of every logits row a constrained row verifies (its next
 token and one after each draft token) and learns where each draft must be cut: at the first
 token the grammar forbids, since its masked p is 0 and it could never be accepted. After the step
 the emitted tokens are committed (Sequence.commit). The template
@@ -14,9 +14,9 @@ from dataclasses import dataclass
 
 import torch
 
-from agentrt.engine import budget
-from agentrt.engine.sequence import Sequence
-from agentrt.engine.step_tree import tree_masks
+from agentrt.engine.step import budget
+from agentrt.engine.step.sequence import Sequence
+from agentrt.engine.step.step_tree import tree_masks
 from agentrt.kernels.argmax import argmax_rows
 from agentrt.structured.grammar import (GRAMMAR_CACHE_BYTES, GrammarCache, GrammarState, apply_masks, masked_argmax,
                                         shared_grammar_cache)
@@ -68,14 +68,14 @@ class Constraints:
         return GrammarState(self.grammars.compile(fmt))
 
     def minimum_tokens(self, fmt: OutputFormat) -> int:
-        """The shortest completion of an empty output in this format, in tokens (engine.budget)."""
+        """The shortest completion of an empty output in this format, in tokens (engine.step.budget)."""
         return self.grammars.minimum_tokens(fmt, self._tokenizer.encode)
 
     def step_masks(self, drafts: list[tuple[Sequence, list[int], tuple[int, ...] | None]]
                    ) -> tuple[StepMasks | None, list[Kept]]:
         """Masks for every verified row of the constrained sequences among a step's sampling rows
         (each as (sequence, draft tokens, tree parents or None), in the step's order), None when
-        none is; and per row the draft tokens its grammar allows (engine.draft_plan keeps those)."""
+        none is; and per row the draft tokens its grammar allows (engine.step.draft_plan keeps those)."""
         offset, parts, kept = 0, [], []
         for seq, tokens, parents in drafts:
             k = len(tokens)

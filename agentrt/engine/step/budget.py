@@ -25,8 +25,8 @@ output is replaced with, instead of being returned invalid.
 
 This module is the one owner of that work and of its per-sequence state (`Closing`, on
 `Sequence.closing`; the grammar state keeps only the matcher). The step's draft plan
-(engine.draft_plan) asks it for the cap and the forced completion before a step, the grammar
-masks (engine.constraints) for a closing row's masks, the engine for the cut after a step.
+(engine.step.draft_plan) asks it for the cap and the forced completion before a step, the grammar
+masks (engine.step.constraints) for a closing row's masks, the engine for the cut after a step.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from typing import Callable
 
 import torch
 
-from agentrt.engine.sequence import Sequence
+from agentrt.engine.step.sequence import Sequence
 
 # Tokens left below which the completion is kept at hand: CLOSING_WINDOW, or WINDOW_FACTOR times
 # the longest completion seen (the schema's minimum to begin with), whichever is more; a search

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from agentrt.engine.kv.block_manager import BlockManager
-from agentrt.engine.sequence import SeqStatus, Sequence
+from agentrt.engine.step.sequence import SeqStatus, Sequence
 
 
 @dataclass(frozen=True)

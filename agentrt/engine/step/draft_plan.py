@@ -6,11 +6,11 @@ One plan per step, made in this order, each stage reading only what the stages b
    draft is emitted too, hence - 1), and no more than the KV slots its blocks already reserve
    plus an even share of the free blocks (`draft_limits`).
 2. budget cap: a constrained row in the last stretch of max_tokens keeps room for the
-   completion that ends its output valid (engine.budget.draft_cap).
+   completion that ends its output valid (engine.step.budget.draft_cap).
 3. propose: the drafter's drafts within those limits, their depth chosen by the k controller
    (SpecRunner.propose); a row forcing its completion proposes nothing.
 4. force: with speculation on, a row forcing its completion feeds the completion as its draft,
-   accepted by construction (engine.budget.forced_draft).
+   accepted by construction (engine.step.budget.forced_draft).
 5. fit to KV: drafts cut to the blocks free in turn, in row order (`fit_to_kv`: the share in 1
    is a first guess, and the controller may give one row more than its share when others draft
    less); drafts never preempt anyone.
@@ -28,12 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from agentrt.engine import budget
+from agentrt.engine.step import budget
 from agentrt.engine.kv.block_manager import BlockManager
-from agentrt.engine.constraints import Constraints, StepMasks
-from agentrt.engine.spec_runner import DraftStep, SpecRunner
-from agentrt.engine.step_rows import NO_DRAFT, RowDraft, StepRow
-from agentrt.engine.step_tree import kept_tree
+from agentrt.engine.step.constraints import Constraints, StepMasks
+from agentrt.engine.step.spec_runner import DraftStep, SpecRunner
+from agentrt.engine.step.step_rows import NO_DRAFT, RowDraft, StepRow
+from agentrt.engine.step.step_tree import kept_tree
 from agentrt.spec.arithmetic import expected_accepted
 
 

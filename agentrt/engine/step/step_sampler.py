@@ -31,10 +31,10 @@ import torch
 
 from agentrt.decoding.penalties import penalize
 from agentrt.decoding.sampling import position_uniforms, process_logits, sample_from_probs
-from agentrt.engine.constraints import StepMasks, greedy_tokens
+from agentrt.engine.step.constraints import StepMasks, greedy_tokens
 from agentrt.engine.outputs import TokenLogprob
-from agentrt.engine.step_rows import StepRow
-from agentrt.engine.step_tree import chain_parents, row_output_offsets
+from agentrt.engine.step.step_rows import StepRow
+from agentrt.engine.step.step_tree import chain_parents, row_output_offsets
 from agentrt.kernels.backend import KernelBackend
 from agentrt.spec.tree_verify import verify_tree_greedy
 from agentrt.spec.verify import VerifyResult, verify_drafts, verify_greedy
