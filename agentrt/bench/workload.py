@@ -146,7 +146,7 @@ async def run_policy(policy: Policy, loaded, cost_model, examples: dict[str, Any
         # each program's completion time counts from its own submit (ProgramStats)
         results = await asyncio.gather(*(start(i, name, inputs) for i, (name, inputs) in enumerate(workload(n_programs))))
         t_end = time.monotonic()
-        stats = [rt.programs[r.run_id].stats for r in results]
+        stats = [rt.runs[r.run_id].stats for r in results]
     finally:
         await rt.aclose()
         await rt.tools.aclose()

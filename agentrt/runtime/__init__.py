@@ -14,12 +14,12 @@ from agentrt.runtime.engine_backend import EngineBackend
 from agentrt.runtime.phases import PHASES
 from agentrt.runtime.policy import (FCFSPolicy, KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
-from agentrt.runtime.runtime import ProgramHandle, RunResult, Runtime
+from agentrt.runtime.runtime import RunHandle, RunResult, Runtime
 from agentrt.runtime.scripted import ScriptedBackend
 from agentrt.runtime.trace import Span, Trace, read_trace
 
 __all__ = [
     "PHASES", "EngineBackend", "EngineStep", "FCFSPolicy", "KVHoldPolicy", "LASPolicy", "LLMBackend", "LLMRequest",
-    "LLMResponse", "LLMStepEvent", "NodeContext", "NodeIdentity", "ProgramHandle", "ProgramStats", "RunResult",
+    "LLMResponse", "LLMStepEvent", "NodeContext", "NodeIdentity", "RunHandle", "ProgramStats", "RunResult",
     "Runtime", "SchedulingPolicy", "ScriptedBackend", "Span", "Trace", "Usage", "policy_from_name", "read_trace",
 ]

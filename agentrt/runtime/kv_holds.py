@@ -14,12 +14,12 @@ from agentrt.runtime.node_state import NodeState
 
 if TYPE_CHECKING:
     from agentrt.runtime.node_events import NodeEnv
-    from agentrt.runtime.program_state import ProgramState
+    from agentrt.runtime.run_state import RunState
 
 HOLD_COUNTERS = {"hit": "kv_hold_hits", "miss": "kv_hold_misses", "unused": "kv_hold_unused"}
 
 
-def tool_stall_s(env: NodeEnv, ps: ProgramState, node: str, spec: LLMSpec, value: Any) -> float | None:
+def tool_stall_s(env: NodeEnv, ps: RunState, node: str, spec: LLMSpec, value: Any) -> float | None:
     """Expected seconds this program waits on tools after `node` before its next LLM call
     (consecutive tools add up, parallel ones take the max), or None when no tool follows: a
     tool-call node that answered in text, or a node with no tool after it."""
@@ -45,7 +45,7 @@ def tool_stall_s(env: NodeEnv, ps: ProgramState, node: str, spec: LLMSpec, value
     return wait(node) if tools_follow else None
 
 
-def hold_kv(env: NodeEnv, ps: ProgramState, ns: NodeState, spec: LLMSpec, value: Any, response: Any) -> None:
+def hold_kv(env: NodeEnv, ps: RunState, ns: NodeState, spec: LLMSpec, value: Any, response: Any) -> None:
     """Pin this call's KV while the program waits on the tool(s) that follow it, with a
     time-to-live from their observed latency (see KVHoldPolicy)."""
     if env.kv_hold is None:
@@ -67,7 +67,7 @@ def hold_kv(env: NodeEnv, ps: ProgramState, ns: NodeState, spec: LLMSpec, value:
     ns.attributes["agentrt.kv.hold_ttl_s"] = round(ttl, 4)
 
 
-def settle_holds(env: NodeEnv, ps: ProgramState, ns: NodeState, response: Any) -> None:
+def settle_holds(env: NodeEnv, ps: RunState, ns: NodeState, response: Any) -> None:
     """The outcome of the program's KV holds this call continues (it descends from the held
     node): hit when the engine reused every block the call shares with the held tokens, miss when
     it reused fewer (evicted meanwhile), unused when the call shares no full block with them."""

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from agentrt.runtime.backend import LLMBackend, LLMRequest, LLMResponse, LLMStepEvent
     from agentrt.runtime.node_state import Outcome
     from agentrt.runtime.policy import KVHoldPolicy, SchedulingPolicy
-    from agentrt.runtime.program_state import ProgramState
+    from agentrt.runtime.run_state import RunState
     from agentrt.runtime.trace import Trace
     from agentrt.runtime.trace_content import TraceContent
     from agentrt.tools import ToolRegistry
@@ -246,7 +246,7 @@ class NodeEnv:
     clock: Trace
     events: NodeEvents
     content: TraceContent
-    start_streamed: Callable[[ProgramState, str], None]
+    start_streamed: Callable[[RunState, str], None]
     max_tokens: int | None = None
     stream_outputs: bool = True
     prefill_ahead: bool = True

@@ -32,7 +32,7 @@ from agentrt.runtime.trace import new_id
 from agentrt.runtime.values import OutputParseError, node_value
 
 if TYPE_CHECKING:
-    from agentrt.runtime.program_state import ProgramState
+    from agentrt.runtime.run_state import RunState
 
 
 @dataclass
@@ -56,20 +56,20 @@ class InputAnswer:
     at: float
 
 
-def next_is_tool(ps: ProgramState, node: str, spec: LLMSpec) -> bool:
+def next_is_tool(ps: RunState, node: str, spec: LLMSpec) -> bool:
     """Whether a tool call follows this LLM call (so its KV could be held across the tool)."""
     graph = ps.run.graph
     return isinstance(spec.output, ToolCall) or any(graph.nodes[s]["kind"] == "tool" for s in graph.successors(node))
 
 
-def is_continued(ps: ProgramState, node: str) -> bool:
+def is_continued(ps: RunState, node: str) -> bool:
     """Whether a later LLM call continues this call's conversation (LLMSpec.continues), so the
     messages it sent must be kept for that call to replay."""
     graph = ps.run.graph
     return any(getattr(graph.nodes[s]["spec"], "continues", None) == node for s in graph.successors(node))
 
 
-def path_service(ps: ProgramState, node: str) -> tuple[float, int]:
+def path_service(ps: RunState, node: str) -> tuple[float, int]:
     """LLM service (engine seconds, tokens) along the heaviest path of nodes leading into `node`
     (itself excluded); each maximised on its own."""
     graph, own_s, own_t = ps.run.graph, ps.stats.node_service_s, ps.stats.node_tokens
@@ -104,7 +104,7 @@ class LLMCall:
     charged to the program and may re-prioritize the call; each piece of text becomes a node event
     and, for JSON outputs, final top-level members streamed to the nodes that wait on them."""
 
-    def __init__(self, env: NodeEnv, ps: ProgramState, ns: NodeState, spec: LLMSpec, response_format: dict[str, Any]):
+    def __init__(self, env: NodeEnv, ps: RunState, ns: NodeState, spec: LLMSpec, response_format: dict[str, Any]):
         self.env, self.ps, self.ns = env, ps, ns
         self.follows_tool = next_is_tool(ps, ns.node, spec)
         self.ctx = NodeContext(ps.run_id, ns.node, ps.run.critical_path_length(ns.node), self.follows_tool,
@@ -193,7 +193,7 @@ class LLMCall:
                 self.env.start_streamed(self.ps, self.ns.node)
 
 
-def mark_early_calls(ps: ProgramState, llm_node: str, end: float) -> None:
+def mark_early_calls(ps: RunState, llm_node: str, end: float) -> None:
     """The LLM node ended at `end`: each tool it started early (on a call or members it had
     streamed) gets how long before that end it started (agentrt.started_before_caller_end_s)."""
     if ps.nodes[llm_node].kind != "llm":
@@ -204,7 +204,7 @@ def mark_early_calls(ps: ProgramState, llm_node: str, end: float) -> None:
             ns.attributes["agentrt.started_before_caller_end_s"] = round(max(0.0, end - started), 6)
 
 
-def response_outcome(env: NodeEnv, ps: ProgramState, ns: NodeState, response_format: dict[str, Any],
+def response_outcome(env: NodeEnv, ps: RunState, ns: NodeState, response_format: dict[str, Any],
                      response: LLMResponse) -> Outcome:
     """The node's value from the response, or why it failed (its error text within the content
     policy: a redacting one keeps the model's output out of it)."""
@@ -227,7 +227,7 @@ def response_outcome(env: NodeEnv, ps: ProgramState, ns: NodeState, response_for
     return Outcome(True, value)
 
 
-async def run_recorded(env: NodeEnv, ps: ProgramState, ns: NodeState) -> Outcome:
+async def run_recorded(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
     """A resumed run's node whose outcome the store recorded: that outcome, without running it."""
     rec = ps.recorded.outcomes[ns.node]
     ns.attributes["agentrt.replayed"] = True
@@ -237,7 +237,7 @@ async def run_recorded(env: NodeEnv, ps: ProgramState, ns: NodeState) -> Outcome
     return Outcome(True, rec.value) if rec.ok else Outcome.failed(rec.error or "failed", rec.error_type or "error")
 
 
-def sampling_seed(env: NodeEnv, ps: ProgramState, ns: NodeState, spec: LLMSpec) -> int | None:
+def sampling_seed(env: NodeEnv, ps: RunState, ns: NodeState, spec: LLMSpec) -> int | None:
     """With a store, a sampled LLM node draws with a seed it records, so that a resume that
     generates it again draws the same tokens; the seed it recorded when it was interrupted."""
     if not env.records_seeds or spec.temperature == 0:
@@ -248,7 +248,7 @@ def sampling_seed(env: NodeEnv, ps: ProgramState, ns: NodeState, spec: LLMSpec) 
     return int(seed) if seed is not None else random.getrandbits(62)
 
 
-async def run_llm(env: NodeEnv, ps: ProgramState, ns: NodeState) -> Outcome:
+async def run_llm(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
     """render the prompt -> send the call -> record usage and α -> keep what a later call replays
     and settle KV holds -> the value -> hold KV across the tool that follows."""
     spec: LLMSpec = ps.run.spec(ns.node)
@@ -281,7 +281,7 @@ async def run_llm(env: NodeEnv, ps: ProgramState, ns: NodeState) -> Outcome:
     return outcome
 
 
-async def run_input(env: NodeEnv, ps: ProgramState, ns: NodeState) -> Outcome:
+async def run_input(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
     """A wait_for node: wait (nothing running) until Runtime.provide_input gives its value. Its
     span keeps the question, the schema, the value and who gave it, when and how."""
     spec: WaitForSpec = ps.run.spec(ns.node)
@@ -309,7 +309,7 @@ async def run_input(env: NodeEnv, ps: ProgramState, ns: NodeState) -> Outcome:
     return Outcome(True, answer.value)
 
 
-def interrupted_tool(env: NodeEnv, ps: ProgramState, ns: NodeState, spec: ToolSpec) -> Outcome | None:
+def interrupted_tool(env: NodeEnv, ps: RunState, ns: NodeState, spec: ToolSpec) -> Outcome | None:
     """A resumed run's tool node that was running when the process stopped: it runs again only
     if the tool is idempotent; otherwise it may or may not have taken effect, and it fails."""
     if ps.recorded is None or ns.node not in ps.recorded.interrupted or env.tools.get(spec.tool).idempotent:
@@ -319,7 +319,7 @@ def interrupted_tool(env: NodeEnv, ps: ProgramState, ns: NodeState, spec: ToolSp
                           "interrupted")
 
 
-async def run_tool(env: NodeEnv, ps: ProgramState, ns: NodeState) -> Outcome:
+async def run_tool(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
     spec: ToolSpec = ps.run.spec(ns.node)
     clock, events = env.clock, env.events
     if (stopped := interrupted_tool(env, ps, ns, spec)) is not None:

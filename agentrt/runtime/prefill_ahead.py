@@ -26,7 +26,7 @@ from agentrt.runtime.node_events import NodePhase
 
 if TYPE_CHECKING:
     from agentrt.runtime.node_events import NodeEnv
-    from agentrt.runtime.program_state import ProgramState
+    from agentrt.runtime.run_state import RunState
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +36,7 @@ MARKER = "\x00agentrt:prefill-ahead\x00"
 DEFAULT_TTL_S = 30.0  # a pin's time-to-live when the runtime holds no KV otherwise (kv_hold off)
 
 
-def waits_on_running_tool(ps: ProgramState, node: str) -> list[str]:
+def waits_on_running_tool(ps: RunState, node: str) -> list[str]:
     """The running tool nodes this pending LLM node waits on directly (empty: not a candidate)."""
     ns = ps.nodes.get(node)
     if ns is None or ns.kind != "llm" or ns.status != "pending":
@@ -49,7 +49,7 @@ def waits_on_running_tool(ps: ProgramState, node: str) -> list[str]:
     return tools
 
 
-def start_prefill_ahead(env: NodeEnv, ps: ProgramState) -> None:
+def start_prefill_ahead(env: NodeEnv, ps: RunState) -> None:
     """Start a prefill-ahead for each pending LLM node that waits on a running tool and has a
     known prompt start (at most one per node)."""
     backend_ahead = getattr(env.backend, "prefill_ahead", None)
@@ -79,7 +79,7 @@ def start_prefill_ahead(env: NodeEnv, ps: ProgramState) -> None:
         ps.ahead[node] = task
 
 
-def cancel_prefill_ahead(ps: ProgramState, node: str | None = None) -> None:
+def cancel_prefill_ahead(ps: RunState, node: str | None = None) -> None:
     """Cancel the node's prefill-ahead (all of the run's when node is None): the node starts, or
     the run ends. Its computed blocks stay in the prefix cache."""
     for n in [node] if node is not None else list(ps.ahead):
@@ -92,7 +92,7 @@ def _estimate(env: NodeEnv, tool: str) -> float:
     return env.kv_hold.estimate(tool) if env.kv_hold is not None else DEFAULT_TTL_S
 
 
-async def _run(env: NodeEnv, ps: ProgramState, node: str, request: LLMRequest, ttl_s: float) -> None:
+async def _run(env: NodeEnv, ps: RunState, node: str, request: LLMRequest, ttl_s: float) -> None:
     ns = ps.nodes[node]
     computed = 0
 

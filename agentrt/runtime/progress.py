@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from agentrt.runtime.program_state import ProgramState
+    from agentrt.runtime.run_state import RunState
 
 
 @dataclass(frozen=True)
@@ -39,7 +39,7 @@ class Progress:
     stalls: tuple[Stall, ...]
 
 
-def blockers(ps: ProgramState, node: str) -> list[str]:
+def blockers(ps: RunState, node: str) -> list[str]:
     """The running calls `node` waits on, directly or through unfinished nodes."""
     graph, seen, found = ps.run.graph, {node}, []
     stack = list(graph.predecessors(node))
@@ -59,7 +59,7 @@ def blockers(ps: ProgramState, node: str) -> list[str]:
     return sorted(found)
 
 
-def progress(ps: ProgramState, now: float) -> Progress:
+def progress(ps: RunState, now: float) -> Progress:
     running, stalls = [], []
     for node, ns in ps.nodes.items():
         if ns.active:

@@ -1,5 +1,5 @@
-"""A program run's state inside the runtime (ProgramState), the handle a caller holds
-(ProgramHandle) and how a run ended (RunResult)."""
+"""A run's live state inside the runtime (RunState), the handle a caller holds (RunHandle) and
+how a run ended (RunResult)."""
 from __future__ import annotations
 
 import asyncio
@@ -10,7 +10,7 @@ from agentrt.dag import CompiledProgram, ProgramRun
 from agentrt.runtime.node_exec import InputWait
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.policy import ProgramStats
-from agentrt.runtime.store import Recorded, StoreUnavailable
+from agentrt.runtime.store import RecordedNodes, StoreUnavailable
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class RunResult:
 
 
 @dataclass
-class ProgramState:
+class RunState:
     run_id: str
     trace_id: str
     program: CompiledProgram
@@ -59,15 +59,15 @@ class ProgramState:
     holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
     ahead: dict[str, asyncio.Task] = field(default_factory=dict)  # LLM node -> its prefill-ahead (prefill_ahead.py)
     sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
-    recorded: Recorded | None = None  # a resumed run: what the store recorded of it
+    recorded: RecordedNodes | None = None  # a resumed run: what the store recorded of it
     waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value
     interrupted: bool = False  # stopped by Runtime.interrupt or by its store going away: it stays resumable
 
 
-class ProgramHandle:
+class RunHandle:
     """A submitted program run: await it (or `await handle.wait()`) for its RunResult."""
 
-    def __init__(self, state: ProgramState) -> None:
+    def __init__(self, state: RunState) -> None:
         self.state = state
 
     @property
@@ -123,7 +123,7 @@ def loop_attributes(run: ProgramRun, node: str) -> dict[str, Any]:
     return out
 
 
-def program_record(ps: ProgramState, end: float, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+def program_record(ps: RunState, end: float, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The trace's program record of a run, as it stands at `end` (a finished run's, or a snapshot's)."""
     return {"type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
             "start": round(ps.start, 6), "end": round(end, 6), "status": status, "error": error,

@@ -31,12 +31,12 @@ from agentrt.runtime.node_events import (GraphChanged, NodeEnv, NodeEvents, Node
 from agentrt.runtime.node_exec import (InputAnswer, InputWait, charge, mark_early_calls, run_input, run_llm,
                                         run_recorded, run_tool)
 from agentrt.runtime.node_state import NodeState, Outcome
-from agentrt.runtime.program_state import (ProgramHandle, ProgramState, RunResult, loop_attributes, program_record,
+from agentrt.runtime.run_state import (RunHandle, RunState, RunResult, loop_attributes, program_record,
                                            task_outcome)
 from agentrt.runtime.prefill_ahead import cancel_prefill_ahead, start_prefill_ahead
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
-from agentrt.runtime.store import Recorded, RunStore, StoreUnavailable
+from agentrt.runtime.store import RecordedNodes, RunStore, StoreUnavailable
 from agentrt.runtime.subscribers import LiveFeed, node_subscribers
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.runtime.trace_content import REDACTED_ATTR, TraceContent
@@ -85,13 +85,13 @@ class Runtime:
         self.store = store
         self.trace_content = trace_content or TraceContent()
         self.prefill_ahead = prefill_ahead
-        self.programs: dict[str, ProgramState] = {}
+        self.runs: dict[str, RunState] = {}  # program runs in this runtime, by run id
         self.calls: dict[str, ProgramStats] = {}  # single LLM calls in flight (complete()), by call id
         self._unsubscribe = None
         # what happens in runs goes out as node events (node_events.py) to their subscribers
         self.live = LiveFeed(self.trace)
         recorder, subscribers = node_subscribers(store, self.trace_content,
-                                                 lambda run_id, node: self.programs[run_id].nodes[node].attributes,
+                                                 lambda run_id, node: self.runs[run_id].nodes[node].attributes,
                                                  self.live)
         self.events = NodeEvents(subscribers, lambda: self.live.watched)
         self.env = NodeEnv(backend, self.tools, self.policy, self.kv_hold, self.trace, self.events,
@@ -110,8 +110,8 @@ class Runtime:
 
     # -- submitting --
     def submit(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
-               run_id: str | None = None, priority: float = 0.0, resume: Recorded | None = None,
-               program_hash: str | None = None, metadata: Mapping[str, str] | None = None) -> ProgramHandle:
+               run_id: str | None = None, priority: float = 0.0, resume: RecordedNodes | None = None,
+               program_hash: str | None = None, metadata: Mapping[str, str] | None = None) -> RunHandle:
         """Start a run (needs a running event loop). Bad inputs raise ProgramRunError; a tool the
         program declares but the registry lacks raises RunConfigError, both before anything runs.
         priority: added to every engine priority the policy gives the run (smaller runs sooner).
@@ -127,23 +127,23 @@ class Runtime:
             raise RunConfigError(f"program '{compiled.name}' declares tool(s) {', '.join(missing)} with no "
                                  f"implementation in the runtime's tools (registered: {have})")
         run_id = run_id or f"{compiled.name}-{new_id(3)}"
-        if run_id in self.programs:
+        if run_id in self.runs:
             raise RunConfigError(f"run id '{run_id}' is already used in this runtime")
         run = compiled.start(inputs)
         now = self.trace.now()
-        ps = ProgramState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now,
+        ps = RunState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now,
                           priority=float(priority), recorded=resume)
         ps.stats.critical_path = run.critical_path_length()
         self.events.emit(RunSubmitted(run_id, compiled, dict(inputs), ps.priority, resume is not None, program_hash,
                                       metadata))
-        self.programs[run_id] = ps
+        self.runs[run_id] = ps
         self._subscribe_lane()
         ps.task = asyncio.get_running_loop().create_task(self._drive(ps, dict(inputs)), name=f"agentrt:{run_id}")
-        return ProgramHandle(ps)
+        return RunHandle(ps)
 
     def waiting_for(self, run_id: str) -> dict[str, InputWait]:
         """The wait_for nodes of a run that wait for their value now, by node id."""
-        ps = self.programs.get(run_id)
+        ps = self.runs.get(run_id)
         return dict(ps.waiting) if ps is not None else {}
 
     def provide_input(self, run_id: str, node: str, value: Any, *, by: str | None = None, via: str = "python") -> None:
@@ -152,7 +152,7 @@ class Runtime:
         server says "http", `agentrt run` "terminal" or "--answer"). Raises RunConfigError when
         the run is not waiting at that node, InputValueError when the value does not meet its
         schema (the run keeps waiting)."""
-        ps = self.programs.get(run_id)
+        ps = self.runs.get(run_id)
         wait = ps.waiting.get(node) if ps is not None else None
         if wait is None:
             waiting = ", ".join(sorted(ps.waiting)) if ps is not None and ps.waiting else "none"
@@ -170,13 +170,13 @@ class Runtime:
     def interrupt(self, run_id: str) -> None:
         """Stop a run without ending it in the store (a server shutting down): its nodes in flight
         are cancelled, and a later resume picks it up where the store says it was."""
-        ps = self.programs.get(run_id)
+        ps = self.runs.get(run_id)
         if ps is not None and ps.task is not None and not ps.task.done():
             ps.interrupted = True
             ps.task.cancel()
 
     async def run(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
-                  run_id: str | None = None, resume: Recorded | None = None,
+                  run_id: str | None = None, resume: RecordedNodes | None = None,
                   program_hash: str | None = None, metadata: Mapping[str, str] | None = None) -> RunResult:
         """Submit and wait; cancelling the caller cancels the run."""
         handle = self.submit(program, inputs, run_id=run_id, resume=resume, program_hash=program_hash,
@@ -196,7 +196,7 @@ class Runtime:
         request.node.run_id names the call; request.priority is ignored. on_logprobs goes to
         backends that report token logprobs as they stream (EngineBackend)."""
         call_id = request.node.run_id
-        if call_id in self.calls or call_id in self.programs:
+        if call_id in self.calls or call_id in self.runs:
             raise RunConfigError(f"call id '{call_id}' is already used in this runtime")
         stats = ProgramStats(call_id, request.node.program, self.trace.now(), critical_path=1.0, llm_calls=1)
         ctx = NodeContext(call_id, request.node.node, 1.0, False)
@@ -234,18 +234,18 @@ class Runtime:
         """A finished run's trace records (Trace.run_records), after which the runtime forgets the
         run and the engine steps no run in flight still needs: a long-lived runtime (a server)
         keeps only what is going on."""
-        ps = self.programs.get(run_id)
+        ps = self.runs.get(run_id)
         if ps is None or ps.result is None:
             raise RunConfigError(f"run '{run_id}' is not a finished run of this runtime")
         records = self.trace.run_records(run_id)
-        del self.programs[run_id]
+        del self.runs[run_id]
         self.trace.forget([run_id], steps_before=self._oldest_in_flight())
         return records
 
     def _oldest_in_flight(self) -> float:
         """When the oldest run or call still here started (trace clock): engine steps that ended
         before it are in no trace still to be written."""
-        return min([p.start for p in self.programs.values()] + [s.started for s in self.calls.values()],
+        return min([p.start for p in self.runs.values()] + [s.started for s in self.calls.values()],
                    default=self.trace.now())
 
     def run_snapshot(self, run_id: str) -> list[dict[str, Any]]:
@@ -253,7 +253,7 @@ class Runtime:
         for one still going, the spans of the nodes that finished and a program record whose
         status is "running" or "waiting" and whose end is now. The nodes still running or
         waiting are not in it: the caller shows them from the live state."""
-        ps = self.programs.get(run_id)
+        ps = self.runs.get(run_id)
         if ps is None:
             raise RunConfigError(f"run '{run_id}' is not a run of this runtime")
         if ps.result is not None:
@@ -265,7 +265,7 @@ class Runtime:
 
     async def aclose(self) -> None:
         """Cancel runs still going, stop listening to the engine, close the trace."""
-        tasks = [ps.task for ps in self.programs.values() if ps.task is not None and not ps.task.done()]
+        tasks = [ps.task for ps in self.runs.values() if ps.task is not None and not ps.task.done()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -285,7 +285,7 @@ class Runtime:
             self._unsubscribe = self.backend.subscribe_steps(self.trace.add_engine_step)
 
     # -- driving one run --
-    async def _drive(self, ps: ProgramState, inputs: dict[str, Any]) -> RunResult:
+    async def _drive(self, ps: RunState, inputs: dict[str, Any]) -> RunResult:
         failed_node = error = None
         self.events.emit(RunStarted(ps.run_id, ps.program.name, inputs, ps.run))
         try:
@@ -314,7 +314,7 @@ class Runtime:
             await self._cancel_inflight(ps)
         return self._finish(ps, status, failed_node, error, inputs)
 
-    def _report(self, ps: ProgramState, node: str, outcome: Outcome) -> None:
+    def _report(self, ps: RunState, node: str, outcome: Outcome) -> None:
         """Tell the ProgramRun how a node ended. Raises ProgramRunError when that ends the run
         (an output the node's spec rejects fails the node itself)."""
         ns = ps.nodes[node]
@@ -338,23 +338,23 @@ class Runtime:
         self._emit_finished(ps, ns, outcome.value)
         self._sync_nodes(ps)
 
-    def _emit_finished(self, ps: ProgramState, ns: NodeState, value: Any) -> None:
+    def _emit_finished(self, ps: RunState, ns: NodeState, value: Any) -> None:
         self.events.emit(NodeFinished(ps.run_id, ns.node, ns.kind, ns.status, value if ns.status == "ok" else None,
                                       ns.error, bool(ns.attributes.get("agentrt.replayed"))))
 
-    def start_streamed(self, ps: ProgramState, llm_node: str) -> None:
+    def start_streamed(self, ps: RunState, llm_node: str) -> None:
         """Start what llm_node's streamed output made ready (tools reading its final members,
         fan-out branches over its items) while it is still generating."""
         self._sync_nodes(ps)
         self._start_ready(ps, ps.run.ready(), cause=llm_node)
 
-    def _idempotent(self, ps: ProgramState, node: str) -> bool:
+    def _idempotent(self, ps: RunState, node: str) -> bool:
         try:
             return self.tools.get(ps.run.spec(node).tool).idempotent
         except UnknownToolError:  # it fails, naming the tool, when it runs after its input ends
             return False
 
-    def _start_ready(self, ps: ProgramState, nodes: list[str], cause: str | None) -> None:
+    def _start_ready(self, ps: RunState, nodes: list[str], cause: str | None) -> None:
         for node in nodes:
             ns = ps.nodes[node]
             if ps.run.is_early(node):
@@ -382,7 +382,7 @@ class Runtime:
             task.add_done_callback(ps.ended.put_nowait)
         start_prefill_ahead(self.env, ps)
 
-    def _sync_nodes(self, ps: ProgramState) -> None:
+    def _sync_nodes(self, ps: RunState) -> None:
         """Track the run's LLM, tool and wait_for nodes: new ones (fan-out branches, loop steps)
         start waiting now; those of a branch case not taken leave."""
         graph, now = ps.run.graph, self.trace.now()
@@ -396,7 +396,7 @@ class Runtime:
             del ps.nodes[node]
         self.events.emit(GraphChanged(ps.run_id, ps.run))
 
-    async def _cancel_inflight(self, ps: ProgramState) -> None:
+    async def _cancel_inflight(self, ps: RunState) -> None:
         """Cancel the run's nodes in flight and wait for them; nodes that had ended but were not
         reported (the run failed first) keep their own outcome."""
         cancel_prefill_ahead(ps)
@@ -416,7 +416,7 @@ class Runtime:
             pending = [t for t in pending if not t.done()]
         ps.inflight.clear()
 
-    def _finish(self, ps: ProgramState, status: str, failed_node: str | None, error: str | None,
+    def _finish(self, ps: RunState, status: str, failed_node: str | None, error: str | None,
                 inputs: dict[str, Any]) -> RunResult:
         end = self.trace.now()
         for ns in ps.nodes.values():
@@ -442,9 +442,9 @@ class Runtime:
         return ps.result
 
     def _reprioritize(self) -> None:
-        running = [ps.stats for ps in self.programs.values() if ps.status == "running"]
+        running = [ps.stats for ps in self.runs.values() if ps.status == "running"]
         for run_id, priority in self.policy.reprioritize(running).items():
-            ps = self.programs.get(run_id)
+            ps = self.runs.get(run_id)
             if ps is None:
                 continue
             for node in ps.inflight.values():

@@ -14,7 +14,7 @@ Resuming a run re-executes its program with what the store recorded: a node whos
 recorded takes it instead of running (fan-out branches and loop steps get the same ids again,
 since expansion depends only on recorded values); a node that was running when the process
 stopped runs again (LLM nodes with the seed they recorded), unless it is a tool that is not
-idempotent, which fails naming the node (`Recorded`).
+idempotent, which fails naming the node (`RecordedNodes`).
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from agentrt.runtime.store_api import (  # noqa: F401 - the store's names, importable from here as before
-    ENDED, JSON_RUN_FIELDS, RUN_FIELDS, UNFINISHED, NodeChange, Recorded, RecordedOutcome, RunStore, StoredRun,
+    ENDED, JSON_RUN_FIELDS, RUN_FIELDS, UNFINISHED, NodeChange, RecordedNodes, RecordedOutcome, RunStore, StoredRun,
     StoreError, StoreUnavailable, ToolAttempt, args_hash, check_run_fields, doomed_runs, file_hash, to_json)
 from agentrt.runtime.store_location import PostgresLocation, StoreLocation, store_location, store_path
 
@@ -178,8 +178,8 @@ class SQLiteRunStore:
             "SELECT node, attempt, status, args_hash, started, finished, error_kind, error, backoff_s, not_retried "
             "FROM tool_attempts WHERE run_id = ? ORDER BY rowid", (run_id,))]
 
-    def recorded(self, run_id: str) -> Recorded:
-        return Recorded.from_changes(self.node_changes(run_id))
+    def recorded(self, run_id: str) -> RecordedNodes:
+        return RecordedNodes.from_changes(self.node_changes(run_id))
 
     # -- events --
     def add_event(self, run_id: str, event_id: int, type: str, data: Any) -> None:

@@ -145,15 +145,16 @@ class RecordedOutcome:
 
 
 @dataclass
-class Recorded:
-    """What a resumed run takes from the store."""
+class RecordedNodes:
+    """What the store recorded of a run's nodes, replayed from its node changes: what a resumed
+    run takes instead of running them again."""
 
     outcomes: dict[str, RecordedOutcome] = field(default_factory=dict)  # finished nodes
     interrupted: set[str] = field(default_factory=set)  # running when the process stopped
     seeds: dict[str, int] = field(default_factory=dict)  # LLM node -> the sampling seed it used
 
     @classmethod
-    def from_changes(cls, changes: Iterable[NodeChange]) -> Recorded:
+    def from_changes(cls, changes: Iterable[NodeChange]) -> RecordedNodes:
         """Replay a run's node changes in the order they were recorded."""
         rec = cls()
         for ch in changes:
@@ -194,7 +195,7 @@ class RunStore(Protocol):
 
     def node_changes(self, run_id: str) -> list[NodeChange]: ...
     def tool_attempts(self, run_id: str) -> list[ToolAttempt]: ...
-    def recorded(self, run_id: str) -> Recorded: ...
+    def recorded(self, run_id: str) -> RecordedNodes: ...
     def add_event(self, run_id: str, event_id: int, type: str, data: Any) -> None: ...
     def events(self, run_id: str) -> list[tuple[int, str, dict[str, Any]]]: ...
     def prune(self, *, older_than_s: float | None = None, keep: int | None = None) -> list[str]: ...

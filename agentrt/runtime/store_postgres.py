@@ -38,7 +38,7 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
-from agentrt.runtime.store_api import (ENDED, RUN_FIELDS, NodeChange, Recorded, StoredRun, StoreError,
+from agentrt.runtime.store_api import (ENDED, RUN_FIELDS, NodeChange, RecordedNodes, StoredRun, StoreError,
                                        StoreUnavailable, ToolAttempt, check_run_fields, doomed_runs, json_text)
 from agentrt.runtime.store_leases import LEASE_MIGRATION, LeaseStore
 from agentrt.runtime.store_location import redact_url
@@ -254,8 +254,8 @@ class PostgresRunStore(LeaseStore):
         return [ToolAttempt(*row) for row in self._fetch(
             f"SELECT {', '.join(_TOOL_ATTEMPT_FIELDS)} FROM tool_attempts WHERE run_id = %s ORDER BY seq", (run_id,))]
 
-    def recorded(self, run_id: str) -> Recorded:
-        return Recorded.from_changes(self.node_changes(run_id))
+    def recorded(self, run_id: str) -> RecordedNodes:
+        return RecordedNodes.from_changes(self.node_changes(run_id))
 
     # -- events --
     def add_event(self, run_id: str, event_id: int, type: str, data: Any) -> None:

@@ -256,7 +256,7 @@ async def run_events(request: web.Request) -> web.StreamResponse:
 def _trace_records(runs: RunManager, run: ServedRun) -> list[dict[str, Any]]:
     """An ended run's trace file; for a run still going, its trace as it stands (the nodes that
     finished, and the program record with its status now)."""
-    if not run.ended and run.run_id in runs.runtime.programs:
+    if not run.ended and run.run_id in runs.runtime.runs:
         return runs.runtime.run_snapshot(run.run_id)
     if not run.ended and run.remote:
         raise ApiError(409, f"run '{run.run_id}' runs on another replica, which serves its trace so far "

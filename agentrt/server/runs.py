@@ -40,7 +40,7 @@ from agentrt.errors import AgentRTError
 from agentrt.runtime.events import RunEvent
 from agentrt.runtime.loader import Example
 from agentrt.runtime.runtime import Runtime
-from agentrt.runtime.store import UNFINISHED, Recorded, RunStore, StoredRun, StoreUnavailable, file_hash
+from agentrt.runtime.store import UNFINISHED, RecordedNodes, RunStore, StoredRun, StoreUnavailable, file_hash
 from agentrt.runtime.summary import summarize
 from agentrt.runtime.trace import new_id, read_trace, write_records
 from agentrt.server.config import Limits
@@ -154,7 +154,7 @@ class RunManager:
                                 f"takes {json.dumps(schema['properties'])})", param="inputs", code="invalid_inputs")
         return {**example.default_inputs, **inputs}
 
-    async def _run(self, run: ServedRun, resume: Recorded | None = None) -> None:
+    async def _run(self, run: ServedRun, resume: RecordedNodes | None = None) -> None:
         try:
             async with self._slots:
                 if run.ended:  # cancelled while queued
@@ -196,14 +196,14 @@ class RunManager:
         if run.handle is None:  # never started: no runtime events, so say it here
             run.add_event("run_finished", {"status": status, "output": None, "error": error["message"],
                                            "failed_node": None})
-        if self.store is not None and run.run_id not in self.runtime.programs:  # else the runtime recorded it
+        if self.store is not None and run.run_id not in self.runtime.runs:  # else the runtime recorded it
             try:
                 self.store.update_run(run.run_id, status=status, ended_at=run.ended_at, output=output, error=error)
             except StoreUnavailable as e:  # it stays unfinished there: the next start takes it up again
                 log.error("run %s ended (%s) but its end is not recorded: %s", run.run_id, status, e)
         if self.replica is not None:
             self.replica.release(run.run_id)
-        records = self.runtime.release(run.run_id) if run.run_id in self.runtime.programs else None
+        records = self.runtime.release(run.run_id) if run.run_id in self.runtime.runs else None
         if records is not None:
             run.summary = summarize(records)
             try:
@@ -279,7 +279,7 @@ class RunManager:
         self.runtime.interrupt(run.run_id)
 
     def _resume_later(self, run: ServedRun) -> None:
-        if run.run_id in self.runtime.programs:
+        if run.run_id in self.runtime.runs:
             self.runtime.release(run.run_id)
         run.handle, run.store_lost = None, True
         run.task = asyncio.get_running_loop().create_task(self._resume_when_store_back(run),
@@ -407,7 +407,7 @@ class RunManager:
     def live_nodes(self, run: ServedRun) -> list[dict[str, Any]]:
         """While a run runs: each LLM/tool/wait_for node's status and current phase (null once
         the node has finished, with its duration instead)."""
-        ps = self.runtime.programs.get(run.run_id)
+        ps = self.runtime.runs.get(run.run_id)
         if ps is None:
             return []
         now = self.runtime.trace.now()

@@ -33,7 +33,7 @@ class ServedRun:
     trace_path: Path | None = None
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # (id, type, data)
     task: asyncio.Task | None = None
-    handle: Any = None  # the runtime's ProgramHandle once started
+    handle: Any = None  # the runtime's RunHandle once started
     store: RunStore | None = None  # where its events are recorded
     interrupted: bool = False  # stopped by a shutdown, to be resumed by the next start
     store_lost: bool = False  # a write of it failed (the store unavailable): stopping, resumed when it is back

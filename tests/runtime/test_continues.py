@@ -43,13 +43,13 @@ async def test_a_continued_call_reuses_the_conversation_kv(engine):
         await rt.aclose()
         backend.close()
     assert result.ok, result.error
-    sent_plan = rt.programs[result.run_id].sent["plan"]
+    sent_plan = rt.runs[result.run_id].sent["plan"]
     assert "JSON schema" in sent_plan[0]["content"]  # the engine's format instructions were recorded
     assert list(sent_plan[1:]) == list(requests["plan"].messages[1:])
     note_messages = requests["note"].messages
     assert list(note_messages[:2]) == list(sent_plan)
     assert note_messages[2]["role"] == "assistant" and note_messages[2]["content"].startswith('{"city": ')
-    assert "note" not in rt.programs[result.run_id].sent  # nothing continues it
+    assert "note" not in rt.runs[result.run_id].sent  # nothing continues it
 
     spans = {s["attributes"]["agentrt.node"]: s["attributes"] for s in rt.trace.records()
              if s["type"] == "span" and s["parent_id"] is None and "agentrt.node" in s["attributes"]}
@@ -80,7 +80,7 @@ async def test_fan_out_branches_continue_an_outer_conversation(scripted):
     notes = sorted((r for r in backend.requests if r.node.node.startswith("notes[")), key=lambda r: r.node.node)
     assert [[m["content"] for m in r.messages] for r in notes] == [
         ["Be brief.", "A haiku about rain", "Rain falls", "Its title?", "Rain", f"Now {w}."] for w in ("wet", "grey")]
-    assert sorted(rt.programs[result.run_id].sent) == ["poem", "title"]
+    assert sorted(rt.runs[result.run_id].sent) == ["poem", "title"]
 
 
 async def test_an_agent_loops_answering_step_reuses_the_kv_of_the_steps_before(engine):

@@ -331,7 +331,7 @@ async def test_cancelling_a_run_aborts_its_requests(scripted):
     result = await handle
     assert result.status == "cancelled" and backend.aborted == ["essay"]
     assert node_spans(rt)["essay"]["status"] == "cancelled"
-    assert rt.programs[handle.run_id].run.status == "running"  # the DSL run was abandoned, not failed
+    assert rt.runs[handle.run_id].run.status == "running"  # the DSL run was abandoned, not failed
 
 
 async def test_configuration_errors_are_raised_before_running(scripted):
@@ -393,7 +393,7 @@ async def test_progress_names_what_is_stalled_on_what(scripted, research_program
     backend = scripted({"split": ["q1", "q2"], "answers*summary": "s", "synthesis": "done"})
     rt = Runtime(backend, tools=[search])
     handle = rt.submit(research_program(search), {"question": "why"})
-    ps = rt.programs[handle.run_id]
+    ps = rt.runs[handle.run_id]
     async with asyncio.timeout(10):
         while "answers[1].search" not in ps.nodes or not ps.nodes["answers[1].search"].active \
                 or ps.nodes["answers[0].summary"].status != "ok":
