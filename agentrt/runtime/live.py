@@ -54,7 +54,7 @@ class LiveProgress:
 
     def render(self) -> Group:
         now = self.runtime.trace.now()
-        items = [progress(ps, now) for ps in self.runtime.runs.values()]
+        items = [progress(rs, now) for rs in self.runtime.runs.values()]
         last = self.runtime.trace.last_engine_step
         line = "" if last is None else (f"engine step {last.step}: batch {last.batch_size}, drafted {last.drafted}, "
                                         f"accepted {last.accepted}, {1000 * last.duration_s:.0f} ms")

@@ -236,7 +236,7 @@ class Dispatching:
 class NodeEnv:
     """What a node executor may use: the backend and tools it runs on, the scheduling and KV hold
     policies, the clock (the trace's), the emitter it tells what happened on, the content policy
-    (which error text leaves a node), and the runtime's options. start_streamed(ps, node) starts
+    (which error text leaves a node), and the runtime's options. start_streamed(rs, node) starts
     what a node's streamed output made ready while it still generates."""
 
     backend: LLMBackend

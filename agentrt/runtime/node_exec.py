@@ -56,23 +56,23 @@ class InputAnswer:
     at: float
 
 
-def next_is_tool(ps: RunState, node: str, spec: LLMSpec) -> bool:
+def next_is_tool(rs: RunState, node: str, spec: LLMSpec) -> bool:
     """Whether a tool call follows this LLM call (so its KV could be held across the tool)."""
-    graph = ps.run.graph
+    graph = rs.run.graph
     return isinstance(spec.output, ToolCall) or any(graph.nodes[s]["kind"] == "tool" for s in graph.successors(node))
 
 
-def is_continued(ps: RunState, node: str) -> bool:
+def is_continued(rs: RunState, node: str) -> bool:
     """Whether a later LLM call continues this call's conversation (LLMSpec.continues), so the
     messages it sent must be kept for that call to replay."""
-    graph = ps.run.graph
+    graph = rs.run.graph
     return any(getattr(graph.nodes[s]["spec"], "continues", None) == node for s in graph.successors(node))
 
 
-def path_service(ps: RunState, node: str) -> tuple[float, int]:
+def path_service(rs: RunState, node: str) -> tuple[float, int]:
     """LLM service (engine seconds, tokens) along the heaviest path of nodes leading into `node`
     (itself excluded); each maximised on its own."""
-    graph, own_s, own_t = ps.run.graph, ps.stats.node_service_s, ps.stats.node_tokens
+    graph, own_s, own_t = rs.run.graph, rs.stats.node_service_s, rs.stats.node_tokens
     memo: dict[str, tuple[float, int]] = {}
 
     def upto(n: str) -> tuple[float, int]:  # the heaviest path ending at n, n included
@@ -104,12 +104,12 @@ class LLMCall:
     charged to the program and may re-prioritize the call; each piece of text becomes a node event
     and, for JSON outputs, final top-level members streamed to the nodes that wait on them."""
 
-    def __init__(self, env: NodeEnv, ps: RunState, ns: NodeState, spec: LLMSpec, response_format: dict[str, Any]):
-        self.env, self.ps, self.ns = env, ps, ns
-        self.follows_tool = next_is_tool(ps, ns.node, spec)
-        self.ctx = NodeContext(ps.run_id, ns.node, ps.run.critical_path_length(ns.node), self.follows_tool,
-                               *path_service(ps, ns.node))
-        self.priority = env.policy.priority(ps.stats, self.ctx) + ps.priority
+    def __init__(self, env: NodeEnv, rs: RunState, ns: NodeState, spec: LLMSpec, response_format: dict[str, Any]):
+        self.env, self.rs, self.ns = env, rs, ns
+        self.follows_tool = next_is_tool(rs, ns.node, spec)
+        self.ctx = NodeContext(rs.run_id, ns.node, rs.run.critical_path_length(ns.node), self.follows_tool,
+                               *path_service(rs, ns.node))
+        self.priority = env.policy.priority(rs.stats, self.ctx) + rs.priority
         self.dynamic = getattr(env.policy, "dynamic", False)
         self.members = JsonMembers() if response_format["type"] == "json_schema" and env.stream_outputs else None
         # a call turn: each call's tool may start once its arguments close (stream_call)
@@ -118,7 +118,7 @@ class LLMCall:
             and response_format.get("tool_choice") != "none" else None
 
     def request(self, spec: LLMSpec, messages: list[dict[str, Any]], response_format: dict[str, Any]) -> LLMRequest:
-        env, ps, ns = self.env, self.ps, self.ns
+        env, rs, ns = self.env, self.rs, self.ns
         max_tokens = spec.max_tokens if env.max_tokens is None else min(spec.max_tokens, env.max_tokens)
         ns.attributes.update({
             "gen_ai.operation.name": "chat", "gen_ai.system": "agentrt", "gen_ai.request.model": env.backend.model_name,
@@ -128,54 +128,54 @@ class LLMCall:
             "agentrt.next_is_tool": self.follows_tool,
         })
         return LLMRequest(tuple(messages), response_format, max_tokens, spec.temperature,
-                          NodeIdentity(ps.run_id, ps.program.name, ns.node), self.priority,
+                          NodeIdentity(rs.run_id, rs.program.name, ns.node), self.priority,
                           {"next_is_tool": self.follows_tool, "critical_path": self.ctx.critical_path,
                            # the call whose KV this one extends (remote engines route it to that KV)
                            **({"continues": spec.continues} if spec.continues else {})},
                           sampling=dict(spec.sampling))
 
     async def send(self, request: LLMRequest) -> LLMResponse:
-        env, ps, ns = self.env, self.ps, self.ns
+        env, rs, ns = self.env, self.rs, self.ns
         ns.log.enter("queued", env.clock.now())
-        env.events.emit(NodePhase(ps.run_id, ns.node, "queued"))
-        ps.stats.llm_calls += 1
-        ps.stats.llm_in_flight += 1
+        env.events.emit(NodePhase(rs.run_id, ns.node, "queued"))
+        rs.stats.llm_calls += 1
+        rs.stats.llm_in_flight += 1
         try:
             return await env.backend.complete(request, on_step=self.on_step, on_start=self.on_start,
                                               on_text=self.on_text if self.members is not None
                                               or self.calls is not None or env.events.watched else None)
         finally:
-            ps.stats.llm_in_flight -= 1
+            rs.stats.llm_in_flight -= 1
 
     def on_start(self, handle: Any) -> None:
         self.ns.handle = handle
         self.ns.attributes["agentrt.engine.request_id"] = handle
 
     def on_step(self, ev: LLMStepEvent) -> None:
-        env, ps, ns = self.env, self.ps, self.ns
+        env, rs, ns = self.env, self.rs, self.ns
         phase = ns.log.phase
         ns.on_llm_step(ev, env.clock.at(ev.start))
         if ns.log.phase != phase:
-            env.events.emit(NodePhase(ps.run_id, ns.node, ns.log.phase))
-        env.events.emit(NodeStep(ps.run_id, ns.node, ev))
-        charge(ps.stats, ns.node, ev)
+            env.events.emit(NodePhase(rs.run_id, ns.node, ns.log.phase))
+        env.events.emit(NodeStep(rs.run_id, ns.node, ev))
+        charge(rs.stats, ns.node, ev)
         if self.dynamic and ns.handle is not None:
-            new = env.policy.priority(ps.stats, self.ctx) + ps.priority
+            new = env.policy.priority(rs.stats, self.ctx) + rs.priority
             if new != self.priority:
                 self.priority = new
                 env.backend.set_priority(ns.handle, new)
                 ns.attributes["agentrt.priority.last"] = new
 
     def on_text(self, delta: str) -> None:
-        self.env.events.emit(NodeTokens(self.ps.run_id, self.ns.node, delta))
+        self.env.events.emit(NodeTokens(self.rs.run_id, self.ns.node, delta))
         if self.calls is not None:
             self.on_call_text(delta)
         if self.members is None:
             return
         final = self.members.feed(delta)
-        if final and self.ps.run.status == "running":
-            self.ps.run.stream(self.ns.node, final)
-            self.env.start_streamed(self.ps, self.ns.node)
+        if final and self.rs.run.status == "running":
+            self.rs.run.stream(self.ns.node, final)
+            self.env.start_streamed(self.rs, self.ns.node)
 
     def on_call_text(self, delta: str) -> None:
         """A ToolCall node writes one call, or with parallel calls a list of them: once a call's
@@ -185,26 +185,26 @@ class LLMCall:
         for index, call in self.calls.feed(delta):
             if not self.parallel and (index != 0 or self.calls.kind != "object"):
                 continue
-            if self.ps.run.status == "running" and self.ps.run.stream_call(self.ns.node, call, index):
+            if self.rs.run.status == "running" and self.rs.run.stream_call(self.ns.node, call, index):
                 closed = self.calls.closed_at[index]
                 attrs.setdefault("agentrt.call_streamed_at_chars", closed)  # the first call's
                 if self.parallel:
                     attrs.setdefault("agentrt.calls_streamed_at_chars", []).append(closed)
-                self.env.start_streamed(self.ps, self.ns.node)
+                self.env.start_streamed(self.rs, self.ns.node)
 
 
-def mark_early_calls(ps: RunState, llm_node: str, end: float) -> None:
+def mark_early_calls(rs: RunState, llm_node: str, end: float) -> None:
     """The LLM node ended at `end`: each tool it started early (on a call or members it had
     streamed) gets how long before that end it started (agentrt.started_before_caller_end_s)."""
-    if ps.nodes[llm_node].kind != "llm":
+    if rs.nodes[llm_node].kind != "llm":
         return
-    for ns in ps.nodes.values():
+    for ns in rs.nodes.values():
         if ns.waited_on == llm_node and ns.attributes.get("agentrt.started_early"):
             started = next((t for phase, t in ns.log.transitions if phase != "waiting"), end)
             ns.attributes["agentrt.started_before_caller_end_s"] = round(max(0.0, end - started), 6)
 
 
-def response_outcome(env: NodeEnv, ps: RunState, ns: NodeState, response_format: dict[str, Any],
+def response_outcome(env: NodeEnv, rs: RunState, ns: NodeState, response_format: dict[str, Any],
                      response: LLMResponse) -> Outcome:
     """The node's value from the response, or why it failed (its error text within the content
     policy: a redacting one keeps the model's output out of it)."""
@@ -223,43 +223,43 @@ def response_outcome(env: NodeEnv, ps: RunState, ns: NodeState, response_format:
         ns.attributes["agentrt.tool_call"] = value["name"]
     elif isinstance(value, dict) and value.get("calls"):
         ns.attributes["agentrt.tool_calls"] = [c.get("name") for c in value["calls"] if isinstance(c, dict)]
-    env.events.emit(NodeValue(ps.run_id, ns.node, ns.kind, value))
+    env.events.emit(NodeValue(rs.run_id, ns.node, ns.kind, value))
     return Outcome(True, value)
 
 
-async def run_recorded(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
+async def run_recorded(env: NodeEnv, rs: RunState, ns: NodeState) -> Outcome:
     """A resumed run's node whose outcome the store recorded: that outcome, without running it."""
-    rec = ps.recorded.outcomes[ns.node]
+    rec = rs.recorded.outcomes[ns.node]
     ns.attributes["agentrt.replayed"] = True
     if rec.sent is not None:
-        ps.sent[ns.node] = rec.sent
-    env.events.emit(NodePhase(ps.run_id, ns.node, "replayed"))
+        rs.sent[ns.node] = rec.sent
+    env.events.emit(NodePhase(rs.run_id, ns.node, "replayed"))
     return Outcome(True, rec.value) if rec.ok else Outcome.failed(rec.error or "failed", rec.error_type or "error")
 
 
-def sampling_seed(env: NodeEnv, ps: RunState, ns: NodeState, spec: LLMSpec) -> int | None:
+def sampling_seed(env: NodeEnv, rs: RunState, ns: NodeState, spec: LLMSpec) -> int | None:
     """With a store, a sampled LLM node draws with a seed it records, so that a resume that
     generates it again draws the same tokens; the seed it recorded when it was interrupted."""
     if not env.records_seeds or spec.temperature == 0:
         return None
-    if ps.recorded is not None and ns.node in ps.recorded.seeds:
-        return ps.recorded.seeds[ns.node]
+    if rs.recorded is not None and ns.node in rs.recorded.seeds:
+        return rs.recorded.seeds[ns.node]
     seed = dict(spec.sampling).get("seed")
     return int(seed) if seed is not None else random.getrandbits(62)
 
 
-async def run_llm(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
+async def run_llm(env: NodeEnv, rs: RunState, ns: NodeState) -> Outcome:
     """render the prompt -> send the call -> record usage and α -> keep what a later call replays
     and settle KV holds -> the value -> hold KV across the tool that follows."""
-    spec: LLMSpec = ps.run.spec(ns.node)
+    spec: LLMSpec = rs.run.spec(ns.node)
     try:
-        messages = render_prompt(spec, ps.run.values, ps.run.spec, ps.sent)
+        messages = render_prompt(spec, rs.run.values, rs.run.spec, rs.sent)
         response_format = spec.output.to_response_format()
     except (ProgramRunError, ValueError) as e:
         return Outcome.failed(str(e), "invalid_prompt")
-    seed = sampling_seed(env, ps, ns, spec)
-    env.events.emit(NodeDispatched(ps.run_id, ns.node, "llm", seed=seed))
-    call = LLMCall(env, ps, ns, spec, response_format)
+    seed = sampling_seed(env, rs, ns, spec)
+    env.events.emit(NodeDispatched(rs.run_id, ns.node, "llm", seed=seed))
+    call = LLMCall(env, rs, ns, spec, response_format)
     try:
         request = call.request(spec, messages, response_format)
         if seed is not None:
@@ -269,60 +269,60 @@ async def run_llm(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
         return Outcome.failed(f"the engine rejected the request: {e}", "invalid_request")
     except Exception as e:  # noqa: BLE001 - a broken backend fails this node, not the process
         return Outcome.failed(f"the LLM backend raised {type(e).__name__}: {e}", type(e).__name__)
-    env.events.emit(LLMResponded(ps.run_id, ns.node, request, response))
-    ps.stats.cached_tokens += response.usage.cached_input_tokens
-    if is_continued(ps, ns.node):
-        ps.sent[ns.node] = response.sent_messages or messages
-    settle_holds(env, ps, ns, response)
-    outcome = response_outcome(env, ps, ns, response_format, response)
-    outcome.sent = ps.sent.get(ns.node)
+    env.events.emit(LLMResponded(rs.run_id, ns.node, request, response))
+    rs.stats.cached_tokens += response.usage.cached_input_tokens
+    if is_continued(rs, ns.node):
+        rs.sent[ns.node] = response.sent_messages or messages
+    settle_holds(env, rs, ns, response)
+    outcome = response_outcome(env, rs, ns, response_format, response)
+    outcome.sent = rs.sent.get(ns.node)
     if outcome.ok and call.follows_tool:
-        hold_kv(env, ps, ns, spec, outcome.value, response)
+        hold_kv(env, rs, ns, spec, outcome.value, response)
     return outcome
 
 
-async def run_input(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
+async def run_input(env: NodeEnv, rs: RunState, ns: NodeState) -> Outcome:
     """A wait_for node: wait (nothing running) until Runtime.provide_input gives its value. Its
     span keeps the question, the schema, the value and who gave it, when and how."""
-    spec: WaitForSpec = ps.run.spec(ns.node)
+    spec: WaitForSpec = rs.run.spec(ns.node)
     try:
-        prompt = spec.prompt.render(ps.run.values) if spec.prompt is not None else None
+        prompt = spec.prompt.render(rs.run.values) if spec.prompt is not None else None
     except ProgramRunError as e:
         return Outcome.failed(f"cannot render the prompt: {e}", "invalid_prompt")
     schema = dict(spec.schema)
     ns.attributes["agentrt.input.schema"] = schema
     future = asyncio.get_running_loop().create_future()
-    ps.waiting[ns.node] = InputWait(schema, prompt, future)
+    rs.waiting[ns.node] = InputWait(schema, prompt, future)
     ns.log.enter("input_wait", env.clock.now())
     ns.attributes["agentrt.input.asked_at"] = time.time()
-    env.events.emit(NodeDispatched(ps.run_id, ns.node, ns.kind))
-    env.events.emit(NodePhase(ps.run_id, ns.node, "input_wait"))
-    env.events.emit(InputWanted(ps.run_id, ns.node, schema, prompt))
+    env.events.emit(NodeDispatched(rs.run_id, ns.node, ns.kind))
+    env.events.emit(NodePhase(rs.run_id, ns.node, "input_wait"))
+    env.events.emit(InputWanted(rs.run_id, ns.node, schema, prompt))
     try:
         answer: InputAnswer = await future
     finally:
-        ps.waiting.pop(ns.node, None)
+        rs.waiting.pop(ns.node, None)
     ns.attributes.update({"agentrt.input.answered_at": answer.at, "agentrt.input.via": answer.via,
                           **({"agentrt.input.answered_by": answer.by} if answer.by is not None else {})})
-    env.events.emit(NodeValue(ps.run_id, ns.node, ns.kind, answer.value))
-    env.events.emit(InputGiven(ps.run_id, ns.node, answer.by, answer.via, answer.at))
+    env.events.emit(NodeValue(rs.run_id, ns.node, ns.kind, answer.value))
+    env.events.emit(InputGiven(rs.run_id, ns.node, answer.by, answer.via, answer.at))
     return Outcome(True, answer.value)
 
 
-def interrupted_tool(env: NodeEnv, ps: RunState, ns: NodeState, spec: ToolSpec) -> Outcome | None:
+def interrupted_tool(env: NodeEnv, rs: RunState, ns: NodeState, spec: ToolSpec) -> Outcome | None:
     """A resumed run's tool node that was running when the process stopped: it runs again only
     if the tool is idempotent; otherwise it may or may not have taken effect, and it fails."""
-    if ps.recorded is None or ns.node not in ps.recorded.interrupted or env.tools.get(spec.tool).idempotent:
+    if rs.recorded is None or ns.node not in rs.recorded.interrupted or env.tools.get(spec.tool).idempotent:
         return None
     return Outcome.failed(f"tool '{spec.tool}' was running when the run was interrupted (the process stopped); "
                           "it may or may not have run, and it is not declared idempotent, so it is not run again",
                           "interrupted")
 
 
-async def run_tool(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
-    spec: ToolSpec = ps.run.spec(ns.node)
+async def run_tool(env: NodeEnv, rs: RunState, ns: NodeState) -> Outcome:
+    spec: ToolSpec = rs.run.spec(ns.node)
     clock, events = env.clock, env.events
-    if (stopped := interrupted_tool(env, ps, ns, spec)) is not None:
+    if (stopped := interrupted_tool(env, rs, ns, spec)) is not None:
         return stopped
     call_id = new_id()
     ns.attributes.update({"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": spec.tool,
@@ -331,31 +331,31 @@ async def run_tool(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
     ns.log.enter("queued", dispatched)
     queued_at = len(ns.log.transitions) - 1
     try:
-        args = tool_arguments(spec, ps.run.known)  # known: a tool started early reads streamed members
+        args = tool_arguments(spec, rs.run.known)  # known: a tool started early reads streamed members
     except ProgramRunError as e:
         return Outcome.failed(str(e), "invalid_arguments")
-    events.emit(NodeDispatched(ps.run_id, ns.node, "tool", args=args))
+    events.emit(NodeDispatched(rs.run_id, ns.node, "tool", args=args))
     ns.log.enter("tool_running", dispatched)
-    events.emit(NodePhase(ps.run_id, ns.node, "tool_running"))
-    ps.stats.tool_calls += 1
-    ps.stats.tools_in_flight += 1
+    events.emit(NodePhase(rs.run_id, ns.node, "tool_running"))
+    rs.stats.tool_calls += 1
+    rs.stats.tools_in_flight += 1
 
     def on_attempt(attempt: Any) -> None:
-        events.emit(ToolAttempted(ps.run_id, ns.node, attempt, env.content.error(attempt.error), args))
+        events.emit(ToolAttempted(rs.run_id, ns.node, attempt, env.content.error(attempt.error), args))
 
     def on_progress(p: Any) -> None:  # an event of the running phase's span, the last one on the node
         shown = {"progress": p.progress, "total": p.total, "message": p.message}
         ns.log.event(clock.at_wall(p.time), {f"agentrt.tool.progress{'' if k == 'progress' else '_' + k}": v
                                              for k, v in shown.items() if v is not None})
         ns.attributes["agentrt.tool.progress"] = shown
-        events.emit(ToolProgressed(ps.run_id, ns.node, p.progress, p.total, p.message))
+        events.emit(ToolProgressed(rs.run_id, ns.node, p.progress, p.total, p.message))
 
     try:
         result = await env.tools.call(spec.tool, args, call_id=call_id, retry=spec.retry, on_attempt=on_attempt,
                                       on_progress=on_progress)
     finally:
-        ps.stats.tools_in_flight -= 1
-    ps.stats.tool_s += result.duration_s
+        rs.stats.tools_in_flight -= 1
+    rs.stats.tool_s += result.duration_s
     if env.kv_hold is not None:
         env.kv_hold.observe(spec.tool, result.duration_s)
     transitions: list[tuple[str, float]] = [("queued", dispatched)]
@@ -371,9 +371,9 @@ async def run_tool(env: NodeEnv, ps: RunState, ns: NodeState) -> Outcome:
                 **({"agentrt.tool.backoff_s": a.backoff_s} if a.backoff_s is not None else {}),
                 **({"agentrt.tool.not_retried": a.not_retried} if a.not_retried else {})}))
     ns.log.replace_from(queued_at, transitions)
-    events.emit(ToolReturned(ps.run_id, ns.node, result))
+    events.emit(ToolReturned(rs.run_id, ns.node, result))
     if result.ok:
-        events.emit(NodeValue(ps.run_id, ns.node, ns.kind, result.value))
+        events.emit(NodeValue(rs.run_id, ns.node, ns.kind, result.value))
         return Outcome(True, result.value)
     err = result.error
     ns.attributes["error.type"] = err.kind

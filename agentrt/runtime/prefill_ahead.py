@@ -36,54 +36,54 @@ MARKER = "\x00agentrt:prefill-ahead\x00"
 DEFAULT_TTL_S = 30.0  # a pin's time-to-live when the runtime holds no KV otherwise (kv_hold off)
 
 
-def waits_on_running_tool(ps: RunState, node: str) -> list[str]:
+def waits_on_running_tool(rs: RunState, node: str) -> list[str]:
     """The running tool nodes this pending LLM node waits on directly (empty: not a candidate)."""
-    ns = ps.nodes.get(node)
+    ns = rs.nodes.get(node)
     if ns is None or ns.kind != "llm" or ns.status != "pending":
         return []
     tools = []
-    for pred in ps.run.graph.predecessors(node):
-        p = ps.nodes.get(pred)
+    for pred in rs.run.graph.predecessors(node):
+        p = rs.nodes.get(pred)
         if p is not None and p.kind == "tool" and p.status == "running":
             tools.append(pred)
     return tools
 
 
-def start_prefill_ahead(env: NodeEnv, ps: RunState) -> None:
+def start_prefill_ahead(env: NodeEnv, rs: RunState) -> None:
     """Start a prefill-ahead for each pending LLM node that waits on a running tool and has a
     known prompt start (at most one per node)."""
     backend_ahead = getattr(env.backend, "prefill_ahead", None)
-    if not env.prefill_ahead or backend_ahead is None or ps.run.status != "running":
+    if not env.prefill_ahead or backend_ahead is None or rs.run.status != "running":
         return
-    for node in list(ps.nodes):
-        if node in ps.ahead:
+    for node in list(rs.nodes):
+        if node in rs.ahead:
             continue
-        tools = waits_on_running_tool(ps, node)
+        tools = waits_on_running_tool(rs, node)
         if not tools:
             continue
-        spec = ps.run.spec(node)
+        spec = rs.run.spec(node)
         try:
-            messages = render_prompt_prefix(spec, ps.run.values, MARKER, ps.run.spec, ps.sent)
+            messages = render_prompt_prefix(spec, rs.run.values, MARKER, rs.run.spec, rs.sent)
             response_format = spec.output.to_response_format()
         except (ValueError, TypeError):  # the call itself reports what is wrong with its prompt
             messages = None
         if messages is None:
             continue
-        stall = max(_estimate(env, ps.run.spec(t).tool) for t in tools)
+        stall = max(_estimate(env, rs.run.spec(t).tool) for t in tools)
         ttl = env.kv_hold.ttl(stall) if env.kv_hold is not None else DEFAULT_TTL_S
         request = LLMRequest(tuple(messages), response_format, spec.max_tokens, spec.temperature,
-                             NodeIdentity(ps.run_id, ps.program.name, node), float("inf"), {"prefill_ahead": True},
+                             NodeIdentity(rs.run_id, rs.program.name, node), float("inf"), {"prefill_ahead": True},
                              sampling=dict(spec.sampling))
-        task = asyncio.get_running_loop().create_task(_run(env, ps, node, request, ttl),
-                                                      name=f"agentrt:{ps.run_id}:{node}:prefill-ahead")
-        ps.ahead[node] = task
+        task = asyncio.get_running_loop().create_task(_run(env, rs, node, request, ttl),
+                                                      name=f"agentrt:{rs.run_id}:{node}:prefill-ahead")
+        rs.ahead[node] = task
 
 
-def cancel_prefill_ahead(ps: RunState, node: str | None = None) -> None:
+def cancel_prefill_ahead(rs: RunState, node: str | None = None) -> None:
     """Cancel the node's prefill-ahead (all of the run's when node is None): the node starts, or
     the run ends. Its computed blocks stay in the prefix cache."""
-    for n in [node] if node is not None else list(ps.ahead):
-        task = ps.ahead.get(n)
+    for n in [node] if node is not None else list(rs.ahead):
+        task = rs.ahead.get(n)
         if task is not None and not task.done():
             task.cancel()
 
@@ -92,8 +92,8 @@ def _estimate(env: NodeEnv, tool: str) -> float:
     return env.kv_hold.estimate(tool) if env.kv_hold is not None else DEFAULT_TTL_S
 
 
-async def _run(env: NodeEnv, ps: RunState, node: str, request: LLMRequest, ttl_s: float) -> None:
-    ns = ps.nodes[node]
+async def _run(env: NodeEnv, rs: RunState, node: str, request: LLMRequest, ttl_s: float) -> None:
+    ns = rs.nodes[node]
     computed = 0
 
     def on_step(ev: LLMStepEvent) -> None:
@@ -103,7 +103,7 @@ async def _run(env: NodeEnv, ps: RunState, node: str, request: LLMRequest, ttl_s
         computed += ev.num_new
         if ns.status == "pending" and ns.log.phase != "prefill_ahead":
             ns.log.enter("prefill_ahead", env.clock.at(ev.start))
-            env.events.emit(NodePhase(ps.run_id, node, "prefill_ahead"))
+            env.events.emit(NodePhase(rs.run_id, node, "prefill_ahead"))
 
     try:
         result = await env.backend.prefill_ahead(request, MARKER, ttl_s, on_step=on_step)
@@ -116,7 +116,7 @@ async def _run(env: NodeEnv, ps: RunState, node: str, request: LLMRequest, ttl_s
     finally:
         if ns.status == "pending" and ns.log.phase == "prefill_ahead":
             ns.log.enter("waiting", env.clock.now())
-            env.events.emit(NodePhase(ps.run_id, node, "waiting"))
+            env.events.emit(NodePhase(rs.run_id, node, "waiting"))
         ns.attributes["agentrt.prefill_ahead.tokens"] = computed
         ns.attributes["agentrt.prefill_ahead.outcome"] = outcome
-        ps.stats.prefill_ahead_tokens += computed
+        rs.stats.prefill_ahead_tokens += computed

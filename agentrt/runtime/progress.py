@@ -39,9 +39,9 @@ class Progress:
     stalls: tuple[Stall, ...]
 
 
-def blockers(ps: RunState, node: str) -> list[str]:
+def blockers(rs: RunState, node: str) -> list[str]:
     """The running calls `node` waits on, directly or through unfinished nodes."""
-    graph, seen, found = ps.run.graph, {node}, []
+    graph, seen, found = rs.run.graph, {node}, []
     stack = list(graph.predecessors(node))
     while stack:
         n = stack.pop()
@@ -51,7 +51,7 @@ def blockers(ps: RunState, node: str) -> list[str]:
         state = graph.nodes[n]["state"]
         if state == "done":
             continue
-        ns = ps.nodes.get(n)
+        ns = rs.nodes.get(n)
         if ns is not None and ns.active:
             found.append(n)
         else:
@@ -59,18 +59,18 @@ def blockers(ps: RunState, node: str) -> list[str]:
     return sorted(found)
 
 
-def progress(ps: RunState, now: float) -> Progress:
+def progress(rs: RunState, now: float) -> Progress:
     running, stalls = [], []
-    for node, ns in ps.nodes.items():
+    for node, ns in rs.nodes.items():
         if ns.active:
             running.append(Running(node, ns.kind, ns.log.phase, now - ns.log.since))
-    if ps.status == "running":
+    if rs.status == "running":
         active = {r.node: r for r in running}
-        for node, ns in ps.nodes.items():
+        for node, ns in rs.nodes.items():
             if ns.status == "pending":
-                for b in blockers(ps, node):
+                for b in blockers(rs, node):
                     r = active[b]
                     stalls.append(Stall(node, b, r.phase, r.elapsed_s))
-    done = sum(1 for ns in ps.nodes.values() if ns.finished)
-    return Progress(ps.run_id, ps.program.name, ps.status, done, len(ps.nodes),
+    done = sum(1 for ns in rs.nodes.values() if ns.finished)
+    return Progress(rs.run_id, rs.program.name, rs.status, done, len(rs.nodes),
                     tuple(sorted(running, key=lambda r: r.node)), tuple(stalls))

@@ -123,8 +123,8 @@ def loop_attributes(run: ProgramRun, node: str) -> dict[str, Any]:
     return out
 
 
-def program_record(ps: RunState, end: float, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
+def program_record(rs: RunState, end: float, status: str, error: dict[str, Any] | None = None) -> dict[str, Any]:
     """The trace's program record of a run, as it stands at `end` (a finished run's, or a snapshot's)."""
-    return {"type": "program", "run_id": ps.run_id, "trace_id": ps.trace_id, "program": ps.program.name,
-            "start": round(ps.start, 6), "end": round(end, 6), "status": status, "error": error,
-            "service": ps.stats.to_record(), "nodes": len(ps.nodes), "graph": ps.run.to_json()}
+    return {"type": "program", "run_id": rs.run_id, "trace_id": rs.trace_id, "program": rs.program.name,
+            "start": round(rs.start, 6), "end": round(end, 6), "status": status, "error": error,
+            "service": rs.stats.to_record(), "nodes": len(rs.nodes), "graph": rs.run.to_json()}

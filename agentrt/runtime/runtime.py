@@ -131,20 +131,20 @@ class Runtime:
             raise RunConfigError(f"run id '{run_id}' is already used in this runtime")
         run = compiled.start(inputs)
         now = self.trace.now()
-        ps = RunState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now,
+        rs = RunState(run_id, new_id(16), compiled, run, ProgramStats(run_id, compiled.name, now), now,
                           priority=float(priority), recorded=resume)
-        ps.stats.critical_path = run.critical_path_length()
-        self.events.emit(RunSubmitted(run_id, compiled, dict(inputs), ps.priority, resume is not None, program_hash,
+        rs.stats.critical_path = run.critical_path_length()
+        self.events.emit(RunSubmitted(run_id, compiled, dict(inputs), rs.priority, resume is not None, program_hash,
                                       metadata))
-        self.runs[run_id] = ps
+        self.runs[run_id] = rs
         self._subscribe_lane()
-        ps.task = asyncio.get_running_loop().create_task(self._drive(ps, dict(inputs)), name=f"agentrt:{run_id}")
-        return RunHandle(ps)
+        rs.task = asyncio.get_running_loop().create_task(self._drive(rs, dict(inputs)), name=f"agentrt:{run_id}")
+        return RunHandle(rs)
 
     def waiting_for(self, run_id: str) -> dict[str, InputWait]:
         """The wait_for nodes of a run that wait for their value now, by node id."""
-        ps = self.runs.get(run_id)
-        return dict(ps.waiting) if ps is not None else {}
+        rs = self.runs.get(run_id)
+        return dict(rs.waiting) if rs is not None else {}
 
     def provide_input(self, run_id: str, node: str, value: Any, *, by: str | None = None, via: str = "python") -> None:
         """Give a waiting wait_for node its value; the run goes on. `by`: who answered (a person
@@ -152,10 +152,10 @@ class Runtime:
         server says "http", `agentrt run` "terminal" or "--answer"). Raises RunConfigError when
         the run is not waiting at that node, InputValueError when the value does not meet its
         schema (the run keeps waiting)."""
-        ps = self.runs.get(run_id)
-        wait = ps.waiting.get(node) if ps is not None else None
+        rs = self.runs.get(run_id)
+        wait = rs.waiting.get(node) if rs is not None else None
         if wait is None:
-            waiting = ", ".join(sorted(ps.waiting)) if ps is not None and ps.waiting else "none"
+            waiting = ", ".join(sorted(rs.waiting)) if rs is not None and rs.waiting else "none"
             raise RunConfigError(f"run '{run_id}' is not waiting for input at node '{node}' "
                                  f"(nodes waiting for input: {waiting})")
         if json_depth(value) > MAX_JSON_DEPTH:  # the validator recurses per level
@@ -170,10 +170,10 @@ class Runtime:
     def interrupt(self, run_id: str) -> None:
         """Stop a run without ending it in the store (a server shutting down): its nodes in flight
         are cancelled, and a later resume picks it up where the store says it was."""
-        ps = self.runs.get(run_id)
-        if ps is not None and ps.task is not None and not ps.task.done():
-            ps.interrupted = True
-            ps.task.cancel()
+        rs = self.runs.get(run_id)
+        if rs is not None and rs.task is not None and not rs.task.done():
+            rs.interrupted = True
+            rs.task.cancel()
 
     async def run(self, program: Program | CompiledProgram, inputs: Mapping[str, Any], *,
                   run_id: str | None = None, resume: RecordedNodes | None = None,
@@ -234,8 +234,8 @@ class Runtime:
         """A finished run's trace records (Trace.run_records), after which the runtime forgets the
         run and the engine steps no run in flight still needs: a long-lived runtime (a server)
         keeps only what is going on."""
-        ps = self.runs.get(run_id)
-        if ps is None or ps.result is None:
+        rs = self.runs.get(run_id)
+        if rs is None or rs.result is None:
             raise RunConfigError(f"run '{run_id}' is not a finished run of this runtime")
         records = self.trace.run_records(run_id)
         del self.runs[run_id]
@@ -253,19 +253,19 @@ class Runtime:
         for one still going, the spans of the nodes that finished and a program record whose
         status is "running" or "waiting" and whose end is now. The nodes still running or
         waiting are not in it: the caller shows them from the live state."""
-        ps = self.runs.get(run_id)
-        if ps is None:
+        rs = self.runs.get(run_id)
+        if rs is None:
             raise RunConfigError(f"run '{run_id}' is not a run of this runtime")
-        if ps.result is not None:
+        if rs.result is not None:
             return self.trace.run_records(run_id)
-        spans = [span.to_record() for ns in list(ps.nodes.values()) if ns.finished
-                 for span in ns.spans(ps.run_id, ps.trace_id)]
-        program = {**program_record(ps, self.trace.now(), "waiting" if ps.waiting else "running"), "output": None}
+        spans = [span.to_record() for ns in list(rs.nodes.values()) if ns.finished
+                 for span in ns.spans(rs.run_id, rs.trace_id)]
+        program = {**program_record(rs, self.trace.now(), "waiting" if rs.waiting else "running"), "output": None}
         return self.trace.records_of(spans + [program])
 
     async def aclose(self) -> None:
         """Cancel runs still going, stop listening to the engine, close the trace."""
-        tasks = [ps.task for ps in self.runs.values() if ps.task is not None and not ps.task.done()]
+        tasks = [rs.task for rs in self.runs.values() if rs.task is not None and not rs.task.done()]
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -285,90 +285,90 @@ class Runtime:
             self._unsubscribe = self.backend.subscribe_steps(self.trace.add_engine_step)
 
     # -- driving one run --
-    async def _drive(self, ps: RunState, inputs: dict[str, Any]) -> RunResult:
+    async def _drive(self, rs: RunState, inputs: dict[str, Any]) -> RunResult:
         failed_node = error = None
-        self.events.emit(RunStarted(ps.run_id, ps.program.name, inputs, ps.run))
+        self.events.emit(RunStarted(rs.run_id, rs.program.name, inputs, rs.run))
         try:
-            self._sync_nodes(ps)
-            self._start_ready(ps, ps.run.ready(), cause=None)
-            while ps.inflight and ps.run.status == "running":
-                done = [await ps.ended.get()]
-                while not ps.ended.empty():
-                    done.append(ps.ended.get_nowait())
-                for task in sorted((t for t in done if t in ps.inflight), key=lambda t: ps.inflight[t]):
-                    node = ps.inflight.pop(task)
-                    self._report(ps, node, task_outcome(task))
-                    self._start_ready(ps, ps.run.ready(), cause=node)
+            self._sync_nodes(rs)
+            self._start_ready(rs, rs.run.ready(), cause=None)
+            while rs.inflight and rs.run.status == "running":
+                done = [await rs.ended.get()]
+                while not rs.ended.empty():
+                    done.append(rs.ended.get_nowait())
+                for task in sorted((t for t in done if t in rs.inflight), key=lambda t: rs.inflight[t]):
+                    node = rs.inflight.pop(task)
+                    self._report(rs, node, task_outcome(task))
+                    self._start_ready(rs, rs.run.ready(), cause=node)
                 self._reprioritize()
-            if ps.run.status == "running":  # nothing in flight, nothing ready: cannot happen in a valid DAG
-                raise ProgramRunError(ps.program.name, "stalled: no node is ready or running")
-            status = ps.run.status
+            if rs.run.status == "running":  # nothing in flight, nothing ready: cannot happen in a valid DAG
+                raise ProgramRunError(rs.program.name, "stalled: no node is ready or running")
+            status = rs.run.status
         except ProgramRunError as e:
             status, failed_node, error = "failed", e.node, str(e)
         except asyncio.CancelledError:
             status, error = "cancelled", "the run was cancelled"
         except StoreUnavailable as e:  # what it did since its last write is not recorded: stop, resumable
-            ps.interrupted = True
+            rs.interrupted = True
             status, error = "cancelled", f"stopped: {e}"
         finally:
-            await self._cancel_inflight(ps)
-        return self._finish(ps, status, failed_node, error, inputs)
+            await self._cancel_inflight(rs)
+        return self._finish(rs, status, failed_node, error, inputs)
 
-    def _report(self, ps: RunState, node: str, outcome: Outcome) -> None:
+    def _report(self, rs: RunState, node: str, outcome: Outcome) -> None:
         """Tell the ProgramRun how a node ended. Raises ProgramRunError when that ends the run
         (an output the node's spec rejects fails the node itself)."""
-        ns = ps.nodes[node]
+        ns = rs.nodes[node]
         now = self.trace.now()
-        mark_early_calls(ps, node, now)
-        self.events.emit(NodeOutcome(ps.run_id, node, ns.kind, outcome, bool(ns.attributes.get("agentrt.replayed"))))
+        mark_early_calls(rs, node, now)
+        self.events.emit(NodeOutcome(rs.run_id, node, ns.kind, outcome, bool(ns.attributes.get("agentrt.replayed"))))
         try:
             if outcome.ok:
-                ps.run.complete(node, outcome.value)
+                rs.run.complete(node, outcome.value)
             else:
-                ps.run.fail(node, outcome.error or "failed")
+                rs.run.fail(node, outcome.error or "failed")
         except ProgramRunError as e:
             ok = outcome.ok and e.node != node
             ns.finish("ok" if ok else "error", now, None if ok else outcome.error or e.reason)
-            self._emit_finished(ps, ns, outcome.value if ok else None)
+            self._emit_finished(rs, ns, outcome.value if ok else None)
             raise
         finally:
-            ps.stats.critical_path = ps.run.critical_path_length() if ps.run.status == "running" else 0.0
-            ns.attributes.update(loop_attributes(ps.run, node))
+            rs.stats.critical_path = rs.run.critical_path_length() if rs.run.status == "running" else 0.0
+            ns.attributes.update(loop_attributes(rs.run, node))
         ns.finish("ok" if outcome.ok else "error", now, outcome.error)
-        self._emit_finished(ps, ns, outcome.value)
-        self._sync_nodes(ps)
+        self._emit_finished(rs, ns, outcome.value)
+        self._sync_nodes(rs)
 
-    def _emit_finished(self, ps: RunState, ns: NodeState, value: Any) -> None:
-        self.events.emit(NodeFinished(ps.run_id, ns.node, ns.kind, ns.status, value if ns.status == "ok" else None,
+    def _emit_finished(self, rs: RunState, ns: NodeState, value: Any) -> None:
+        self.events.emit(NodeFinished(rs.run_id, ns.node, ns.kind, ns.status, value if ns.status == "ok" else None,
                                       ns.error, bool(ns.attributes.get("agentrt.replayed"))))
 
-    def start_streamed(self, ps: RunState, llm_node: str) -> None:
+    def start_streamed(self, rs: RunState, llm_node: str) -> None:
         """Start what llm_node's streamed output made ready (tools reading its final members,
         fan-out branches over its items) while it is still generating."""
-        self._sync_nodes(ps)
-        self._start_ready(ps, ps.run.ready(), cause=llm_node)
+        self._sync_nodes(rs)
+        self._start_ready(rs, rs.run.ready(), cause=llm_node)
 
-    def _idempotent(self, ps: RunState, node: str) -> bool:
+    def _idempotent(self, rs: RunState, node: str) -> bool:
         try:
-            return self.tools.get(ps.run.spec(node).tool).idempotent
+            return self.tools.get(rs.run.spec(node).tool).idempotent
         except UnknownToolError:  # it fails, naming the tool, when it runs after its input ends
             return False
 
-    def _start_ready(self, ps: RunState, nodes: list[str], cause: str | None) -> None:
+    def _start_ready(self, rs: RunState, nodes: list[str], cause: str | None) -> None:
         for node in nodes:
-            ns = ps.nodes[node]
-            if ps.run.is_early(node):
+            ns = rs.nodes[node]
+            if rs.run.is_early(node):
                 # ready on streamed members only (its LLM input still generates): only an
                 # idempotent tool starts, since that LLM call may still fail
-                if not self._idempotent(ps, node):
+                if not self._idempotent(rs, node):
                     continue
                 ns.attributes["agentrt.started_early"] = True
-            ps.run.begin(node)
-            cancel_prefill_ahead(ps, node)
+            rs.run.begin(node)
+            cancel_prefill_ahead(rs, node)
             ns.status, ns.waited_on = "running", cause
-            replayed = ps.recorded is not None and node in ps.recorded.outcomes
-            tool = ps.run.spec(node).tool if ns.kind == "tool" else None
-            self.events.emit(NodeStarted(ps.run_id, node, ns.kind, tool, bool(ns.attributes.get("agentrt.started_early")),
+            replayed = rs.recorded is not None and node in rs.recorded.outcomes
+            tool = rs.run.spec(node).tool if ns.kind == "tool" else None
+            self.events.emit(NodeStarted(rs.run_id, node, ns.kind, tool, bool(ns.attributes.get("agentrt.started_early")),
                                          replayed))
             if replayed:
                 runner = run_recorded
@@ -376,78 +376,78 @@ class Runtime:
                 runner = run_llm
             else:
                 runner = run_input if ns.kind == "wait_for" else run_tool
-            task = asyncio.get_running_loop().create_task(runner(self.env, ps, ns),
-                                                          name=f"agentrt:{ps.run_id}:{node}")
-            ps.inflight[task] = node
-            task.add_done_callback(ps.ended.put_nowait)
-        start_prefill_ahead(self.env, ps)
+            task = asyncio.get_running_loop().create_task(runner(self.env, rs, ns),
+                                                          name=f"agentrt:{rs.run_id}:{node}")
+            rs.inflight[task] = node
+            task.add_done_callback(rs.ended.put_nowait)
+        start_prefill_ahead(self.env, rs)
 
-    def _sync_nodes(self, ps: RunState) -> None:
+    def _sync_nodes(self, rs: RunState) -> None:
         """Track the run's LLM, tool and wait_for nodes: new ones (fan-out branches, loop steps)
         start waiting now; those of a branch case not taken leave."""
-        graph, now = ps.run.graph, self.trace.now()
+        graph, now = rs.run.graph, self.trace.now()
         for node, attrs in graph.nodes(data=True):
-            if attrs["kind"] in EXEC_KINDS and not attrs["template"] and node not in ps.nodes:
+            if attrs["kind"] in EXEC_KINDS and not attrs["template"] and node not in rs.nodes:
                 spec = attrs["spec"]
                 name = f"chat {self.backend.model_name}" if attrs["kind"] == "llm" else \
                     "await_input" if attrs["kind"] == "wait_for" else f"execute_tool {spec.tool}"
-                ps.nodes[node] = NodeState(node, attrs["kind"], name, now)
-        for node in [n for n in ps.nodes if n not in graph]:
-            del ps.nodes[node]
-        self.events.emit(GraphChanged(ps.run_id, ps.run))
+                rs.nodes[node] = NodeState(node, attrs["kind"], name, now)
+        for node in [n for n in rs.nodes if n not in graph]:
+            del rs.nodes[node]
+        self.events.emit(GraphChanged(rs.run_id, rs.run))
 
-    async def _cancel_inflight(self, ps: RunState) -> None:
+    async def _cancel_inflight(self, rs: RunState) -> None:
         """Cancel the run's nodes in flight and wait for them; nodes that had ended but were not
         reported (the run failed first) keep their own outcome."""
-        cancel_prefill_ahead(ps)
+        cancel_prefill_ahead(rs)
         now = self.trace.now()
-        for task, node in ps.inflight.items():
+        for task, node in rs.inflight.items():
             if task.done() and not task.cancelled():
                 outcome = task_outcome(task)
-                ps.nodes[node].finish("ok" if outcome.ok else "error", now, outcome.error)
+                rs.nodes[node].finish("ok" if outcome.ok else "error", now, outcome.error)
             else:
                 task.cancel()
-        pending = [t for t in ps.inflight if not t.done()]
+        pending = [t for t in rs.inflight if not t.done()]
         while pending:
             try:
                 await asyncio.wait(pending)
             except asyncio.CancelledError:  # cancelled again while cleaning up: finish cleaning up
                 pass
             pending = [t for t in pending if not t.done()]
-        ps.inflight.clear()
+        rs.inflight.clear()
 
-    def _finish(self, ps: RunState, status: str, failed_node: str | None, error: str | None,
+    def _finish(self, rs: RunState, status: str, failed_node: str | None, error: str | None,
                 inputs: dict[str, Any]) -> RunResult:
         end = self.trace.now()
-        for ns in ps.nodes.values():
+        for ns in rs.nodes.values():
             if not ns.finished:
                 was_running = ns.status == "running"
                 ns.finish("cancelled", end, "cancelled: the run " + ("failed" if status == "failed" else "was cancelled"))
                 if was_running:
-                    self._emit_finished(ps, ns, None)
-            for span in ns.spans(ps.run_id, ps.trace_id):
+                    self._emit_finished(rs, ns, None)
+            for span in ns.spans(rs.run_id, rs.trace_id):
                 self.trace.add_span(span)
-        output = ps.run.result if status == "done" else None
-        node_errors = {n: ns.error for n, ns in ps.nodes.items() if ns.status == "error" and ns.error}
-        ps.status = status
-        ps.result = RunResult(ps.run_id, ps.program.name, status, output, error, failed_node, ps.start, end, node_errors,
-                              dict(ps.run.values))
-        record = program_record(ps, end, status, None if error is None else {"node": failed_node, "message": error})
+        output = rs.run.result if status == "done" else None
+        node_errors = {n: ns.error for n, ns in rs.nodes.items() if ns.status == "error" and ns.error}
+        rs.status = status
+        rs.result = RunResult(rs.run_id, rs.program.name, status, output, error, failed_node, rs.start, end, node_errors,
+                              dict(rs.run.values))
+        record = program_record(rs, end, status, None if error is None else {"node": failed_node, "message": error})
         if self.trace_content.redact:  # the values whole otherwise: a server serves runs from them
             record.update(inputs={}, output=None, **{REDACTED_ATTR: ["inputs", "output"]})
         else:
             record.update(inputs=inputs, output=output)
         self.trace.add(record)
-        self.events.emit(RunFinished(ps.run_id, status, output, error, failed_node, ps.interrupted))
-        return ps.result
+        self.events.emit(RunFinished(rs.run_id, status, output, error, failed_node, rs.interrupted))
+        return rs.result
 
     def _reprioritize(self) -> None:
-        running = [ps.stats for ps in self.runs.values() if ps.status == "running"]
+        running = [rs.stats for rs in self.runs.values() if rs.status == "running"]
         for run_id, priority in self.policy.reprioritize(running).items():
-            ps = self.runs.get(run_id)
-            if ps is None:
+            rs = self.runs.get(run_id)
+            if rs is None:
                 continue
-            for node in ps.inflight.values():
-                ns = ps.nodes[node]
+            for node in rs.inflight.values():
+                ns = rs.nodes[node]
                 if ns.kind == "llm" and ns.handle is not None:
-                    self.backend.set_priority(ns.handle, priority + ps.priority)
+                    self.backend.set_priority(ns.handle, priority + rs.priority)

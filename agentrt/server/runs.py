@@ -407,12 +407,12 @@ class RunManager:
     def live_nodes(self, run: ServedRun) -> list[dict[str, Any]]:
         """While a run runs: each LLM/tool/wait_for node's status and current phase (null once
         the node has finished, with its duration instead)."""
-        ps = self.runtime.runs.get(run.run_id)
-        if ps is None:
+        rs = self.runtime.runs.get(run.run_id)
+        if rs is None:
             return []
         now = self.runtime.trace.now()
         nodes = []
-        for ns in ps.nodes.values():
+        for ns in rs.nodes.values():
             phase, elapsed = ns.current_phase(now)
             nodes.append({"node": ns.node, "kind": ns.kind, "status": ns.status, "phase": phase,
                           "phase_elapsed_s": None if elapsed is None else round(elapsed, 6),

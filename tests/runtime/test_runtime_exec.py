@@ -393,12 +393,12 @@ async def test_progress_names_what_is_stalled_on_what(scripted, research_program
     backend = scripted({"split": ["q1", "q2"], "answers*summary": "s", "synthesis": "done"})
     rt = Runtime(backend, tools=[search])
     handle = rt.submit(research_program(search), {"question": "why"})
-    ps = rt.runs[handle.run_id]
+    rs = rt.runs[handle.run_id]
     async with asyncio.timeout(10):
-        while "answers[1].search" not in ps.nodes or not ps.nodes["answers[1].search"].active \
-                or ps.nodes["answers[0].summary"].status != "ok":
+        while "answers[1].search" not in rs.nodes or not rs.nodes["answers[1].search"].active \
+                or rs.nodes["answers[0].summary"].status != "ok":
             await asyncio.sleep(0.005)
-    view = progress(ps, rt.trace.now())
+    view = progress(rs, rt.trace.now())
     assert [r.node for r in view.running] == ["answers[1].search"]
     stalls = {(s.node, s.blocker) for s in view.stalls}
     assert stalls == {("synthesis", "answers[1].search"), ("answers[1].summary", "answers[1].search")}
