@@ -149,3 +149,33 @@ def test_no_two_modules_import_each_other_directly_or_in_a_loop():
                 graph.add_edge(name, target)
     loops = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
     assert not loops, "modules that import each other (directly or in a loop): " + "; ".join(" <-> ".join(c) for c in loops)
+
+
+ENGINE_LEAVES = {"config", "sampling_params", "outputs"}
+
+
+def test_engine_subpackages_import_one_way():
+    """The engine's subpackages (step, loading, chat, models, kv) import each other in one direction only,
+    and of the engine's top-level modules they use only the leaves (config, sampling_params, outputs):
+    llm_engine, async_engine and calibration put the subpackages together, so nothing below imports them."""
+    import networkx as nx
+
+    engine = PACKAGE / "engine"
+    subpackages = {p.name for p in engine.iterdir() if (p / "__init__.py").is_file()}
+    graph, upward = nx.DiGraph(), set()
+    for path in engine.rglob("*.py"):
+        rel = path.relative_to(engine).parts
+        if len(rel) == 1:
+            continue
+        for imported in module_imports(path):
+            first = imported.split(".")[2:3]
+            if not first or first[0] == rel[0]:
+                continue
+            if first[0] in subpackages:
+                graph.add_edge(rel[0], first[0])
+            elif (engine / f"{first[0]}.py").is_file() and first[0] not in ENGINE_LEAVES:
+                upward.add(f"{path.relative_to(ROOT)} imports agentrt.engine.{first[0]}")
+    assert {"step", "loading", "chat", "models", "kv"} <= subpackages
+    loops = [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
+    assert not loops, "engine subpackages that import each other (directly or in a loop): " + "; ".join(" <-> ".join(c) for c in loops)
+    assert not upward, "engine subpackages importing the modules that assemble them:\n" + "\n".join(sorted(upward))

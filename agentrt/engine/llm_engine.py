@@ -1,9 +1,9 @@
 """The synchronous engine core: requests in, one batched forward per step, tokens out.
 
 engine -> scheduler -> block manager -> sequence, one way. A step is a list of StepRows, one per
-scheduled sequence (step_rows.py); the step's draft plan (draft_plan.py) gives them their drafts
-and the grammar masks, the sampler returns what they emit (step_sampler.py), and `_advance`
-commits it (Sequence.commit). The asyncio wrapper lives in async_engine.py.
+scheduled sequence (step/step_rows.py); the step's draft plan (step/draft_plan.py) gives them
+their drafts and the grammar masks, the sampler returns what they emit (step/step_sampler.py),
+and `_advance` commits it (Sequence.commit). The asyncio wrapper lives in async_engine.py.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 1024
     max_model_len: int | None = None  # default: the model's context, capped by the cache
     prefix_caching: bool = True  # reuse KV of earlier prompts and outputs (radix tree over blocks)
-    share_prefill_min_tokens: int = 16  # in-batch prefix sharing (see scheduler.py); 0: off
+    share_prefill_min_tokens: int = 16  # in-batch prefix sharing (see step/scheduler.py); 0: off
     prefill_order: str = "arrival"  # waiting requests of equal priority: "arrival" (FCFS) or "shortest"
     group_prefills: bool = False  # split a burst of prompts over steps for least mean time to first token
     spec: SpecConfig = SpecConfig()
