@@ -20,6 +20,6 @@ from agentrt.runtime.trace import Span, Trace, read_trace
 
 __all__ = [
     "PHASES", "EngineBackend", "EngineStep", "FCFSPolicy", "KVHoldPolicy", "LASPolicy", "LLMBackend", "LLMRequest",
-    "LLMResponse", "LLMStepEvent", "NodeContext", "NodeIdentity", "RunHandle", "ProgramStats", "RunResult",
+    "LLMResponse", "LLMStepEvent", "NodeContext", "NodeIdentity", "ProgramStats", "RunHandle", "RunResult",
     "Runtime", "SchedulingPolicy", "ScriptedBackend", "Span", "Trace", "Usage", "policy_from_name", "read_trace",
 ]
