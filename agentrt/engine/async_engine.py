@@ -164,6 +164,8 @@ class AsyncEngine:
         step-cost fit, fit one on a few forwards first (calibration.fit_cost_model_when_idle).
         Returns the seconds it took."""
         t0 = time.perf_counter()
+        if self.engine.config.prefault_kv:  # memory taken at start: the kernels' step buffers too
+            await self.run_on_engine_thread(self.engine.reserve_step_buffers)
         await self.run_on_engine_thread(lambda: fit_cost_model_when_idle(self.engine))
         await self.generate([{"role": "user", "content": "Hi"}],
                             SamplingParams(max_tokens=2, temperature=0, response_format={"type": "json_object"}))

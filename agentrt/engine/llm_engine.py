@@ -107,6 +107,12 @@ class LLMEngine:
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.step_no = 0  # steps taken so far (the next step's number)
 
+    def reserve_step_buffers(self) -> None:
+        """The model's kernel buffers at their size for the largest step, on the calling thread (the
+        engine's): with the KV cache mapped at start, a server holds from its first request the
+        memory it keeps under load, instead of growing once more at each new largest step."""
+        self.model.reserve_step_buffers(self.config.max_num_batched_tokens)
+
     def _prefill_step_cost(self, num_tokens: int) -> float | None:
         """A step's predicted seconds for the scheduler's prefill grouping; None unless the cost
         model was fitted on this machine (the analytic estimate has no per-step fixed cost)."""

@@ -85,3 +85,17 @@ def test_run_on_engine_thread_gives_the_result_or_the_exception(smollm2_quant, m
         asyncio.run(both())
     finally:
         front.close()
+
+
+@pytest.mark.parametrize("prefault", [True, False])
+def test_a_warm_up_with_the_kv_cache_mapped_at_start_sizes_the_step_buffers_on_the_engine_thread(
+        smollm2_quant, make_engine, own_cache, monkeypatch, prefault):
+    import threading
+
+    engine = make_engine(smollm2_quant, prefault_kv=prefault, max_num_batched_tokens=640)
+    calls = []
+    reserve = engine.model.reserve_step_buffers
+    monkeypatch.setattr(engine.model, "reserve_step_buffers",
+                        lambda n: (calls.append((n, threading.current_thread().name)), reserve(n)))
+    _warm(engine)
+    assert calls == ([(640, "agentrt-engine")] if prefault else [])

@@ -14,7 +14,7 @@ give equal tokens, bit for bit). The residual is never written to memory.
 * `verify_drafts`: spec.verify.verify_drafts.
 * `verify_greedy`: spec.verify.verify_greedy (accept while the draft equals its row's argmax).
 * `verify_coupled`: the engine's coupling of point-mass drafts at any temperature (each row's
-  own inverse-CDF draw with its position's uniform, then verify_greedy), as engine.step_sampler.
+  own inverse-CDF draw with its position's uniform, then verify_greedy), as engine.step.step_sampler.
 """
 from __future__ import annotations
 
