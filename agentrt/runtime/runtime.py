@@ -31,11 +31,11 @@ from agentrt.runtime.node_events import (GraphChanged, NodeEnv, NodeEvents, Node
 from agentrt.runtime.node_exec import (InputAnswer, InputWait, charge, mark_early_calls, run_input, run_llm,
                                         run_recorded, run_tool)
 from agentrt.runtime.node_state import NodeState, Outcome
-from agentrt.runtime.run_state import (RunHandle, RunState, RunResult, loop_attributes, program_record,
-                                           task_outcome)
 from agentrt.runtime.prefill_ahead import cancel_prefill_ahead, start_prefill_ahead
 from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, ProgramStats, SchedulingPolicy,
                                     policy_from_name)
+from agentrt.runtime.run_state import (RunHandle, RunResult, RunState, loop_attributes, program_record,
+                                       task_outcome)
 from agentrt.runtime.store import RecordedNodes, RunStore, StoreUnavailable
 from agentrt.runtime.subscribers import LiveFeed, node_subscribers
 from agentrt.runtime.trace import Trace, new_id
