@@ -23,10 +23,11 @@ from agentrt.engine.models.batch import ForwardBatch, ForwardOutput  # noqa: F40
 from agentrt.engine.models.kernel_forward import KernelDecoder, kernel_forward, kernel_support
 from agentrt.engine.models.layer_ops import TorchLayerOps, TritonLayerOps, triton_support
 from agentrt.engine.models.layers import Linear, RotaryEmbedding
-from agentrt.engine.models.quant_forward import QuantDecoder, cache_supported, quant_forward, quant_support, reserve_step_buffers
+from agentrt.engine.models.quant_forward import QuantDecoder, cache_supported, quant_forward, quant_support
 from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear, gather_weights
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.backend import KernelBackend, choose_backend
+from agentrt.kernels.quant_decoder import quant_reserve
 from agentrt.kernels.quant_formats import QuantWeight, dequantize
 
 log = logging.getLogger(__name__)
@@ -159,7 +160,7 @@ class LlamaModel:
         """On the fused quantized path, its kernels' per-thread buffers sized and touched for a step
         of `tokens` tokens, on the calling thread (the one that runs the forwards)."""
         if self.quant_decoder is not None and self._quant_fused:
-            reserve_step_buffers(self, tokens)
+            quant_reserve(self.quant_decoder.dims, tokens)
 
     def forward(
         self, batch: ForwardBatch, kv: KVCache, num_layers: int | None = None, return_hidden: bool = False,

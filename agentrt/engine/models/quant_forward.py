@@ -32,7 +32,7 @@ from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear
 from agentrt.kernels.decoder import Dims
 from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
 from agentrt.kernels.quant_decoder import (QuantLayerWeights, QuantModelTable, quant_decoder_layers, quant_layer_table,
-                                           quant_model_forward, quant_model_table, quant_reserve)
+                                           quant_model_forward, quant_model_table)
 from agentrt.kernels.quant_formats import FORMAT_BY_GGML_TYPE
 
 
@@ -123,11 +123,6 @@ class QuantDecoder:
                                                      kv.block_size, self.final_norm, self.embedding, self.head,
                                                      embed_scale=self.embed_scale, softcap=self.softcap)
         return t
-
-
-def reserve_step_buffers(model, tokens: int) -> None:
-    """The kernels' per-thread buffers at their size for a step of `tokens` tokens, on this thread."""
-    quant_reserve(model.quant_decoder.dims, tokens)
 
 
 def quant_forward(model, batch: ForwardBatch, kv: KVCache, num_layers: int, return_hidden: bool) -> ForwardOutput:

@@ -181,6 +181,10 @@ typedef struct {
 /* 0, or -3 when out of memory */
 int quant_attention(const qattn *A, int threads);
 
+/* cu_q, positions and block tables checked, seq[t] filled; 0 or -2 (cpu_quant_attention.c) */
+int quant_check_tables(int64_t T, const int64_t *positions, int64_t B, const int64_t *cu_q, const int64_t *block_tables,
+                       int64_t bt_stride, int64_t bt_cols, int64_t block_size, int64_t num_slots, int64_t *seq);
+
 /* The calling thread's buffers touched for a step of T tokens (cpu_quant_avx2.c, _decoder.c) */
 int quant_linear_reserve(int64_t M, int64_t K);
 

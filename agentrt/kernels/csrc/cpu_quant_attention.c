@@ -318,7 +318,6 @@ static void pv_set(const query *qs, int n, const float *V, const int64_t *off, i
 typedef struct {
   const qattn *A;
   int g;                    /* query heads per KV head */
-  int64_t n_groups;
   const int64_t *group;     /* group i: rows group[i] .. group[i+1]-1, one sequence's */
   const int64_t *cu_chunks; /* split: group i's chunk tasks from cu_chunks[i] (times nkv) */
   const int64_t *cu_parts;  /* split: token t's chunk partials from cu_parts[t] */
@@ -545,13 +544,35 @@ int quant_attention(const qattn *A, int threads) {
     t = e;
   }
   group[n_groups] = T;
-  X.n_groups = n_groups;
   for (int64_t t = 0; t < T; t++) cu_parts[t + 1] = cu_parts[t] + last_chunk(A, t) + 1;
   if (split) {
     run_job(chunks_job, &X, cu_chunks[n_groups] * A->nkv, threads);
     run_job(merge_job, &X, T, threads);
   } else {
     run_job(groups_job, &X, n_groups * A->nkv, threads);
+  }
+  return 0;
+}
+
+/* A ragged batch's sequences against their block tables: cu_q a partition of 0..T, positions >= 0,
+ * every block a sequence's positions reach inside its table row and the cache. Fills seq[t],
+ * token t's sequence. Returns 0, or -2 (nothing else written). */
+int quant_check_tables(int64_t T, const int64_t *positions, int64_t B, const int64_t *cu_q, const int64_t *block_tables,
+                       int64_t bt_stride, int64_t bt_cols, int64_t block_size, int64_t num_slots, int64_t *seq) {
+  if (B < 1 || cu_q[0] != 0 || cu_q[B] != T || block_size < 1) return -2;
+  for (int64_t b = 0; b < B; b++) {
+    if (cu_q[b + 1] < cu_q[b]) return -2;
+    int64_t pmax = -1;
+    for (int64_t t = cu_q[b]; t < cu_q[b + 1]; t++) {
+      if (positions[t] < 0) return -2;
+      pmax = positions[t] > pmax ? positions[t] : pmax;
+      seq[t] = b;
+    }
+    if (pmax / block_size >= bt_cols) return -2;
+    for (int64_t i = 0; i <= pmax / block_size; i++) {
+      const int64_t blk = block_tables[b * bt_stride + i];
+      if (blk < 0 || (blk + 1) * block_size > num_slots) return -2;
+    }
   }
   return 0;
 }
@@ -567,19 +588,11 @@ int agentrt_quant_attention(const float *q, int64_t q_stride, int64_t T, int nq,
       window < 0)
     return -1;
   if (T <= 0) return 0;
-  if (B < 1 || cu_q[0] != 0 || cu_q[B] != T || block_size < 1) return -2;
   int64_t *seq = malloc(sizeof(int64_t) * (size_t)T);
   if (!seq) return -3;
-  for (int64_t b = 0; b < B; b++) {
-    if (cu_q[b + 1] < cu_q[b]) goto bad;
-    for (int64_t t = cu_q[b]; t < cu_q[b + 1]; t++) {
-      seq[t] = b;
-      if (positions[t] < 0 || positions[t] / block_size >= bt_cols) goto bad;
-      for (int64_t i = 0; i <= positions[t] / block_size; i++) {
-        const int64_t blk = block_tables[b * bt_stride + i];
-        if (blk < 0 || (blk + 1) * block_size > num_slots) goto bad;
-      }
-    }
+  if (quant_check_tables(T, positions, B, cu_q, block_tables, bt_stride, bt_cols, block_size, num_slots, seq)) {
+    free(seq);
+    return -2;
   }
   const qattn A = {.T = T, .qkv_w = q_stride, .q_w = (int64_t)nq * d, .nq = nq, .nkv = nkv, .d = d, .scale = scale,
                    .positions = positions, .seq = seq, .block_tables = block_tables, .bt_stride = bt_stride,
@@ -587,7 +600,4 @@ int agentrt_quant_attention(const float *q, int64_t q_stride, int64_t T, int nq,
   const int rc = quant_attention(&A, threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads);
   free(seq);
   return rc;
-bad:
-  free(seq);
-  return -2;
 }

@@ -226,24 +226,11 @@ static size_t decoder_scratch_bytes(int64_t T, int64_t hidden, int64_t inter, in
 static int check_batch(int64_t T, const int64_t *positions, int64_t rope_rows, const int64_t *slots, int64_t num_slots,
                        int64_t B, const int64_t *cu_q, const int64_t *block_tables, int64_t bt_stride, int64_t bt_cols,
                        int64_t block_size, const int64_t *rows, int64_t n_rows, int64_t *seq) {
-  if (B < 1 || cu_q[0] != 0 || cu_q[B] != T || block_size < 1) return -2;
-  for (int64_t b = 0; b < B; b++) {
-    if (cu_q[b + 1] < cu_q[b]) return -2;
-    int64_t pmax = -1;
-    for (int64_t t = cu_q[b]; t < cu_q[b + 1]; t++) {
-      if (positions[t] < 0 || positions[t] >= rope_rows || slots[t] < 0 || slots[t] >= num_slots) return -2;
-      pmax = positions[t] > pmax ? positions[t] : pmax;
-      seq[t] = b;
-    }
-    if (pmax / block_size >= bt_cols) return -2;
-    for (int64_t i = 0; i <= pmax / block_size; i++) {
-      const int64_t blk = block_tables[b * bt_stride + i];
-      if (blk < 0 || (blk + 1) * block_size > num_slots) return -2;
-    }
-  }
+  for (int64_t t = 0; t < T; t++)
+    if (positions[t] >= rope_rows || slots[t] < 0 || slots[t] >= num_slots) return -2;
   for (int64_t i = 0; i < n_rows; i++)
     if (rows && (rows[i] < 0 || rows[i] >= T)) return -2;
-  return 0;
+  return quant_check_tables(T, positions, B, cu_q, block_tables, bt_stride, bt_cols, block_size, num_slots, seq);
 }
 
 /* Token trees: each path (positions tree_base[t]..p) fits its row of path_slots, inside the cache. */
