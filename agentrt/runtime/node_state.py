@@ -84,8 +84,11 @@ class NodeState:
             return
         if self.log.phase == "prefill" and status == "ok" and self.kind == "llm":
             # generation ended within the prefill step's window: the rest is the first token's
-            self.log.enter("decode", self.attributes.get("_prefill_end", end))
-        self.status, self.end, self.error = status, end, error
+            self.log.enter("decode", min(self.attributes.get("_prefill_end", end), end))
+        # an engine step's times come from the engine thread and may land just past the moment
+        # the runtime saw the output: the node lasts at least until its last phase began, so its
+        # phase spans always tile its span exactly
+        self.status, self.end, self.error = status, max(end, self.log.since), error
 
     def spans(self, run_id: str, trace_id: str, parent_id: str | None = None) -> list[Span]:
         assert self.end is not None, f"node {self.node} is not finished"

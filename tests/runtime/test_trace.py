@@ -177,3 +177,26 @@ def test_idle_gaps():
     assert idle_gaps([(1.0, 2.0), (2.0005, 3.0), (5.0, 6.0)], 0.0, 7.0) == [(0.0, 1.0), (3.0, 5.0), (6.0, 7.0)]
     assert idle_gaps([], 0.0, 1.0) == [(0.0, 1.0)]
     assert idle_gaps([(0.0, 1.0)], 0.0, 1.0) == []
+
+
+def test_node_phases_tile_its_span_when_a_step_ends_after_the_output():
+    from agentrt.runtime.backend import LLMStepEvent
+    from agentrt.runtime.node_state import NodeState
+    from agentrt.runtime.summary import node_summary
+
+    def summarized(ns):
+        node, *phases = (s.to_record() for s in ns.spans("run", "trace"))
+        return node_summary(node, phases)
+
+    # the prefill step's reported end (1.5) is after the moment the runtime finished the node (1.2)
+    ns = NodeState("a", "llm", "chat m", created=1.0)
+    ns.on_llm_step(LLMStepEvent(step=1, start=0.0, duration_s=0.5, batch_size=1, num_new=8), 1.0)
+    ns.finish("ok", 1.2)
+    n = summarized(ns)
+    assert sum(n["phases"].values()) == pytest.approx(n["duration_s"], abs=1e-9)
+    # a step that began after the runtime's clock read: the node lasts until that phase began
+    ns = NodeState("b", "llm", "chat m", created=1.0)
+    ns.on_llm_step(LLMStepEvent(step=1, start=0.0, duration_s=0.1, batch_size=1, num_new=8), 1.3)
+    ns.finish("ok", 1.25)
+    n = summarized(ns)
+    assert ns.end == pytest.approx(1.3) and sum(n["phases"].values()) == pytest.approx(n["duration_s"], abs=1e-9)
