@@ -3,7 +3,8 @@
 The executors (node_exec.py, prefill_ahead.py) and the runtime's driver say what happened by
 emitting these frozen events on a NodeEvents emitter; they write nothing else. The run store, the
 trace's content and the live feed each subscribe to them (subscribers.py, registered in one place:
-`node_subscribers`). Subscribers are called in the order they were registered, on the runtime's
+`node_subscribers`); a server adds its metrics and OpenTelemetry export after them
+(server/state.py: `server_subscribers`). Subscribers are called in the order they were registered, on the runtime's
 event loop; an exception one raises (the store unavailable) reaches the emitter of the event, as
 if the write were inline.
 
@@ -24,7 +25,7 @@ if the write were inline.
     InputGiven     a wait_for node got its value
     NodeValue      the value a node produced
     NodeOutcome    how a node's work ended, as the driver reports it to the program run
-    NodeFinished   a node finished (ok, error, cancelled)
+    NodeFinished   a node finished (ok, error, cancelled): how long its span lasted, the tool it called
     RunFinished    a run ended; an interrupted one has not finished (it goes on when resumed)
 """
 from __future__ import annotations
@@ -184,6 +185,8 @@ class NodeFinished:
     value: Any = None
     error: str | None = None
     replayed: bool = False
+    tool: str | None = None  # the tool a tool node called (none for one replayed or never dispatched)
+    duration_s: float | None = None  # its span's length, from when it began waiting until it ended
 
 
 @dataclass(frozen=True)

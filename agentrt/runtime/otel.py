@@ -6,17 +6,26 @@ trace's node spans (`chat {model}`, `execute_tool {tool}`, already named by the 
 conventions) under it and their phase spans under those, with the same start and end times, the
 engine-step events, status and attributes (values OpenTelemetry cannot carry, such as dicts, as
 JSON text).
+
+`OtelExport` is the subscriber of node events (node_events.py) that does it: when a run ends
+(RunFinished; an interrupted run has not ended) it sends that run's spans, as its trace records
+them. A server registers it with its other subscribers (server/state.py: `server_subscribers`).
 """
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Mapping
+import logging
+from typing import Any, Callable, Iterable, Mapping
 
 from opentelemetry import trace as otel_trace
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.trace import Status, StatusCode
+
+from agentrt.runtime.node_events import RunFinished
+
+log = logging.getLogger("agentrt.otel")
 
 
 def tracer_provider(exporter: SpanExporter, service_name: str = "agentrt", batch: bool = True) -> TracerProvider:
@@ -88,3 +97,19 @@ def export_run(provider: TracerProvider, records: Iterable[Mapping[str, Any]]) -
     for rec in sorted(spans, key=lambda r: r["end"]):
         made[rec["span_id"]].end(end_time=ns(rec["end"]))
     root.end(end_time=ns(program["end"]))
+
+
+class OtelExport:
+    """The subscriber that sends each ended run's spans to `provider`; `records(run_id)` gives the
+    run's trace records (Trace.run_records), complete once its RunFinished is emitted."""
+
+    def __init__(self, provider: TracerProvider, records: Callable[[str], list[dict[str, Any]]]) -> None:
+        self.provider, self.records = provider, records
+
+    def __call__(self, event: Any) -> None:
+        if not isinstance(event, RunFinished) or event.interrupted:
+            return
+        try:
+            export_run(self.provider, self.records(event.run_id))
+        except Exception:  # noqa: BLE001 - telemetry never fails a run (a subscriber's error reaches the run)
+            log.exception("exporting the spans of %s failed", event.run_id)

@@ -7,8 +7,10 @@ they are registered (`node_subscribers`):
   NoStore, its no-op stand-in for a runtime without a store;
 - LiveFeed: the RunEvents live subscribers get (events.py: `Runtime.subscribe_events`).
 
-OpenTelemetry and the server's metrics read finished runs' trace records and engine steps
-(otel.py, server/metrics.py), not these events.
+A server adds its own after these (server/state.py: `server_subscribers`, the runtime never
+importing the server): its run metrics (server/metrics.py: `RunMetrics`) and the OpenTelemetry
+export of each ended run's spans (otel.py: `OtelExport`). The server's engine metrics follow
+engine steps and LLM responses, which are not node events.
 """
 from __future__ import annotations
 

@@ -6,6 +6,14 @@ tokens, prompt tokens and those served from the prefix cache, drafted/accepted p
 by status, running and queued, node latency by kind, tool latency by tool. HTTP: requests by
 route and status, with durations.
 
+Where they come from: the run metrics (runs by status, node latency by kind, tool latency by
+tool) follow the runtime's node events (node_events.py) through `RunMetrics`, a subscriber the
+server registers with its others (state.py: `server_subscribers`); a run that ended before it
+reached the runtime (cancelled while queued, a program that cannot start) is counted by
+`ServerMetrics.run_ended`. The engine metrics are fed by engine steps (`on_step`, from the
+backend's step subscription) and responses (`on_response`), which are not node events; HTTP ones
+by the access middleware; the gauges are read at scrape time.
+
 Labels: every sample carries `replica` (the server's replica id, HOST:PORT, the one it holds runs
 under in a PostgreSQL lease store; an engine worker's id in an engine worker's metrics), and the
 engine and request metrics `engine` (`in-process` for the server's own engine, else the engine
@@ -13,13 +21,14 @@ worker's id), so that the scrapes of several replicas and workers add up without
 """
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Metric, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from prometheus_client.registry import Collector
 
 from agentrt.runtime.backend import EngineStep, LLMResponse
+from agentrt.runtime.node_events import Dispatching, NodeFinished, RunFinished
 
 STEP_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 LATENCY_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
@@ -133,14 +142,13 @@ class ServerMetrics(EngineMetrics):
         self.http_time = Histogram("agentrt_http_request_duration_seconds", "HTTP request duration, by route",
                                    ["route"], buckets=LATENCY_BUCKETS, registry=r)
 
-    def on_run_end(self, status: str, summary: Mapping[str, Any] | None) -> None:
+    def run_ended(self, status: str, nodes: Iterable[tuple[str, str | None, float]] = ()) -> None:
+        """A run ended with `status`; nodes: (kind, tool, duration_s) of each of its nodes."""
         self.runs.labels(status).inc()
-        for run in (summary or {}).get("runs", []):
-            for node in run.get("nodes", []):
-                if node.get("duration_s") is not None:
-                    self.node_latency.labels(node["kind"]).observe(node["duration_s"])
-                    if node["kind"] == "tool" and node.get("tool"):
-                        self.tool_latency.labels(node["tool"]).observe(node["duration_s"])
+        for kind, tool, duration_s in nodes:
+            self.node_latency.labels(kind).observe(duration_s)
+            if kind == "tool" and tool:
+                self.tool_latency.labels(tool).observe(duration_s)
 
     def on_http(self, route: str, status: int, seconds: float) -> None:
         self.http.labels(route, str(status)).inc()
@@ -153,3 +161,24 @@ class ServerMetrics(EngineMetrics):
         for state, n in runs.items():
             self.runs_active.labels(state).set(n)
         return self.render()
+
+
+class RunMetrics(Dispatching):
+    """The subscriber of node events that feeds a server's run metrics: each node that finishes
+    is kept with its run and observed when the run ends, so that a run interrupted (a shutdown,
+    the store unavailable) counts once, when its resume ends, as its trace does."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self.nodes: dict[str, list[tuple[str, str | None, float]]] = {}  # run id -> its finished nodes
+
+    def node_finished(self, ev: NodeFinished) -> None:
+        if ev.duration_s is not None:
+            self.nodes.setdefault(ev.run_id, []).append((ev.kind, ev.tool, ev.duration_s))
+
+    def run_finished(self, ev: RunFinished) -> None:
+        nodes = self.nodes.pop(ev.run_id, [])
+        if not ev.interrupted:
+            self.metrics.run_ended(ev.status, nodes)
+
+    on = {NodeFinished: node_finished, RunFinished: run_finished}

@@ -54,7 +54,7 @@ log = logging.getLogger("agentrt.server")
 class RunManager:
     def __init__(self, runtime: Runtime, programs: Mapping[str, Example], limits: Limits, runs_dir: Path,
                  keep_runs: int = 1000,
-                 on_end: Callable[[ServedRun, list[dict[str, Any]] | None], None] | None = None, *,
+                 on_end: Callable[[ServedRun], None] | None = None, *,
                  allow_changed_programs: bool = False, prune_after_s: float | None = None,
                  prune_keep: int | None = None, store_retry_s: float = 1.0, lease_s: float | None = None,
                  replica_id: str | None = None) -> None:
@@ -212,7 +212,7 @@ class RunManager:
                 log.error("could not write the trace of %s: %s", run.run_id, e)
         run._changed.set()
         if self.on_end is not None:
-            self.on_end(run, records)
+            self.on_end(run)
         self._status_changed(run)
         self._retire()
 

@@ -4,7 +4,6 @@ open event streams, and a run as the API shows it."""
 from __future__ import annotations
 
 import json
-import logging
 import socket
 import time
 from dataclasses import dataclass, field
@@ -14,17 +13,17 @@ from aiohttp import web
 from pydantic import BaseModel
 
 from agentrt.runtime.loader import Example
+from agentrt.runtime.node_events import Subscriber
 from agentrt.runtime.runtime import Runtime
 from agentrt.server.config import ServerConfig
 from agentrt.server.errors import ApiError
 from agentrt.server.feed import ServerFeed
-from agentrt.server.metrics import IN_PROCESS, ServerMetrics
+from agentrt.server.metrics import IN_PROCESS, RunMetrics, ServerMetrics
 from agentrt.server.openai_chat import ChatService
 from agentrt.server.runs import RunManager, ServedRun
 from agentrt.server.schemas import InputWanted, RunError, RunInfo
 from agentrt.structured.tool_formats import HOUSE
 
-log = logging.getLogger("agentrt.server")
 
 @dataclass
 class ServerState:
@@ -37,7 +36,7 @@ class ServerState:
     feed: ServerFeed | None = None
     chat: ChatService | None = None
     kv_blocks: Callable[[], Awaitable[Mapping[str, int]]] | None = None
-    tracer_provider: Any = None  # an OpenTelemetry TracerProvider: each finished run's spans go to it
+    tracer_provider: Any = None  # an OpenTelemetry TracerProvider: each ended run's spans go to it (OtelExport)
     started: float = field(default_factory=time.time)
     sse_open: int = 0
     stopping: bool = False
@@ -55,7 +54,9 @@ class ServerState:
                                replica_id=replica_id(self.config))
         self.chat = ChatService(runtime, self.model, self.config.limits, on_response=self.metrics.on_response,
                                 tool_format=getattr(runtime.backend, "tool_format", HOUSE))  # no model: house
-        runtime.backend.subscribe_steps(self.metrics.on_step)
+        runtime.backend.subscribe_steps(self.metrics.on_step)  # engine steps are not node events
+        for subscriber in server_subscribers(self.metrics, self.tracer_provider, runtime):
+            runtime.events.subscribe(subscriber)
         self.kv_blocks = runtime.backend.kv_blocks
         runs = self.runs
         feed = self.feed = ServerFeed(runtime, lambda: {"running": runs.running, "queued": runs.queued,
@@ -78,15 +79,9 @@ class ServerState:
         kv = await self.kv_blocks() if self.kv_blocks is not None else None
         return {IN_PROCESS: kv} if kv else {}
 
-    def _run_ended(self, run: ServedRun, records: list[dict[str, Any]] | None) -> None:
-        self.metrics.on_run_end(run.status, run.summary)
-        if self.tracer_provider is not None and records is not None:
-            from agentrt.runtime.otel import export_run
-
-            try:
-                export_run(self.tracer_provider, records)
-            except Exception:  # noqa: BLE001 - telemetry never fails a run
-                log.exception("exporting the spans of %s failed", run.run_id)
+    def _run_ended(self, run: ServedRun) -> None:
+        if run.handle is None:  # it never reached the runtime: no node events tell of it
+            self.metrics.run_ended(run.status)
 
     def ready(self) -> tuple[RunManager, ChatService]:
         if self.stopping:
@@ -94,6 +89,18 @@ class ServerState:
         if self.runs is None or self.chat is None:
             raise ApiError(503, "the model is still loading", code="not_ready", headers={"Retry-After": "1"})
         return self.runs, self.chat
+
+
+def server_subscribers(metrics: ServerMetrics, tracer_provider: Any, runtime: Runtime) -> list[Subscriber]:
+    """The server's subscribers of its runtime's node events, heard after the runtime's own
+    (runtime/subscribers.py: `node_subscribers`): the run metrics, then, with a tracer provider,
+    the OpenTelemetry export of each ended run's spans."""
+    subscribers: list[Subscriber] = [RunMetrics(metrics)]
+    if tracer_provider is not None:
+        from agentrt.runtime.otel import OtelExport
+
+        subscribers.append(OtelExport(tracer_provider, runtime.trace.run_records))
+    return subscribers
 
 
 def replica_id(config: ServerConfig) -> str:
