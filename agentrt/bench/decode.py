@@ -28,7 +28,9 @@ when the load moves.
 Summary: b1_vs_hf, b8_vs_hf (our float path / transformers), b1_vs_llamacpp_q4, b8_vs_llamacpp_q4
 (our quantized path / llama.cpp; goals >= 1.2), floor_ratio_q4 (goal <= 1.5), floor_ratio,
 startup_s (`agentrt generate` with --dtype, spawn to first byte), ppl_quant, ppl_dequant,
-ppl_llamacpp (agentrt/bench/perplexity.py). A key whose path did not run, or failed, is null.
+ppl_llamacpp (agentrt/bench/perplexity.py), ppl_ggml_rounding (our fp32 dequantized model with
+llama.cpp's activation rounding emulated, bench/ggml_rounding.py: what to hold ppl_llamacpp
+against, where ppl_dequant is the model without it). A key whose path did not run, or failed, is null.
 
 Verify cost (bench/verify_cost.py): the forward's time for one sequence fed 1-32 rows and for 8
 sequences fed 1 and 8 rows, over the one-row step, per path (the quantized one also capped at each
@@ -290,6 +292,7 @@ def run(args: argparse.Namespace) -> BenchResult:
                     p.tok_s.setdefault(batch, []).append(got)
     console.print(f"  perplexity on {len(text_ids)} tokens")
     ppl = {k: p.attempt("the perplexity", p.ppl) for k, p in paths.items()}
+    ppl_rounding = _ggml_rounding_ppl(args.model, text_ids, notes) if gguf is not None else None
     best = {k: {b: max(v) for b, v in p.tok_s.items()} for k, p in paths.items()}
     rows = [{"engine": p.engine, "weights": p.weights, **{f"b{b}_tok_s": best[k].get(b) for b in BATCHES},
              "ppl": ppl[k], **({"failed": p.failed} if p.failed else {})} for k, p in paths.items()]
@@ -349,6 +352,7 @@ def run(args: argparse.Namespace) -> BenchResult:
         "ppl_quant": ppl.get("quant"),
         "ppl_dequant": ppl["deq"],
         "ppl_llamacpp": ppl.get("llamacpp"),
+        "ppl_ggml_rounding": ppl_rounding,
     }
     config = {"model": args.model, "dtype": args.dtype, "float_dtype": fdt, "gguf": str(gguf) if gguf else None,
               "new_tokens": n_tokens, "repeats": repeats, "threads": threads, "read_bw_gb_s": [b / 1e9 for b in bws],
@@ -360,6 +364,20 @@ def run(args: argparse.Namespace) -> BenchResult:
         summary |= _determinism(main, args.quick, console, notes, config, getattr(args, "batch_invariant", False),
                                 getattr(args, "determinism_requests", None))
     return BenchResult(rows=rows, summary=summary, notes=notes, config=config)
+
+
+def _ggml_rounding_ppl(model: str, ids: list[int], notes: list[str]) -> float | None:
+    """The perplexity of our fp32 model with llama.cpp's activation rounding (bench/ggml_rounding.py),
+    or None with a note where a weight's type has no emulation."""
+    from agentrt.bench import ggml_rounding, perplexity
+
+    try:  # ValueError: a weight type without an emulation, or a row that is no whole number of blocks
+        got = perplexity.of_model(ggml_rounding.rounding_model(model)[0], ids)
+    except ValueError as e:
+        notes.append(f"ppl_ggml_rounding skipped: {e}")
+        return None
+    notes.append(f"perplexity of our fp32 model with llama.cpp's activation rounding emulated: {got:.3f}")
+    return got
 
 
 def _verify_cost(quant, deq, paths: dict, peer, quick: bool, console: Console, notes: list[str]) -> dict:

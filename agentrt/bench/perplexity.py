@@ -6,8 +6,10 @@ Every path scores the same token ids (our tokenizer, no special tokens): one pre
 whole text, then exp(mean over positions 1..n-1 of -log p(token | the tokens before it)), the
 log-probabilities a log-softmax of each position's logits in fp64. The quantized and the
 dequantized paths run the same weights, so their gap is what the quantized path's int8
-activation rounding costs; llama.cpp on the same file rounds activations too (Q8_1 / Q8_0
-blocks), which makes its figure the reference for that cost.
+activation rounding costs. llama.cpp on the same file rounds activations too, in blocks of its
+own per weight type (Q8_0 / Q8_1 of 32 values, Q8_K of 256 for the K-quants):
+bench/ggml_rounding.py runs our float model with that rounding, the figure to hold llama.cpp's
+against.
 """
 from __future__ import annotations
 
@@ -67,12 +69,17 @@ def from_logits(logits: torch.Tensor, ids: list[int]) -> float:
 
 def ours(loaded, ids: list[int]) -> float:
     """Our model's perplexity over ids: one prefill through model.forward, logits of every row."""
+    return of_model(loaded.model, ids)
+
+
+def of_model(model, ids: list[int]) -> float:
+    """A LlamaModel's perplexity over ids (ours, without the loaded model around it)."""
     from agentrt.engine.kv.block_manager import BlockManager
     from agentrt.engine.kv.kv_cache import KVCache
     from agentrt.engine.models.attention import build_attention_metadata
     from agentrt.engine.models.batch import ForwardBatch
 
-    model, block = loaded.model, 16
+    block = 16
     num_blocks = len(ids) // block + 2
     blocks = BlockManager(num_blocks, block)
     kv = KVCache(model.cfg, num_blocks, block, model.dtype)
