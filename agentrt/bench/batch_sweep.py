@@ -224,7 +224,7 @@ def run(args: argparse.Namespace) -> BenchResult:
     summary = summarize(rows, predicted)
     notes = [
         f"predicted break-even: fixed k=4 at α={alpha:.2f} (per-position, measured), mean context {context:.0f} tokens, "
-        f"cost model {cost_source} (overhead {cost_model.overhead_s * 1e3:.1f} ms, ridge ~{cost_model.ridge_tokens(int(context)):.0f} tokens)",
+        f"cost model {cost_source} (overhead {cost_model.overhead_s * 1e3:.1f} ms, ridge ~{cost_model.ridge_tokens():.0f} tokens)",
         "goodput: tokens/s of decode steps (prefill steps excluded). Goals: worst_adaptive_vs_best >= 0.95; "
         "adaptive > k=4 wherever k=4 < none.",
         f"load average (1 min) {load_before:.1f} before, {load_after:.1f} after, on {os.cpu_count()} CPUs",

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     engine = LLMEngine(engine_config(args))
     model, report, path = calibrate_engine(engine, max_tokens=args.max_tokens, repeats=args.repeats)
     print_table("predicted vs measured step time", report)
-    print(f"overhead {model.overhead_s * 1e3:.1f} ms, ridge at ~{model.ridge_tokens(512):.1f} tokens (512-token context), "
-          f"fit error {100 * (model.fit_rel_rmse or 0):.1f}% rms")
+    print(f"overhead {model.overhead_s * 1e3:.1f} ms, ridge at ~{model.ridge_tokens():.1f} tokens, "
+          f"K/V read {model.bytes_per_kv_token / 1e3:.1f} KB per cached token, fit error {100 * (model.fit_rel_rmse or 0):.1f}% rms")
     print(f"saved {path}")
     return 0

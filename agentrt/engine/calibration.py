@@ -22,7 +22,7 @@ from agentrt.spec.cost_model import StepCostModel, analytic, calibrate, cost_mod
 
 log = logging.getLogger(__name__)
 
-_SCRATCH = -1  # block-table id of the calibration sequence (real ids are >= 0)
+_SCRATCH = -1  # block-table id of the first calibration sequence (-1, -2, ...; real ids are >= 0)
 
 
 def model_cost_path(engine) -> Path:
@@ -64,17 +64,26 @@ def load_or_estimate_cost_model(engine) -> StepCostModel:
 
 
 QUICK_FIT_TOKENS = (1, 2, 4, 8, 16)  # new tokens per timed forward: k + 1 of a verify step up to k = 15
+QUICK_FIT_BATCHES = ((16, 1), (16, 2))  # (sequences, new tokens each): a full batch decoding, and drafting one
+
+
+def quick_grid(kv_tokens: int, room: int, block_size: int) -> list[tuple[int, int, int]]:
+    """One sequence feeding QUICK_FIT_TOKENS on a kv_tokens context, then the batches of
+    QUICK_FIT_BATCHES each on such a context, where the KV cache has room for them."""
+    grid = [(n, kv_tokens, 1) for n in QUICK_FIT_TOKENS]
+    return grid + [(b * t, b * kv_tokens, b) for b, t in QUICK_FIT_BATCHES if b * (kv_tokens + t + block_size) <= room]
 
 
 def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 3) -> StepCostModel:
-    """A fit on 5 points: one sequence feeding QUICK_FIT_TOKENS new tokens on a kv_tokens context,
-    each the fastest of `fastest_of` forwards, the analytic roofline as the prior for what five
-    points cannot tell (the KV slope, attention). For the quantized path, whose forwards are short
-    (7-36 ms on the 2-core EPYC: ~0.7 s in all) and where the analytic roofline is furthest off:
-    it prices the int8 kernels at torch's fp32 matmul rate and puts a 9-token verify step at 6.1x
-    a 1-token step, where it measured 2.5-2.7x; this fit says 2.7x. The engine must be idle (the
-    forwards run on a scratch sequence's blocks)."""
-    grid = [(n, kv_tokens) for n in QUICK_FIT_TOKENS]
+    """A fit on quick_grid's 5-7 points, each the fastest of `fastest_of` forwards, the analytic
+    roofline as the prior for what so few points cannot tell. For the quantized path, whose
+    forwards are short (~0.5 s in all) and where the analytic roofline is furthest off: it prices
+    the int8 kernels at torch's fp32 matmul rate, and it cannot know that a batch of one-token rows
+    reads one context per sequence where a verify reads one (at 16 sequences the quantized path's
+    fp32 K/V read costs as much as its linears). The engine must be idle (the forwards run on
+    scratch sequences' blocks)."""
+    room = engine.blocks.allocator.num_blocks * engine.blocks.block_size
+    grid = quick_grid(kv_tokens, room, engine.blocks.block_size)
     model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=1, progress=False,
                             prior=analytic_cost_model(engine))
     return model
@@ -105,22 +114,27 @@ def fit_cost_model_when_idle(engine) -> StepCostModel | None:
 
 
 def forward_timer(engine):
-    """step_fn(num_tokens, kv_tokens) -> seconds of one target forward verifying num_tokens
-    positions of one sequence on a kv_tokens-long cached context (logits for every position)."""
+    """step_fn(num_tokens, kv_tokens, num_seqs=1) -> seconds of one target forward of num_seqs
+    sequences (scratch block tables), each verifying num_tokens / num_seqs positions on a
+    kv_tokens / num_seqs-long cached context (logits for every position)."""
     blocks, model = engine.blocks, engine.model
 
-    def step_fn(num_tokens: int, kv_tokens: int) -> float:
-        total = kv_tokens + num_tokens
-        blocks.grow(_SCRATCH, total)
+    def step_fn(num_tokens: int, kv_tokens: int, num_seqs: int = 1) -> float:
+        n, ctx = num_tokens // num_seqs, kv_tokens // num_seqs
+        scratch = [_SCRATCH - i for i in range(num_seqs)]
         try:
-            positions = torch.arange(kv_tokens, total)
-            meta = build_attention_metadata([num_tokens], [total], positions, [blocks.tables[_SCRATCH]], blocks.block_size, model.device)
+            for seq in scratch:
+                blocks.grow(seq, ctx + n)
+            positions = torch.arange(ctx, ctx + n).repeat(num_seqs)
+            meta = build_attention_metadata([n] * num_seqs, [ctx + n] * num_seqs, positions,
+                                            [blocks.tables[seq] for seq in scratch], blocks.block_size, model.device)
             batch = ForwardBatch(
-                input_ids=torch.randint(0, model.cfg.vocab_size, (num_tokens,), device=model.device),
+                input_ids=torch.randint(0, model.cfg.vocab_size, (n * num_seqs,), device=model.device),
                 positions=positions.to(model.device),
-                slot_mapping=torch.tensor(blocks.slots(_SCRATCH, kv_tokens, total), device=model.device),
+                slot_mapping=torch.tensor([s for seq in scratch for s in blocks.slots(seq, ctx, ctx + n)],
+                                          device=model.device),
                 attn=meta,
-                logits_indices=torch.arange(num_tokens, device=model.device),
+                logits_indices=torch.arange(n * num_seqs, device=model.device),
             )
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
@@ -130,7 +144,8 @@ def forward_timer(engine):
                 torch.cuda.synchronize()
             return time.perf_counter() - t0
         finally:
-            blocks.free(_SCRATCH)
+            for seq in scratch:
+                blocks.free(seq)
 
     return step_fn
 
@@ -139,8 +154,8 @@ def fastest_forward_timer(engine, fastest_of: int):
     """forward_timer's step_fn, each sample the fastest of `fastest_of` back-to-back forwards."""
     timer = forward_timer(engine)
 
-    def fastest(num_tokens: int, kv_tokens: int) -> float:
-        return min(timer(num_tokens, kv_tokens) for _ in range(max(1, fastest_of)))
+    def fastest(num_tokens: int, kv_tokens: int, num_seqs: int = 1) -> float:
+        return min(timer(num_tokens, kv_tokens, num_seqs) for _ in range(max(1, fastest_of)))
 
     return fastest
 
@@ -153,8 +168,10 @@ def calibrate_engine(engine, max_tokens: int = 256, kv_values=(128, 512, 2048), 
     processes a descheduled forward is common, and one-forward samples once tilted the fit to a
     per-KV-token cost 100x the real one (2.3 MB vs 23 KB), which predicts memory-bound steps at
     any batch size and keeps the controller drafting into a full batch."""
-    kv_values = [kv for kv in kv_values if kv + max_tokens <= engine.blocks.allocator.num_blocks * engine.blocks.block_size]
-    grid = default_grid(max_tokens, kv_values)
+    room = engine.blocks.allocator.num_blocks * engine.blocks.block_size
+    kv_values = [kv for kv in kv_values if kv + max_tokens <= room]
+    grid = [(n, kv, seqs) for n, kv, seqs in default_grid(max_tokens, kv_values)
+            if kv + n + seqs * engine.blocks.block_size <= room]  # a block of slack per sequence
     prior = analytic_cost_model(engine)
     model, _, report = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=repeats, progress=progress,
                                  prior=prior)

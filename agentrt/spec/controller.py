@@ -10,7 +10,7 @@ chunk, whose step is slow anyway, a likely draft still pays).
 
 Greedy marginal allocation (SmartSpec-like). Why adding the best token until none improves is
 enough: a sequence's marginal gains prod_{i<=j} a_i never increase (every a_i <= 1), and the
-target time is convex in the tokens added (overhead + max of two affine terms), so a later token
+target time is convex in the tokens added (overhead + a sum of maxes of affine terms), so a later token
 of a sequence never has a better gain per second than an earlier one.
 """
 from __future__ import annotations
@@ -225,9 +225,9 @@ def break_even_batch(
     max_batch: int = 4096,
 ) -> int | None:
     """The first batch size at which fixed-k speculation is predicted to emit fewer tokens per
-    second than no speculation (where the step turns compute-bound and verified drafts cost their
-    full FLOP share; rounded up); None if speculation still
-    wins at max_batch."""
+    second than no speculation (where the linears turn compute-bound and verified drafts cost
+    their full FLOP share); None if speculation still wins at max_batch (long contexts, whose K/V
+    read every step pays whatever k is, can keep it winning at any batch)."""
     for batch in range(1, max_batch + 1):
         spec = speculative_goodput(cost_model, batch, alpha, k, context_len, draft_cost_s_per_token)
         if spec < speculative_goodput(cost_model, batch, alpha, 0, context_len):

@@ -1,12 +1,17 @@
-"""Step-cost model: how long one target forward takes, as a function of the new tokens in the step
-and the KV tokens it reads (a roofline: the slower of reading the weights and KV and doing the FLOPs, plus a fixed overhead):
+"""Step-cost model: how long one target forward takes, as a function of the new tokens in the step,
+the cached tokens attention reads and its query-key pairs. A forward runs its linear layers and its
+attention one after the other, each bound by memory or by arithmetic, so the step is the sum of two
+rooflines plus a fixed overhead:
 
-    T(n, kv, pairs) = overhead + max((bytes_fixed + bytes_per_kv_token * kv) / read_bw,
-                                     (n * flops_per_token + pairs * attn_flops_per_pair) / flop_rate)
+    T(n, kv, pairs) = overhead + max(bytes_fixed / read_bw, n * flops_per_token / flop_rate)
+                               + max(bytes_per_kv_token * kv / read_bw, pairs * attn_flops_per_pair / flop_rate)
 
-Speculation is nearly free while the memory term binds and costs full price once compute does.
-The model is fitted to timings of the running engine (`calibrate`, via a callback, so this module
-never imports the engine), or, uncalibrated, derived from the model size and machine rates.
+Verifying drafts is nearly free while the linears read weights slower than they multiply, and
+costs its full share once they do; the KV a batch of sequences reads is paid on top (on the CPU
+paths one sequence's K/V rows are read once for all its queries, so a batch of one-token rows
+reads B contexts where a verify of the same width reads one). The model is fitted to timings of
+the running engine (`calibrate`, via a callback, so this module never imports the engine), or,
+uncalibrated, derived from the model size and machine rates.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import numpy as np
 from agentrt.errors import CalibrationError, SpecConfigError
 from agentrt.kernels.machine import MachineRates, _write_json_atomic, dtype_name
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: one roofline over weights and KV together (cached fits of it are not read)
 
 
 @dataclass(frozen=True)
@@ -66,24 +71,34 @@ class StepCostModel:
             if not (v > 0.0) or math.isinf(v):
                 raise SpecConfigError(f"StepCostModel.{name} must be finite and > 0, got {v!r}")
 
-    def memory_s(self, kv_tokens: int) -> float:
-        return (self.bytes_fixed + self.bytes_per_kv_token * kv_tokens) / self.read_bw
+    def linear_s(self, num_tokens: int) -> float:
+        """The linear layers: the weights' read or the tokens' FLOPs, the slower."""
+        return max(self.bytes_fixed / self.read_bw, num_tokens * self.flops_per_token / self.flop_rate)
+
+    def attention_s(self, kv_tokens: int, query_kv_pairs: int) -> float:
+        """Attention: the cached K/V's read or the query-key pairs' FLOPs, the slower."""
+        return max(self.bytes_per_kv_token * kv_tokens / self.read_bw,
+                   query_kv_pairs * self.attn_flops_per_pair / self.flop_rate)
 
     def compute_s(self, num_tokens: int, query_kv_pairs: int = 0) -> float:
+        """The FLOP time of num_tokens tokens and their pairs (what one more token costs past the ridge)."""
         return (num_tokens * self.flops_per_token + query_kv_pairs * self.attn_flops_per_pair) / self.flop_rate
 
     def predict(self, num_tokens: int, kv_tokens: int, query_kv_pairs: int = 0) -> float:
         """Seconds for one forward of num_tokens new tokens reading kv_tokens cached tokens."""
-        return self.overhead_s + max(self.memory_s(kv_tokens), self.compute_s(num_tokens, query_kv_pairs))
+        return self.overhead_s + self.linear_s(num_tokens) + self.attention_s(kv_tokens, query_kv_pairs)
 
     def is_compute_bound(self, num_tokens: int, kv_tokens: int, query_kv_pairs: int = 0) -> bool:
-        return self.compute_s(num_tokens, query_kv_pairs) > self.memory_s(kv_tokens)
+        """Whether one more token costs target time: the linears or attention are past their ridge."""
+        return (num_tokens * self.flops_per_token / self.flop_rate > self.bytes_fixed / self.read_bw
+                or query_kv_pairs * self.attn_flops_per_pair / self.flop_rate
+                > self.bytes_per_kv_token * kv_tokens / self.read_bw)
 
-    def ridge_tokens(self, kv_tokens: int) -> float:
-        """New tokens per step at which compute catches up with memory (attention pairs ignored)."""
+    def ridge_tokens(self) -> float:
+        """New tokens per step at which the linears' FLOPs catch up with their weights' read."""
         if self.flops_per_token == 0.0:
             return math.inf
-        return self.memory_s(kv_tokens) * self.flop_rate / self.flops_per_token
+        return self.bytes_fixed / self.read_bw * self.flop_rate / self.flops_per_token
 
     def to_json(self) -> dict[str, Any]:
         d = asdict(self)
@@ -117,7 +132,7 @@ def cost_model_path(cache_root: str | Path, model_name: str, dtype: Any, machine
     model_slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name).strip("-")
     if not model_slug or not machine_id:
         raise SpecConfigError(f"cost_model_path needs a model name and machine id, got {model_name!r}, {machine_id!r}")
-    return Path(cache_root) / "cost_models" / f"{model_slug}--{dtype_name(dtype)}--{machine_id}.json"
+    return Path(cache_root) / "cost_models" / f"{model_slug}--{dtype_name(dtype)}--{machine_id}--v{FORMAT_VERSION}.json"
 
 
 def analytic(
@@ -153,9 +168,39 @@ def analytic(
 
 # ---- fitting ----------------------------------------------------------------------------------
 # Unknowns, all >= 0: theta = [overhead, mem0, mem_per_kv, comp_per_token, comp_per_pair] (seconds).
-# For a fixed split of the samples into memory-bound and compute-bound ones the model is linear,
-# so: try every split by a threshold on num_tokens, refine each by re-assigning samples to the
-# larger fitted term, keep the split with the lowest loss, then down-weight outliers (Huber) and refit.
+# For a fixed split of the samples into linears memory- or compute-bound, and attention KV- or
+# pair-bound, the model is linear, so: try every pair of thresholds (new tokens for the linears,
+# queries per cached token for attention), refine each by re-assigning samples to the larger
+# fitted term of each roofline, keep the split with the lowest loss, then down-weight outliers
+# (Huber) and refit. Columns a split cannot identify (no compute-bound sample, no KV variation,
+# pairs that move with tokens) take the prior's value.
+
+_DROP_ORDER = (4, 2, 0, 3, 1)  # which unidentifiable column takes the prior's value first
+
+
+def _design(lin_mem: np.ndarray, att_mem: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
+    one = np.ones_like(kv)
+    return np.stack([one, lin_mem * one, att_mem * kv, ~lin_mem * n, ~att_mem * p], axis=1)  # [samples, 5]
+
+
+def _predict_theta(theta: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
+    return theta[0] + np.maximum(theta[1], theta[3] * n) + np.maximum(theta[2] * kv, theta[4] * p)
+
+
+def _regimes(theta: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    return theta[1] >= theta[3] * n, theta[2] * kv >= theta[4] * p
+
+
+def _identifiable(X: np.ndarray) -> list[int]:
+    """The columns fitted from the data: non-zero ones, dropping (in _DROP_ORDER) each that the
+    others already span."""
+    free = [j for j in range(X.shape[1]) if np.any(X[:, j] != 0)]
+    for j in _DROP_ORDER:
+        if j in free and len(free) > 1:
+            others = [c for c in free if c != j]
+            if np.linalg.matrix_rank(X[:, others]) == np.linalg.matrix_rank(X[:, free]):
+                free = others
+    return free
 
 
 def _nonneg_lstsq(X: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
@@ -171,34 +216,15 @@ def _nonneg_lstsq(X: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
     return theta
 
 
-def _design(mem: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
-    one = np.ones_like(kv)
-    return np.stack([one, mem * one, mem * kv, ~mem * n, ~mem * p], axis=1)  # [samples, 5]
-
-
-def _predict_theta(theta: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
-    return theta[0] + np.maximum(theta[1] + theta[2] * kv, theta[3] * n + theta[4] * p)
-
-
-def _fit_split(mem, kv, n, p, t, w, prior_theta: list[float] | None) -> np.ndarray:
-    """Fit theta for one split. Columns the split cannot identify take the prior's value (or 0):
-    the overhead without compute-bound samples (it merges with mem0), the KV slope without KV
-    variation, attention without pairs independent of tokens, memory terms without memory samples."""
-    fixed: set[int] = set()
-    if not (~mem).any():
-        fixed |= {0, 3, 4}
-    elif np.linalg.matrix_rank(np.stack([n[~mem], p[~mem]], axis=1)) < 2:
-        fixed.add(4)
-    if not mem.any():
-        fixed |= {1, 2}
-    elif np.ptp(kv[mem]) == 0:
-        fixed.add(2)
+def _fit_split(lin_mem, att_mem, kv, n, p, t, w, prior_theta: list[float] | None) -> np.ndarray:
+    """Fit theta for one split; columns the split cannot identify take the prior's value (or 0)."""
+    X = _design(lin_mem, att_mem, kv, n, p)
+    free = _identifiable(X)
     known = np.zeros(5)
-    for j in fixed:
-        known[j] = prior_theta[j] if prior_theta is not None else 0.0
-    X = _design(mem, kv, n, p)
+    for j in range(5):
+        if j not in free and prior_theta is not None:
+            known[j] = prior_theta[j]
     sw = np.sqrt(w) / t  # relative errors: timing noise is multiplicative
-    free = [j for j in range(5) if j not in fixed]
     return _nonneg_lstsq(X * sw[:, None], (t - X @ known) * sw, free) + known
 
 
@@ -207,7 +233,7 @@ def fit(
     rates: MachineRates | None = None,
     prior: StepCostModel | None = None,
 ) -> StepCostModel:
-    """Fit the roofline to measured steps. Rates (or the prior's) convert fitted seconds back into
+    """Fit the model to measured steps. Rates (or the prior's) convert fitted seconds back into
     bytes and FLOPs; without either, read_bw = flop_rate = 1 and bytes/FLOPs are in seconds.
     Terms the samples cannot identify (no compute-bound sample, say) come from `prior`; without a
     prior the compute slope is set so the ridge sits just past the largest measured step."""
@@ -217,33 +243,35 @@ def fit(
     kv = np.array([s.kv_tokens for s in samples], dtype=float)
     p = np.array([s.pairs for s in samples], dtype=float)
     t = np.array([s.seconds for s in samples], dtype=float)
-    if not np.isfinite(t).all() or (t <= 0).any() or (n < 1).any() or (kv < 0).any():
-        raise CalibrationError("fit needs positive finite step times, num_tokens >= 1 and kv_tokens >= 0")
+    if not np.isfinite(t).all() or (t <= 0).any() or (n < 1).any() or (kv < 0).any() or (p < 0).any():
+        raise CalibrationError("fit needs positive finite step times, num_tokens >= 1 and kv_tokens, pairs >= 0")
     read_bw = rates.read_bw_bytes_per_s if rates else (prior.read_bw if prior else 1.0)
     flop_rate = rates.matmul_flops_per_s if rates else (prior.flop_rate if prior else 1.0)
     prior_theta = None
     if prior is not None:
         prior_theta = [prior.overhead_s, prior.bytes_fixed / prior.read_bw, prior.bytes_per_kv_token / prior.read_bw,
                        prior.flops_per_token / prior.flop_rate, prior.attn_flops_per_pair / prior.flop_rate]
+    queries = np.divide(p, kv, out=np.zeros_like(p), where=kv > 0)  # new tokens per cached token read
 
     def loss(theta: np.ndarray, w: np.ndarray) -> float:
         return float(np.sum(w * ((_predict_theta(theta, kv, n, p) - t) / t) ** 2))
 
     def fit_weighted(w: np.ndarray) -> np.ndarray:
         best, best_loss = None, math.inf
-        for threshold in [0.0, *np.unique(n)]:
-            mem = n <= threshold
-            for _ in range(20):
-                theta = _fit_split(mem, kv, n, p, t, w, prior_theta)
-                new_mem = theta[1] + theta[2] * kv >= theta[3] * n + theta[4] * p
-                if (new_mem == mem).all():
-                    break
-                mem = new_mem
-            if (~mem).sum() == 0:
-                theta = _complete_compute(theta, prior_theta, kv, n, p)
-            current = loss(theta, w)
-            if current < best_loss:
-                best, best_loss = theta, current
+        for lin_threshold in [0.0, *np.unique(n)]:
+            for att_threshold in [0.0, *np.unique(queries)]:
+                lin_mem, att_mem = n <= lin_threshold, queries <= att_threshold
+                for _ in range(20):
+                    theta = _fit_split(lin_mem, att_mem, kv, n, p, t, w, prior_theta)
+                    new_lin, new_att = _regimes(theta, kv, n, p)
+                    if (new_lin == lin_mem).all() and (new_att == att_mem).all():
+                        break
+                    lin_mem, att_mem = new_lin, new_att
+                if lin_mem.all():
+                    theta = _complete_compute(theta, prior_theta, n)
+                current = loss(theta, w)
+                if current < best_loss:
+                    best, best_loss = theta, current
         return best
 
     w = np.ones_like(t)
@@ -268,15 +296,11 @@ def fit(
     )
 
 
-def _complete_compute(theta, prior_theta, kv, n, p) -> np.ndarray:
-    """No compute-bound sample: take the compute terms from the prior, else put the ridge just past
+def _complete_compute(theta, prior_theta, n) -> np.ndarray:
+    """No sample with compute-bound linears: their slope from the prior, else the ridge just past
     the largest measured step (the most pessimistic slope the data allows)."""
     theta = theta.copy()
-    if prior_theta is not None:
-        theta[3], theta[4] = prior_theta[3], prior_theta[4]
-    else:
-        theta[3] = float(np.min((theta[1] + theta[2] * kv) / n))
-        theta[4] = 0.0
+    theta[3] = prior_theta[3] if prior_theta is not None else float(theta[1] / np.max(n))
     return theta
 
 
@@ -297,6 +321,7 @@ def prediction_report(model: StepCostModel, samples: Iterable[StepSample]) -> li
         rows.append({
             "num_tokens": num_tokens,
             "kv_tokens": kv_tokens,
+            "seqs": max(1, round(num_tokens * kv_tokens / pairs)) if pairs else 1,
             "measured_ms": measured * 1e3,
             "predicted_ms": predicted * 1e3,
             "error_pct": 100.0 * (predicted - measured) / measured,
@@ -305,16 +330,26 @@ def prediction_report(model: StepCostModel, samples: Iterable[StepSample]) -> li
     return rows
 
 
-def default_grid(max_tokens: int = 64, kv_values: Sequence[int] = (128, 512, 2048)) -> list[tuple[int, int]]:
-    """(num_tokens, kv_tokens) points: dense around small steps, where a CPU's ridge sits."""
+GridPoint = tuple[int, int, int]  # (new tokens, cached tokens, sequences they are spread over)
+BATCH_POINTS = ((4, 1), (16, 1), (16, 2), (16, 4))  # (sequences, new tokens each) on the shortest context
+
+
+def default_grid(max_tokens: int = 64, kv_values: Sequence[int] = (128, 512, 2048),
+                 batches: Sequence[tuple[int, int]] = BATCH_POINTS) -> list[GridPoint]:
+    """One sequence's steps, dense around small steps where a CPU's ridge sits, on each context;
+    then batches of sequences each on the shortest context, which read one context per sequence
+    (what tells the K/V read apart from the query-key pairs)."""
     tokens = sorted({t for t in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
                      if t <= max_tokens} | {max_tokens})
-    return [(t, kv) for kv in kv_values for t in tokens]
+    grid = [(t, kv, 1) for kv in kv_values for t in tokens]
+    if kv_values:
+        grid += [(b * t, b * min(kv_values), b) for b, t in batches if b * t <= max_tokens]
+    return grid
 
 
 def calibrate(
-    step_fn: Callable[[int, int], float],
-    grid: Sequence[tuple[int, int]] | None = None,
+    step_fn: Callable[[int, int, int], float],
+    grid: Sequence[GridPoint] | None = None,
     repeats: int = 3,
     progress: bool = True,
     *,
@@ -322,12 +357,16 @@ def calibrate(
     prior: StepCostModel | None = None,
     warmup: int = 1,
 ) -> tuple[StepCostModel, list[StepSample], list[dict[str, Any]]]:
-    """Time step_fn(num_tokens, kv_tokens) -> seconds (one sequence of num_tokens new tokens on a
-    kv_tokens-long cached context) over the grid, fit on the per-point medians, and report
-    predicted vs measured. Repeats are interleaved across the grid so slow drift hits every point."""
+    """Time step_fn(num_tokens, kv_tokens, num_seqs) -> seconds (num_seqs sequences, each feeding
+    num_tokens / num_seqs new tokens on a kv_tokens / num_seqs-long cached context) over the grid,
+    fit on the per-point medians, and report predicted vs measured. Repeats are interleaved across
+    the grid so slow drift hits every point."""
     grid = list(grid) if grid is not None else default_grid()
     if not grid or repeats < 1:
         raise CalibrationError(f"calibrate needs a non-empty grid and repeats >= 1, got {len(grid)} points, {repeats}")
+    if any(seqs < 1 or n % seqs or kv % seqs for n, kv, seqs in grid):
+        raise CalibrationError("calibrate's grid points (tokens, kv_tokens, seqs) need tokens and kv_tokens "
+                               "divisible by seqs >= 1")
     samples: list[StepSample] = []
 
     def run_all(advance: Callable[[], None]) -> None:
@@ -335,11 +374,12 @@ def calibrate(
             step_fn(*grid[0])
             advance()
         for _ in range(repeats):
-            for num_tokens, kv_tokens in grid:
-                seconds = float(step_fn(num_tokens, kv_tokens))
+            for num_tokens, kv_tokens, num_seqs in grid:
+                seconds = float(step_fn(num_tokens, kv_tokens, num_seqs))
                 if not (seconds > 0) or math.isinf(seconds):
-                    raise CalibrationError(f"step_fn({num_tokens}, {kv_tokens}) returned {seconds!r}, not a time")
-                samples.append(StepSample(num_tokens, kv_tokens, seconds))
+                    raise CalibrationError(f"step_fn({num_tokens}, {kv_tokens}, {num_seqs}) returned {seconds!r}, "
+                                           "not a time")
+                samples.append(StepSample(num_tokens, kv_tokens, seconds, num_tokens * kv_tokens // num_seqs))
                 advance()
 
     total = repeats * len(grid) + warmup

@@ -33,9 +33,12 @@ def test_a_warm_up_fits_once_and_the_next_engine_loads_the_fit(smollm2_quant, ma
     engine = make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix"))
     _warm(engine)
     model = engine.spec.cost_model
-    assert model.source == "fit" and model.num_samples == len(calibration.QUICK_FIT_TOKENS)
+    room = engine.blocks.allocator.num_blocks * engine.blocks.block_size
+    grid = calibration.quick_grid(128, room, engine.blocks.block_size)
+    assert any(seqs > 1 for _, _, seqs in grid)  # batches of sequences timed too, where the KV has room
+    assert model.source == "fit" and model.num_samples == len(grid)
     assert calibration.model_cost_path(engine).is_file()
-    assert engine.blocks.num_free == engine.blocks.allocator.num_blocks  # the scratch sequence's blocks are back
+    assert engine.blocks.num_free == engine.blocks.allocator.num_blocks  # the scratch sequences' blocks are back
 
     def no_second_fit(*a, **k):
         raise AssertionError("fitted again")

@@ -42,15 +42,17 @@ def test_k_grows_with_alpha(model, cost):
     assert ks == sorted(ks) and ks[-1] >= ks[0] + 5, ks
 
 
-@pytest.mark.parametrize("model", [CPU, GPU, H100_7B])
-def test_k_falls_as_more_sequences_run(model):
+@pytest.mark.parametrize("model,last_k", [(CPU, 1), (GPU, 0), (H100_7B, 0)])
+def test_k_falls_as_more_sequences_run(model, last_k):
+    # CPU keeps one likely draft at B = 1024: its 1024 contexts' K/V read (~0.2 s) is paid by the
+    # step whatever k is, which makes a draft's linear-layer cost small beside it
     ctl = KController(model, kmax_cap=16)
     mean_k = []
     for batch in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024):
         alloc = ctl.choose(seqs(batch, 0.8, kmax=16, ctx=64))
         mean_k.append(sum(alloc.k) / batch)
     assert mean_k == sorted(mean_k, reverse=True), mean_k
-    assert mean_k[0] >= 8 and mean_k[-1] == 0
+    assert mean_k[0] >= 8 and mean_k[-1] == last_k
 
 
 @pytest.mark.parametrize("model", [CPU, GPU, H100_7B])
@@ -69,18 +71,19 @@ def test_k_is_zero_once_the_step_is_compute_bound():
         assert SMALL_OVERHEAD.is_compute_bound(batch, batch * 200)  # already without drafts
         alloc = ctl.choose(batch_seqs)
         assert alloc.k == [0] * batch and alloc.compute_bound
-    # the 7B model at B = 2000 (640-token contexts) is compute-bound too
-    assert KController(H100_7B, 16).choose(seqs(2000, 0.8, kmax=16, ctx=640)).k == [0] * 2000
+    # the 7B model at B = 2000 on short contexts is compute-bound too
+    assert KController(H100_7B, 16).choose(seqs(2000, 0.8, kmax=16, ctx=64)).k == [0] * 2000
 
 
 def test_overhead_makes_speculation_pay_a_little_past_the_ridge():
     # Past the ridge a token costs its FLOPs; with a large fixed overhead the plain step's average
     # cost per token is higher still, so a likely draft token still pays: the controller follows
-    # the cost model, not a rule of thumb. Check against alpha vs B*s/(overhead + B*s).
+    # the cost model, not a rule of thumb. Check against alpha vs B*s / T(B) (s: a token's
+    # linear-layer FLOPs; attention reads the K/V whatever k is, so a draft adds no attention time).
     batch, ctx = 40, 50
     assert CPU.is_compute_bound(batch, batch * ctx, batch * ctx)
-    s = CPU.compute_s(1, ctx)
-    threshold = batch * s / (CPU.overhead_s + batch * s)  # about 0.65
+    s = CPU.compute_s(1)
+    threshold = batch * s / CPU.predict(batch, batch * ctx, batch * ctx)  # about 0.56
     hi = KController(CPU, 8).choose(seqs(batch, threshold + 0.05, kmax=8, ctx=ctx))
     lo = KController(CPU, 8).choose(seqs(batch, threshold - 0.05, kmax=8, ctx=ctx))
     assert sum(hi.k) > 0 and sum(lo.k) == 0
@@ -148,35 +151,37 @@ def _goodput(model, batch, ks):
 
 
 def test_adaptive_k_against_the_batch_on_a_7b_model():
-    # at alpha = 0.8, 640-token contexts: best k = 5 at B = 1 (c = 0.15 of a step),
-    # 4 at B = 32, 1 at B = 128, "1 or disable" at B = 256 (batched drafts there count as free).
+    # at alpha = 0.8, 640-token contexts: best k = 5 at B = 1 (c = 0.15 of a step), 3-4 at B = 32;
+    # from B = 128 on the linears are compute-bound, but each sequence's K/V read (24 us of a
+    # step, whatever k is) keeps a draft of 2 paying (MagicDec's long-context regime)
     ctl = KController(H100_7B, kmax_cap=16)
-    c = 0.15 * H100_7B.predict(1, 640)
+    c = 0.15 * H100_7B.predict(1, 640, 640)
     assert ctl.choose(seqs(1, 0.8, kmax=16, cost=c, ctx=640)).k == [5]
-    assert set(ctl.choose(seqs(32, 0.8, kmax=16, ctx=640)).k) <= {4, 5}
-    assert Counter(ctl.choose(seqs(128, 0.8, kmax=16, ctx=640)).k).most_common(1)[0][0] == 1
-    assert set(ctl.choose(seqs(256, 0.8, kmax=16, ctx=640)).k) <= {0, 1}
+    assert set(ctl.choose(seqs(32, 0.8, kmax=16, ctx=640)).k) <= {3, 4}
+    assert set(ctl.choose(seqs(128, 0.8, kmax=16, ctx=640)).k) == {2}
+    assert set(ctl.choose(seqs(1024, 0.8, kmax=16, ctx=640)).k) == {2}
 
 
-def test_break_even_batch_against_the_roofline_formula():
-    # fixed k = 4 at alpha = 0.8 loses once E * memory_time(B) < compute_time(B), i.e.
-    # E (13.5 + 0.082 B) / 3.35 = 5 B 13.48 / 494.5  (ms)
-    e = expected_tokens(0.8, 4)
-    slope = 5 * 13.48 / 494.5
-    b_star = e * 13.5 / 3.35 / (slope - e * 0.082 / 3.35)
-    assert break_even_batch(0.8, 4, 640, cost_model=H100_7B) == int(b_star) + 1
-    assert KController(H100_7B).break_even_batch(0.8, 4, 640) == int(b_star) + 1
-    # and the gain at B = 164: 2.10x -> 1.21x
-    gain = speculative_goodput(H100_7B, 164, 0.8, 4, 640) / speculative_goodput(H100_7B, 164, 0.8, 0, 640)
-    assert round(gain, 2) == 1.21
-    # never compute-bound within max_batch: no break-even
-    assert break_even_batch(0.8, 4, 640, cost_model=H100_7B, max_batch=50) is None
+def test_break_even_batch_against_the_formula():
+    # fixed k = 4 at alpha = 0.5 loses once E * T(B, 0) > T(B, 4) turns, with the linears
+    # compute-bound under k = 4 and memory-bound without: T(B, 0) = W + B r, T(B, 4) = 5 B c + B r
+    # (W weights' read, c a token's FLOPs, r one sequence's K/V read; ms)
+    e = expected_tokens(0.5, 4)
+    w, c, r = 13.5 / 3.35, 13.48 / 494.5, 0.082 / 3.35
+    b_star = e * w / (5 * c - (e - 1) * r)
+    assert break_even_batch(0.5, 4, 640, cost_model=H100_7B) == int(b_star) + 1
+    assert KController(H100_7B).break_even_batch(0.5, 4, 640) == int(b_star) + 1
+    gain = speculative_goodput(H100_7B, 64, 0.5, 4, 640) / speculative_goodput(H100_7B, 64, 0.5, 0, 640)
+    assert gain == pytest.approx(e * (w + 64 * r) / (5 * 64 * c + 64 * r))
+    assert break_even_batch(0.5, 4, 640, cost_model=H100_7B, max_batch=50) is None
+    # at alpha = 0.8 the K/V read every step pays makes fixed k = 4 win at any batch
+    assert break_even_batch(0.8, 4, 640, cost_model=H100_7B) is None
 
 
 def test_break_even_falls_with_alpha_and_draft_length():
-    b = [break_even_batch(a, 4, 640, cost_model=H100_7B) for a in (0.5, 0.7, 0.9)]
+    b = [break_even_batch(a, 4, 640, cost_model=H100_7B) for a in (0.3, 0.5, 0.7)]
     assert b[0] < b[1] < b[2]
-    assert break_even_batch(0.8, 8, 640, cost_model=H100_7B) < break_even_batch(0.8, 2, 640, cost_model=H100_7B)
+    assert break_even_batch(0.6, 8, 640, cost_model=H100_7B) < break_even_batch(0.6, 2, 640, cost_model=H100_7B)
 
 
 def test_allocation_is_consistent_and_empty_batch_is_fine():

@@ -1,7 +1,8 @@
-"""Step-cost model: the roofline formula, the analytic fallback, fitting synthetic timings,
+"""Step-cost model: the two-roofline formula, the analytic fallback, fitting synthetic timings,
 calibration through a timing callback, persistence, and the machine micro-benchmarks."""
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -31,23 +32,33 @@ RATES = MachineRates(read_bw_bytes_per_s=30e9, matmul_flops_per_s=400e9, dtype="
 def noisy_step_fn(model: StepCostModel, seed: int, noise: float = 0.03, outlier_rate: float = 0.0):
     rng = np.random.default_rng(seed)
 
-    def step(num_tokens: int, kv_tokens: int) -> float:
-        t = model.predict(num_tokens, kv_tokens, num_tokens * kv_tokens) * float(np.exp(rng.normal(0, noise)))
+    def step(num_tokens: int, kv_tokens: int, num_seqs: int) -> float:
+        t = model.predict(num_tokens, kv_tokens, num_tokens * kv_tokens // num_seqs) * float(np.exp(rng.normal(0, noise)))
         return t * 3 if rng.random() < outlier_rate else t
 
     return step
 
 
-def test_predict_is_overhead_plus_max_of_memory_and_compute():
+def test_predict_is_overhead_plus_the_linears_roofline_plus_the_attention_roofline():
     m = StepCostModel(overhead_s=0.001, bytes_fixed=1e9, bytes_per_kv_token=1e5, flops_per_token=2e9,
                       read_bw=1e11, flop_rate=1e13, attn_flops_per_pair=1e5)
-    memory = (1e9 + 1e5 * 1000) / 1e11
-    assert m.predict(1, 1000) == pytest.approx(0.001 + memory)
-    compute = (2000 * 2e9 + 3000 * 1e5) / 1e13
-    assert compute > memory
-    assert m.predict(2000, 1000, 3000) == pytest.approx(0.001 + compute)
-    assert m.is_compute_bound(2000, 1000, 3000) and not m.is_compute_bound(1, 1000)
-    assert m.ridge_tokens(1000) == pytest.approx(memory * 1e13 / 2e9)
+    weights, kv_read = 1e9 / 1e11, 1e5 * 1000 / 1e11
+    assert m.predict(1, 1000, 1000) == pytest.approx(0.001 + weights + kv_read)  # both memory-bound
+    assert not m.is_compute_bound(1, 1000, 1000)
+    linears, pairs = 2000 * 2e9 / 1e13, 3000 * 1e5 / 1e13
+    assert linears > weights and pairs < kv_read
+    assert m.predict(2000, 1000, 3000) == pytest.approx(0.001 + linears + kv_read)
+    assert m.is_compute_bound(2000, 1000, 3000)
+    # one sequence, many queries on a long context: attention's FLOPs bind while the linears read weights
+    slow_attention = replace(m, attn_flops_per_pair=1e7)
+    assert slow_attention.predict(16, 1000, 16_000) == pytest.approx(0.001 + weights + 16_000 * 1e7 / 1e13)
+    assert slow_attention.is_compute_bound(16, 1000, 16_000)
+    assert m.ridge_tokens() == pytest.approx(weights * 1e13 / 2e9)
+
+
+def test_a_batch_of_one_token_rows_costs_more_than_one_sequence_of_as_many():
+    # B sequences read B contexts, a verify of as many rows reads one: the K/V read adds to the linears
+    assert TRUE.predict(16, 16 * 512, 16 * 512) > TRUE.predict(16, 512, 16 * 512) + 15 * 512 * 92160 / 30e9 * 0.99
 
 
 def test_analytic_smollm2_bf16_ridge_is_where_the_notes_put_it():
@@ -57,8 +68,8 @@ def test_analytic_smollm2_bf16_ridge_is_where_the_notes_put_it():
     m = analytic(134_515_008, 30, kv_bytes, 2, rates, q_size=576)
     assert m.bytes_fixed == 134_515_008 * 2 and m.flops_per_token == 2 * 134_515_008
     assert m.attn_flops_per_pair == 4 * 30 * 576
-    assert 8 <= m.ridge_tokens(200) <= 13  # "roughly 8-12 tokens per step in bf16"
-    assert m.predict(1, 200) == pytest.approx(m.memory_s(200))  # one token: memory-bound
+    assert 8 <= m.ridge_tokens() <= 13  # "roughly 8-12 tokens per step in bf16"
+    assert m.predict(1, 200, 200) == pytest.approx((m.bytes_fixed + 200 * m.bytes_per_kv_token) / m.read_bw)
     with pytest.raises(SpecConfigError, match="num_params"):
         analytic(0, 30, kv_bytes, 2, rates)
 
@@ -73,19 +84,21 @@ def test_fit_recovers_known_parameters_from_noisy_timings():
     )
     assert model.source == "fit" and model.num_samples == len(report) == len(default_grid(64, (128, 512, 2048)))
     assert model.read_bw == RATES.read_bw_bytes_per_s and model.flop_rate == RATES.matmul_flops_per_s
-    assert model.predict(1, 512) == pytest.approx(TRUE.predict(1, 512), rel=0.03)
+    assert model.predict(1, 512, 512) == pytest.approx(TRUE.predict(1, 512, 512), rel=0.03)
     assert model.flops_per_token == pytest.approx(TRUE.flops_per_token, rel=0.10)
     for name in ("overhead_s", "bytes_fixed", "bytes_per_kv_token", "attn_flops_per_pair"):
         assert getattr(model, name) == pytest.approx(getattr(TRUE, name), rel=0.20), name
     for n in (1, 3, 8, 13, 20, 40, 64):
         for kv in (64, 300, 1024, 4096):  # includes points off the calibration grid
             assert model.predict(n, kv, n * kv) == pytest.approx(TRUE.predict(n, kv, n * kv), rel=0.08)
-    assert model.ridge_tokens(512) == pytest.approx(TRUE.ridge_tokens(512), rel=0.2)
+    for b in (8, 32):  # batches of one-token rows, off the grid's batches
+        assert model.predict(b, b * 300, b * 300) == pytest.approx(TRUE.predict(b, b * 300, b * 300), rel=0.08)
+    assert model.ridge_tokens() == pytest.approx(TRUE.ridge_tokens(), rel=0.2)
     assert model.fit_rel_rmse < 0.05
 
 
 def test_fit_without_rates_is_in_seconds_and_noise_free_fit_is_exact():
-    samples = [StepSample(n, kv, TRUE.predict(n, kv, n * kv)) for n, kv in default_grid(48, (100, 1000))]
+    samples = [StepSample(n, kv, TRUE.predict(n, kv, n * kv // b), n * kv // b) for n, kv, b in default_grid(48, (100, 1000))]
     model = fit(samples)
     assert model.read_bw == 1.0 and model.flop_rate == 1.0
     assert model.bytes_fixed == pytest.approx(TRUE.bytes_fixed / TRUE.read_bw, rel=1e-6)
@@ -95,15 +108,15 @@ def test_fit_without_rates_is_in_seconds_and_noise_free_fit_is_exact():
 
 def test_fit_all_memory_bound_takes_compute_terms_from_the_prior_or_stays_pessimistic():
     # a GPU-like engine: every calibration step is memory-bound, so the compute slope is unseen
-    samples = [StepSample(n, kv, TRUE.predict(n, kv, 0)) for n, kv in default_grid(8, (128, 1024))]
-    assert not any(TRUE.is_compute_bound(s.num_tokens, s.kv_tokens) for s in samples)
+    samples = [StepSample(n, kv, TRUE.predict(n, kv, 0), 0) for n, kv, _ in default_grid(8, (128, 1024), batches=())]
+    assert not any(TRUE.is_compute_bound(s.num_tokens, s.kv_tokens, 0) for s in samples)
     with_prior = fit(samples, prior=TRUE)
     assert with_prior.flops_per_token == pytest.approx(TRUE.flops_per_token)
     assert with_prior.overhead_s == pytest.approx(TRUE.overhead_s)
     assert with_prior.bytes_fixed == pytest.approx(TRUE.bytes_fixed, rel=1e-6)
     bare = fit(samples)
     # without a prior the ridge sits at the largest measured step: no free speculation is assumed
-    assert bare.ridge_tokens(128) == pytest.approx(8, rel=1e-6)
+    assert bare.ridge_tokens() == pytest.approx(8, rel=1e-6)
 
 
 def test_fit_rejects_unusable_samples():
@@ -116,23 +129,27 @@ def test_fit_rejects_unusable_samples():
 def test_calibrate_interleaves_repeats_reports_predicted_vs_measured_and_shows_progress():
     calls = []
 
-    def step(n, kv):
-        calls.append((n, kv))
-        return TRUE.predict(n, kv, n * kv)
+    def step(n, kv, seqs):
+        calls.append((n, kv, seqs))
+        return TRUE.predict(n, kv, n * kv // seqs)
 
-    grid = [(1, 100), (4, 100), (16, 100), (32, 100), (1, 1000), (16, 1000), (32, 1000)]
+    grid = [(1, 100, 1), (4, 100, 1), (16, 100, 1), (32, 100, 1), (1, 1000, 1), (16, 1000, 1), (32, 1000, 1),
+            (16, 1600, 16)]
     model, samples, report = calibrate(step, grid, repeats=2, progress=True, warmup=1)
     assert calls[1:] == grid + grid  # one warm-up call, then repeats interleaved across the grid
     assert len(samples) == 2 * len(grid)
-    assert [(r["num_tokens"], r["kv_tokens"]) for r in report] == sorted(grid)
+    assert samples[-1].pairs == 1600  # 16 sequences, one new token on 100 cached each
+    assert sorted((r["num_tokens"], r["kv_tokens"], r["seqs"]) for r in report) == sorted(grid)
     for r in report:
         assert r["predicted_ms"] == pytest.approx(r["measured_ms"], rel=1e-6)
         assert abs(r["error_pct"]) < 1e-4
-        assert r["bound"] == ("compute" if TRUE.is_compute_bound(r["num_tokens"], r["kv_tokens"],
-                                                                 r["num_tokens"] * r["kv_tokens"]) else "memory")
+        pairs = r["num_tokens"] * r["kv_tokens"] // r["seqs"]
+        assert r["bound"] == ("compute" if TRUE.is_compute_bound(r["num_tokens"], r["kv_tokens"], pairs) else "memory")
     assert {r["bound"] for r in report} == {"memory", "compute"}
-    with pytest.raises(CalibrationError, match=r"step_fn\(1, 100\)"):
-        calibrate(lambda n, kv: float("nan"), grid, repeats=1, progress=False)
+    with pytest.raises(CalibrationError, match=r"step_fn\(1, 100, 1\)"):
+        calibrate(lambda n, kv, seqs: float("nan"), grid, repeats=1, progress=False)
+    with pytest.raises(CalibrationError, match="divisible"):
+        calibrate(step, [(3, 100, 2)], repeats=1, progress=False)
 
 
 def test_prediction_report_shows_error_of_a_wrong_model():
@@ -144,12 +161,14 @@ def test_prediction_report_shows_error_of_a_wrong_model():
 
 
 def test_json_round_trip_save_load_and_path(tmp_path):
-    m = fit([StepSample(n, kv, TRUE.predict(n, kv, n * kv)) for n, kv in default_grid(32, (64, 640))], rates=RATES)
+    m = fit([StepSample(n, kv, TRUE.predict(n, kv, n * kv)) for n, kv, _ in default_grid(32, (64, 640), batches=())],
+            rates=RATES)
     again = StepCostModel.from_json(json.loads(json.dumps(m.to_json())))
     assert again == m
     path = cost_model_path(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", "bf16", "cpu-xeon-2c-2t")
     assert path.parent == tmp_path / "cost_models"
-    assert path.name == "HuggingFaceTB-SmolLM2-135M-Instruct--bfloat16--cpu-xeon-2c-2t.json"
+    # the format in the name: a fit of an older model form is not read as this one
+    assert path.name == "HuggingFaceTB-SmolLM2-135M-Instruct--bfloat16--cpu-xeon-2c-2t--v2.json"
     m.save(path)
     assert StepCostModel.load(path) == m
     path.write_text("{not json")
