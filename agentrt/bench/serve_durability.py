@@ -33,7 +33,7 @@ def durability_part(args: Any, console: Console, rate: float, n: int, repeats: i
     from agentrt.bench.workload_load import EXAMPLE_NAMES, EXAMPLES_DIR, ToolLatency, arrival_times, workload
     from agentrt.engine.loading.model_loader import load_model
     from agentrt.runtime.loader import load_example
-    from agentrt.runtime.store import SQLiteRunStore
+    from agentrt.runtime.store import NullRunStore, SQLiteRunStore
 
     loaded = load_model(args.model, args.dtype, progress=False)
     cost_model = shared_cost_model(loaded)
@@ -46,11 +46,10 @@ def durability_part(args: Any, console: Console, rate: float, n: int, repeats: i
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(repeats):
             for side in (("memory", "sqlite") if rep % 2 == 0 else ("sqlite", "memory")):
-                store = SQLiteRunStore(Path(tmp) / f"runs-{rep}.db") if side == "sqlite" else None
+                store = SQLiteRunStore(Path(tmp) / f"runs-{rep}.db") if side == "sqlite" else NullRunStore()
                 times = asyncio.run(program_load(policy, loaded, cost_model, examples, arrival_times(n, rate, args.seed),
                                                  workload(n), latency, max_tokens, store=store))
-                if store is not None:
-                    store.close()
+                store.close()
                 means[side].append(statistics.fmean(times))
                 rows.append({"part": "durability", "store": side, "repeat": rep + 1, "rate_per_s": rate, "programs": n,
                              "mean_s": round(means[side][-1], 3)})

@@ -128,13 +128,13 @@ async def run_example(example: Example, inputs: Mapping[str, Any], backend: Any,
     if verbose:
         runtime.subscribe_events(lambda ev: print_finished_node(ev, console))
     stored = {}
-    if store is not None:
+    if runtime.store.durable:  # named and recorded, so that `agentrt resume` can go on with it
         from agentrt.runtime.store import file_hash
 
         run_id = run_id or f"{example.name}-{time.strftime('%Y%m%d-%H%M%S')}"
         stored = {"run_id": run_id, "resume": resume, "program_hash": file_hash(example.path),
                   "metadata": {"path": str(Path(example.path).resolve())}}
-        console.print(f"run {run_id} recorded in {store.location}" + (" (resumed)" if resume is not None else ""))
+        console.print(f"run {run_id} recorded in {runtime.store.location}" + (" (resumed)" if resume is not None else ""))
     try:
         if progress is not None:
             async with progress:
@@ -175,16 +175,13 @@ def run(args: argparse.Namespace) -> int:
     inputs = resolve_inputs(example, args.input)
     if args.trace:
         check_writable(args.trace, "--trace")
-    store = None
-    if args.db:
-        from agentrt.runtime.store import open_store
+    from agentrt.runtime.store import NullRunStore, open_store
 
-        store = open_store(args.db)
+    store = open_store(args.db) if args.db else NullRunStore()
     try:
         return run_on_engine(args, example, inputs, store)
     finally:
-        if store is not None:
-            store.close()
+        store.close()
 
 
 def run_on_engine(args: argparse.Namespace, example: Example, inputs: Mapping[str, Any], store: Any = None,

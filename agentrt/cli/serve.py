@@ -171,16 +171,14 @@ def run(args: argparse.Namespace) -> int:
     from agentrt.tools.loader import load_tools
 
     tools = [t for ex in examples for t in ex.tools] + [t for m in args.tools for t in load_tools(m)]
-    store = None
-    if config.db is not None:  # a corrupt or newer store stops the server here, before the port opens
-        from agentrt.runtime.store import open_store
+    from agentrt.runtime.store import NullRunStore, open_store
 
-        store = open_store(config.db)
+    # a corrupt or newer store stops the server here, before the port opens
+    store = open_store(config.db) if config.db is not None else NullRunStore()
     try:
         return asyncio.run(serve(args, config, programs, tools, store))
     finally:
-        if store is not None:
-            store.close()
+        store.close()
 
 
 async def serve(args: argparse.Namespace, config: ServerConfig, programs: dict, tools: list, store: Any = None) -> int:

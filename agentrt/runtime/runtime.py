@@ -36,7 +36,7 @@ from agentrt.runtime.policy import (KVHoldPolicy, LASPolicy, NodeContext, Progra
                                     policy_from_name)
 from agentrt.runtime.run_state import (RunHandle, RunResult, RunState, loop_attributes, program_record,
                                        task_outcome)
-from agentrt.runtime.store import RecordedNodes, RunStore, StoreUnavailable
+from agentrt.runtime.store import NullRunStore, RecordedNodes, RunStore, StoreUnavailable
 from agentrt.runtime.subscribers import LiveFeed, node_subscribers
 from agentrt.runtime.trace import Trace, new_id
 from agentrt.runtime.trace_content import REDACTED_ATTR, TraceContent
@@ -82,7 +82,7 @@ class Runtime:
         self.trace = trace or Trace(meta={"model": backend.model_name, "policy": getattr(self.policy, "name", None)})
         self.max_tokens = max_tokens
         self.stream_outputs = stream_outputs
-        self.store = store
+        self.store: RunStore = store if store is not None else NullRunStore()  # runs in memory only
         self.trace_content = trace_content or TraceContent()
         self.prefill_ahead = prefill_ahead
         self.runs: dict[str, RunState] = {}  # program runs in this runtime, by run id
@@ -90,7 +90,7 @@ class Runtime:
         self._unsubscribe = None
         # what happens in runs goes out as node events (node_events.py) to their subscribers
         self.live = LiveFeed(self.trace)
-        recorder, subscribers = node_subscribers(store, self.trace_content,
+        recorder, subscribers = node_subscribers(self.store, self.trace_content,
                                                  lambda run_id, node: self.runs[run_id].nodes[node].attributes,
                                                  self.live)
         self.events = NodeEvents(subscribers, lambda: self.live.watched)

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from agentrt.runtime.store_api import (  # noqa: F401 - the store's names, importable from here as before
-    ENDED, JSON_RUN_FIELDS, RUN_FIELDS, UNFINISHED, NodeChange, RecordedNodes, RecordedOutcome, RunStore, StoredRun,
-    StoreError, StoreUnavailable, ToolAttempt, args_hash, check_run_fields, doomed_runs, file_hash, to_json)
+    ENDED, JSON_RUN_FIELDS, RUN_FIELDS, UNFINISHED, NodeChange, NullRunStore, RecordedNodes, RecordedOutcome, RunStore,
+    StoredRun, StoreError, StoreUnavailable, ToolAttempt, args_hash, check_run_fields, doomed_runs, file_hash, to_json)
 from agentrt.runtime.store_location import PostgresLocation, StoreLocation, store_location, store_path
 
 
@@ -63,6 +63,8 @@ MIGRATIONS: dict[int, list[str]] = {  # version -> the statements that reach it 
 
 
 class SQLiteRunStore:
+    durable = True
+
     def __init__(self, path: str | Path) -> None:
         self.path = store_path(path, "run store") if isinstance(path, str) else path  # no postgresql:/ folder
         self.location = str(self.path)

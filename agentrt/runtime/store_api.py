@@ -14,6 +14,9 @@ Both give the same guarantees, proven by the same tests run against each:
 
 A store raises `StoreUnavailable` when its database cannot be reached (PostgreSQL restarting,
 the network gone): the write was not recorded, and the server answers 503 with the reason.
+
+Without a database, `NullRunStore` stands in: it records nothing and finds nothing (`durable` is
+False), so the runtime, the server and the CLI write through a store whether or not there is one.
 """
 from __future__ import annotations
 
@@ -175,6 +178,7 @@ class RunStore(Protocol):
     """What the runtime, the server and the CLI write runs through."""
 
     location: str  # where the runs are, as a message may show it (a PostgreSQL URL without its password)
+    durable: bool  # whether what is written outlives the process (False: NullRunStore)
 
     def create_run(self, run: StoredRun) -> None: ...
     def update_run(self, run_id: str, **fields: Any) -> None: ...
@@ -200,6 +204,63 @@ class RunStore(Protocol):
     def events(self, run_id: str) -> list[tuple[int, str, dict[str, Any]]]: ...
     def prune(self, *, older_than_s: float | None = None, keep: int | None = None) -> list[str]: ...
     def close(self) -> None: ...
+
+
+class NullRunStore:
+    """The store of a server or `agentrt run` without --db: it records nothing and finds nothing,
+    so runs live only in the process's memory. Callers write through it as through a real store;
+    `durable` tells them where behaviour differs (a run stopped at shutdown cannot be resumed)."""
+
+    location = "memory only"
+    durable = False
+    supports_leases = False
+
+    def create_run(self, run: StoredRun) -> None:
+        pass
+
+    def update_run(self, run_id: str, **fields: Any) -> None:
+        pass
+
+    def get_run(self, run_id: str) -> StoredRun | None:
+        return None
+
+    def run_by_key(self, idempotency_key: str) -> StoredRun | None:
+        return None
+
+    def runs(self, statuses: Iterable[str] | None = None) -> list[StoredRun]:
+        return []
+
+    def node_started(self, run_id: str, node: str, kind: str, *, seed: int | None = None,
+                     args_hash: str | None = None) -> None:
+        pass
+
+    def node_finished(self, run_id: str, node: str, kind: str, ok: bool, value: Any = None,
+                      error: str | None = None, error_type: str | None = None, sent: Any = None) -> None:
+        pass
+
+    def tool_attempt(self, run_id: str, node: str, attempt: int, status: str, **fields: Any) -> None:
+        pass
+
+    def node_changes(self, run_id: str) -> list[NodeChange]:
+        return []
+
+    def tool_attempts(self, run_id: str) -> list[ToolAttempt]:
+        return []
+
+    def recorded(self, run_id: str) -> RecordedNodes:
+        return RecordedNodes()
+
+    def add_event(self, run_id: str, event_id: int, type: str, data: Any) -> None:
+        pass
+
+    def events(self, run_id: str) -> list[tuple[int, str, dict[str, Any]]]:
+        return []
+
+    def prune(self, *, older_than_s: float | None = None, keep: int | None = None) -> list[str]:
+        return []
+
+    def close(self) -> None:
+        pass
 
 
 def check_run_fields(fields: Iterable[str]) -> None:

@@ -81,6 +81,8 @@ _TOOL_ATTEMPT_FIELDS = ("node", "attempt", "status", "args_hash", "started", "fi
 
 
 class PostgresRunStore(LeaseStore):
+    durable = True
+
     def __init__(self, url: str, *, connect_timeout_s: float = 5.0, wait_s: float = 3.0,
                  max_connections: int = 4) -> None:
         """Connect, migrate the schema, open the pool. StoreUnavailable naming the URL (without

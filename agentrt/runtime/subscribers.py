@@ -273,10 +273,11 @@ class LiveFeed(Dispatching):
           RunFinished: run_finished, RunStarted: run_started, GraphChanged: graph}
 
 
-def node_subscribers(store: RunStore | None, content: TraceContent, attributes: Attributes,
+def node_subscribers(store: RunStore, content: TraceContent, attributes: Attributes,
                      live: LiveFeed) -> tuple[StoreRecorder | NoStore, list[Subscriber]]:
     """Every subscriber of a runtime's events, in the order they hear each event: the trace's
-    content first (a node's arguments are on its span even if the store then fails), the store,
-    then the live feed (a live event is only sent once what it says is recorded)."""
-    recorder = StoreRecorder(store) if store is not None else NoStore()
+    content first (a node's arguments are on its span even if the store then fails), the store
+    (NoStore for one that keeps nothing: nothing to hash or write), then the live feed (a live
+    event is only sent once what it says is recorded)."""
+    recorder = StoreRecorder(store) if store.durable else NoStore()
     return recorder, [TraceRecorder(content, attributes), recorder, live]

@@ -243,7 +243,7 @@ class McpEndpoint:
                 if run.status == "waiting" and waiting:
                     return self._waiting(run, waiting)
                 if self.closing:  # past the shutdown grace: runs still going were stopped to resume later
-                    resumes = "it resumes when the server starts again" if runs.store is not None else "it is lost"
+                    resumes = "it resumes when the server starts again" if runs.store.durable else "it is lost"
                     return _tool_error(f"the server stopped before run '{run.run_id}' ended ({run.status}): {resumes}")
                 await run.changed(after, timeout=FOLLOW_POLL_S)
         except asyncio.CancelledError:

@@ -8,10 +8,11 @@ written to `runs_dir/<run_id>.jsonl` (what `agentrt inspect` reads), its summary
 and its records dropped from the runtime's trace. The newest `keep_runs` finished runs stay in
 memory; older ones are read back from the run store or their trace file when asked for.
 
-With a run store (the runtime's `store`), a run is recorded before its submit is answered, with
-its Idempotency-Key, and every event is recorded before a client can read it; `recover()` (at
-start) resumes the runs that had not ended, their event logs going on with the same ids. A
-shutdown stops the runs still going without ending them, so the next start resumes them.
+With a durable run store (the runtime's `store`; without --db a NullRunStore that keeps nothing),
+a run is recorded before its submit is answered, with its Idempotency-Key, and every event is
+recorded before a client can read it; `recover()` (at start) resumes the runs that had not
+ended, their event logs going on with the same ids. A shutdown stops the runs still going without
+ending them, so the next start resumes them (without a durable store it cancels them).
 
 When the store becomes unavailable (PostgreSQL restarting), a submit answers 503 (nothing was
 recorded) and a run whose write fails stops as at a shutdown: what it did since its last recorded
@@ -60,7 +61,7 @@ class RunManager:
                  replica_id: str | None = None) -> None:
         self.runtime, self.programs, self.limits = runtime, dict(programs), limits
         self.runs_dir, self.keep_runs, self.on_end = Path(runs_dir), keep_runs, on_end
-        self.store: RunStore | None = runtime.store
+        self.store: RunStore = runtime.store  # a NullRunStore without --db: nothing recorded, nothing found
         self.allow_changed_programs = allow_changed_programs
         self.prune_after_s, self.prune_keep = prune_after_s, prune_keep
         self.store_retry_s = store_retry_s
@@ -100,7 +101,7 @@ class RunManager:
         digest = json.dumps([program, inputs, priority, dict(metadata or {})], sort_keys=True, default=repr)
         if idempotency_key is not None:
             existing = self.runs.get(self._by_key.get(idempotency_key, ""))
-            if existing is None and self.store is not None:  # bound before a restart
+            if existing is None:  # bound before a restart
                 stored = self.store.run_by_key(idempotency_key)
                 if stored is not None and stored.status in UNFINISHED and stored.run_id not in self.runs \
                         and (self.replica is None or self.replica.claim(stored.run_id)):
@@ -123,14 +124,13 @@ class RunManager:
         run_id = f"run_{new_id(8)}"
         run = ServedRun(run_id, program, full, dict(metadata or {}), float(priority or 0.0), time.time(),
                         next(self._seq), idempotency_key, digest, store=self.store)
-        if self.store is not None:  # durable before the client hears of it
-            stored = StoredRun(run_id, program, self._hashes[program], full, "queued", run.created_at,
-                               idempotency_key=idempotency_key, request_digest=digest, priority=run.priority,
-                               metadata=run.metadata)
-            if self.replica is not None:
-                self.store.create_owned_run(stored, self.replica.id, self.replica.lease_s)
-            else:
-                self.store.create_run(stored)
+        stored = StoredRun(run_id, program, self._hashes[program], full, "queued", run.created_at,
+                           idempotency_key=idempotency_key, request_digest=digest, priority=run.priority,
+                           metadata=run.metadata)
+        if self.replica is not None:  # durable before the client hears of it
+            self.store.create_owned_run(stored, self.replica.id, self.replica.lease_s)
+        else:
+            self.store.create_run(stored)
         self.runs[run_id] = run
         if idempotency_key is not None:
             self._by_key[idempotency_key] = run_id
@@ -196,7 +196,7 @@ class RunManager:
         if run.handle is None:  # never started: no runtime events, so say it here
             run.add_event("run_finished", {"status": status, "output": None, "error": error["message"],
                                            "failed_node": None})
-        if self.store is not None and run.run_id not in self.runtime.runs:  # else the runtime recorded it
+        if run.run_id not in self.runtime.runs:  # else the runtime recorded it
             try:
                 self.store.update_run(run.run_id, status=status, ended_at=run.ended_at, output=output, error=error)
             except StoreUnavailable as e:  # it stays unfinished there: the next start takes it up again
@@ -228,9 +228,9 @@ class RunManager:
     def prune(self) -> list[str]:
         """Retention: delete ended runs older than prune_after_s or beyond the newest prune_keep,
         from the store and the runs directory (never a run that has not ended)."""
-        if self.store is not None:
+        if self.store.durable:
             gone = self.store.prune(older_than_s=self.prune_after_s, keep=self.prune_keep)
-        else:
+        else:  # only this process holds them
             ended = sorted((r for r in self.runs.values() if r.ended), key=lambda r: r.ended_at or 0, reverse=True)
             cutoff = time.time() - self.prune_after_s if self.prune_after_s is not None else None
             gone = [r.run_id for i, r in enumerate(ended) if (self.prune_keep is not None and i >= self.prune_keep)
@@ -248,8 +248,6 @@ class RunManager:
         ones go on from what they recorded). A run whose program is not loaded, or whose program
         file changed since it started (unless allowed), fails with the reason. Returns the ids
         of the runs resumed."""
-        if self.store is None:
-            return []
         if self.prune_after_s is not None or self.prune_keep is not None:
             self.prune()  # retention holds from the start, not only as runs end
         if self.replica is not None:  # only the runs no live replica holds
@@ -343,8 +341,7 @@ class RunManager:
     def _record_event(self, run: ServedRun, ev: RunEvent) -> None:
         if ev.type in ("input_wanted", "input_given") and not run.ended:
             run.status = "waiting" if self.runtime.waiting_for(run.run_id) else "running"
-            if self.store is not None:
-                self.store.update_run(run.run_id, status=run.status)
+            self.store.update_run(run.run_id, status=run.status)
             run.add_event(ev.type, {"time": round(ev.time, 6), **ev.data})
             self._status_changed(run)
             return
@@ -378,7 +375,7 @@ class RunManager:
         run = self.runs.get(run_id)
         if run is not None:
             return run
-        stored = self.store.get_run(run_id) if self.store is not None else None
+        stored = self.store.get_run(run_id)
         if stored is not None:
             return self.view(stored)
         return self._from_disk(run_id)
@@ -449,7 +446,7 @@ class RunManager:
             _, pending = await asyncio.wait(tasks, timeout=grace_s)
             for t in pending:
                 run = tasks[t]
-                if self.store is not None:
+                if self.store.durable:
                     run.interrupted = True
                     if run.handle is not None:
                         self.runtime.interrupt(run.run_id)

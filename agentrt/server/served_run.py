@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from agentrt.runtime.store import RunStore
+from agentrt.runtime.store import NullRunStore, RunStore
 from agentrt.server.replicas import follow_store
 
 ENDED = ("done", "failed", "cancelled")
@@ -34,7 +34,7 @@ class ServedRun:
     events: list[tuple[int, str, dict[str, Any]]] = field(default_factory=list)  # (id, type, data)
     task: asyncio.Task | None = None
     handle: Any = None  # the runtime's RunHandle once started
-    store: RunStore | None = None  # where its events are recorded
+    store: RunStore = field(default_factory=NullRunStore)  # where its events are recorded
     interrupted: bool = False  # stopped by a shutdown, to be resumed by the next start
     store_lost: bool = False  # a write of it failed (the store unavailable): stopping, resumed when it is back
     remote: bool = False  # another replica owns it: what is shown is read back from the store
@@ -46,8 +46,7 @@ class ServedRun:
 
     def add_event(self, type: str, data: Mapping[str, Any]) -> None:
         event = (len(self.events) + 1, type, dict(data))
-        if self.store is not None:  # recorded before any client can read it
-            self.store.add_event(self.run_id, *event)
+        self.store.add_event(self.run_id, *event)  # recorded before any client can read it
         self.events.append(event)
         self._changed.set()
 

@@ -53,9 +53,10 @@ async def test_one_subscriber_per_concern_and_a_no_op_store_without_one(scripted
         assert kinds == [TraceRecorder, NoStore, LiveFeed] and not bare.env.records_seeds
         result = await bare.run(program(), {"city": "Lisbon"})
         assert result.status == "done"
+        assert not bare.store.durable and bare.store.runs() == []  # a null store: nothing kept, nothing found
     store = SQLiteRunStore(tmp_path / "runs.db")
     async with Runtime(scripted({"plan": "Walk."}), tools=[weather], store=store) as rt:
-        assert [type(s) for s in rt.events.subscribers] == [TraceRecorder, StoreRecorder, LiveFeed]
+        assert [type(s) for s in rt.events.subscribers] == [TraceRecorder, StoreRecorder, LiveFeed] and rt.store.durable
         assert rt.env.records_seeds and rt.env.backend is rt.backend and rt.env.clock is rt.trace
         await rt.run(program(), {"city": "Lisbon"}, run_id="r")
     recorded = store.recorded("r")
