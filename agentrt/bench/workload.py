@@ -153,7 +153,8 @@ async def run_policy(policy: Policy, loaded, cost_model, examples: dict[str, Any
         backend.close()
         aengine.close()
     if trace_dir is not None:
-        trace.write(trace_dir / f"workload-{policy.label.split()[0]}.jsonl")  # agentrt inspect reads it
+        # one file per policy (agentrt inspect reads it); (c)'s variants share its letter
+        trace.write(trace_dir / f"workload-{'-'.join(policy.label.replace('+', ' ').split())}.jsonl")
     steps = [r for r in engine.step_log if r.start >= t0]
     makespan = t_end - t0
     durations = [r.duration_s for r in results]

@@ -2,13 +2,15 @@
 prompt that is already known.
 
 An LLM node that waits on a running tool often has most of its prompt determined: the system
-prompt, the tool declarations, the conversation so far and the template text before the tool's
-result. `start_prefill_ahead` renders that part (dag.render.render_prompt_prefix: the messages up
+prompt, the tool declarations, the conversation so far, the template text before the tool's
+result and the results of the tools that already returned. `start_prefill_ahead` renders that part (dag.render.render_prompt_prefix: the messages up
 to the first missing value, cut there) and hands it to the backend's `prefill_ahead`, which
 computes its KV only in engine steps that have nothing else to run, caches it and pins it for the
 tool's expected latency (KVHoldPolicy). When the node starts, its ahead request is cancelled and
-the call adopts the cached blocks: it prefills only the rest. Output is unchanged: the prefix
-cache only ever supplies KV of identical token ids.
+the call adopts the cached blocks: it prefills only the rest. When a tool returns and the node
+still waits on another, more of its prompt is known: the longer start replaces the ahead request
+(what the first computed stays cached, so the second feeds only what is new). Output is
+unchanged: the prefix cache only ever supplies KV of identical token ids.
 
 The node's timeline shows the ahead steps as phase `prefill_ahead` (inside its wait); its span
 attribute `agentrt.prefill_ahead.tokens` and the program's `prefill_ahead_tokens` count the tokens
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agentrt.dag.render import render_prompt_prefix
@@ -36,6 +39,21 @@ MARKER = "\x00agentrt:prefill-ahead\x00"
 DEFAULT_TTL_S = 30.0  # a pin's time-to-live when the runtime holds no KV otherwise (kv_hold off)
 
 
+@dataclass(frozen=True)
+class AheadRequest:
+    """A node's prefill-ahead in flight and how much of its prompt it covers (characters of the
+    rendered messages before the first unknown value)."""
+
+    task: asyncio.Task
+    known_chars: int
+
+
+def known_chars(messages: list[dict[str, Any]]) -> int:
+    """Characters of the rendered messages before the marker: grows as more of the prompt is known."""
+    text = "".join(str(m.get("content") or "") for m in messages)
+    return text.find(MARKER) if MARKER in text else len(text)
+
+
 def waits_on_running_tool(rs: RunState, node: str) -> list[str]:
     """The running tool nodes this pending LLM node waits on directly (empty: not a candidate)."""
     ns = rs.nodes.get(node)
@@ -51,13 +69,11 @@ def waits_on_running_tool(rs: RunState, node: str) -> list[str]:
 
 def start_prefill_ahead(env: NodeEnv, rs: RunState) -> None:
     """Start a prefill-ahead for each pending LLM node that waits on a running tool and has a
-    known prompt start (at most one per node)."""
+    known prompt start; replace a node's earlier one when more of its prompt is known now."""
     backend_ahead = getattr(env.backend, "prefill_ahead", None)
     if not env.prefill_ahead or backend_ahead is None or rs.run.status != "running":
         return
     for node in list(rs.nodes):
-        if node in rs.ahead:
-            continue
         tools = waits_on_running_tool(rs, node)
         if not tools:
             continue
@@ -69,6 +85,11 @@ def start_prefill_ahead(env: NodeEnv, rs: RunState) -> None:
             messages = None
         if messages is None:
             continue
+        current, known = rs.ahead.get(node), known_chars(messages)
+        if current is not None:
+            if known <= current.known_chars:
+                continue
+            current.task.cancel()  # its blocks stay cached: the longer request starts from them
         stall = max(_estimate(env, rs.run.spec(t).tool) for t in tools)
         ttl = env.kv_hold.ttl(stall) if env.kv_hold is not None else DEFAULT_TTL_S
         request = LLMRequest(tuple(messages), response_format, spec.max_tokens, spec.temperature,
@@ -76,16 +97,16 @@ def start_prefill_ahead(env: NodeEnv, rs: RunState) -> None:
                              sampling=dict(spec.sampling))
         task = asyncio.get_running_loop().create_task(_run(env, rs, node, request, ttl),
                                                       name=f"agentrt:{rs.run_id}:{node}:prefill-ahead")
-        rs.ahead[node] = task
+        rs.ahead[node] = AheadRequest(task, known)
 
 
 def cancel_prefill_ahead(rs: RunState, node: str | None = None) -> None:
     """Cancel the node's prefill-ahead (all of the run's when node is None): the node starts, or
     the run ends. Its computed blocks stay in the prefix cache."""
     for n in [node] if node is not None else list(rs.ahead):
-        task = rs.ahead.get(n)
-        if task is not None and not task.done():
-            task.cancel()
+        ahead = rs.ahead.get(n)
+        if ahead is not None and not ahead.task.done():
+            ahead.task.cancel()
 
 
 def _estimate(env: NodeEnv, tool: str) -> float:
@@ -114,9 +135,11 @@ async def _run(env: NodeEnv, rs: RunState, node: str, request: LLMRequest, ttl_s
         log.warning("prefill-ahead of %s failed", node, exc_info=True)
         outcome = "error"
     finally:
-        if ns.status == "pending" and ns.log.phase == "prefill_ahead":
+        current = rs.ahead.get(node)
+        replaced = current is not None and current.task is not asyncio.current_task()
+        if ns.status == "pending" and ns.log.phase == "prefill_ahead" and not replaced:
             ns.log.enter("waiting", env.clock.now())
             env.events.emit(NodePhase(rs.run_id, node, "waiting"))
-        ns.attributes["agentrt.prefill_ahead.tokens"] = computed
+        ns.attributes["agentrt.prefill_ahead.tokens"] = ns.attributes.get("agentrt.prefill_ahead.tokens", 0) + computed
         ns.attributes["agentrt.prefill_ahead.outcome"] = outcome
         rs.stats.prefill_ahead_tokens += computed

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from agentrt.dag import CompiledProgram, ProgramRun
 from agentrt.runtime.node_exec import InputWait
 from agentrt.runtime.node_state import NodeState, Outcome
 from agentrt.runtime.policy import ProgramStats
 from agentrt.runtime.store import RecordedNodes, StoreUnavailable
+
+if TYPE_CHECKING:
+    from agentrt.runtime.prefill_ahead import AheadRequest
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class RunState:
     task: asyncio.Task | None = None
     priority: float = 0.0  # added to every priority the policy gives the run's LLM calls
     holds: list[tuple[str, Any]] = field(default_factory=list)  # (node, backend pin) awaiting the next call
-    ahead: dict[str, asyncio.Task] = field(default_factory=dict)  # LLM node -> its prefill-ahead (prefill_ahead.py)
+    ahead: dict[str, AheadRequest] = field(default_factory=dict)  # LLM node -> its prefill-ahead
     sent: dict[str, Any] = field(default_factory=dict)  # LLM node -> the messages it sent (LLMSpec.continues)
     recorded: RecordedNodes | None = None  # a resumed run: what the store recorded of it
     waiting: dict[str, InputWait] = field(default_factory=dict)  # wait_for nodes waiting for their value
