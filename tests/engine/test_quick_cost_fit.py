@@ -73,6 +73,24 @@ def test_a_fit_that_fails_leaves_the_roofline_and_the_warm_up_goes_on(smollm2_qu
     assert engine.spec.cost_model.source == "analytic"
 
 
+def test_a_fit_the_timings_do_not_bear_out_twice_is_neither_used_nor_cached(smollm2_quant, make_engine, own_cache,
+                                                                          monkeypatch):
+    from agentrt.spec.cost_model import StepCostModel
+
+    fits = []
+
+    def noisy(*a, **k):  # what a fit of forwards timed while other processes held the cores looks like
+        fits.append(StepCostModel(0.0, 1.0, 1.0, 1.0, 1.0, 1.0, source="fit", fit_rel_rmse=0.25, num_samples=7))
+        return fits[-1]
+
+    monkeypatch.setattr(calibration, "quick_cost_model", noisy)
+    engine = make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix"))
+    assert calibration.fit_cost_model_when_idle(engine) is None
+    assert len(fits) == 2  # measured once more before giving up
+    assert not calibration.model_cost_path(engine).exists()
+    assert engine.spec.cost_model.source == "analytic"
+
+
 def test_run_on_engine_thread_gives_the_result_or_the_exception(smollm2_quant, make_engine):
     front = AsyncEngine(make_engine(smollm2_quant))
 
