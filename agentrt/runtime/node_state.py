@@ -53,6 +53,12 @@ class NodeState:
     def finished(self) -> bool:
         return self.status in ("ok", "error", "cancelled")
 
+    @property
+    def duration_s(self) -> float:
+        """A finished node's duration as its span records it (start and end rounded to the us)."""
+        assert self.end is not None, f"node {self.node} is not finished"
+        return round(round(self.end, 6) - round(self.log.spans(self.end)[0][1], 6), 6)
+
     def current_phase(self, now: float) -> tuple[str | None, float | None]:
         """The phase the node is in and how long it has been in it, or (None, None) once the node
         has finished: its phase log still ends in its last phase (which lasted until `end`, as its

@@ -339,10 +339,9 @@ class Runtime:
         self._sync_nodes(rs)
 
     def _emit_finished(self, rs: RunState, ns: NodeState, value: Any) -> None:
-        # the node's span runs from its phase log's start to its end (NodeState.spans)
         self.events.emit(NodeFinished(rs.run_id, ns.node, ns.kind, ns.status, value if ns.status == "ok" else None,
                                       ns.error, bool(ns.attributes.get("agentrt.replayed")),
-                                      ns.attributes.get("gen_ai.tool.name"), round(ns.end - ns.log.start, 6)))
+                                      ns.attributes.get("gen_ai.tool.name"), ns.duration_s))
 
     def start_streamed(self, rs: RunState, llm_node: str) -> None:
         """Start what llm_node's streamed output made ready (tools reading its final members,
