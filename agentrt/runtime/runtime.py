@@ -90,13 +90,12 @@ class Runtime:
         self._unsubscribe = None
         # what happens in runs goes out as node events (node_events.py) to their subscribers
         self.live = LiveFeed(self.trace)
-        recorder, subscribers = node_subscribers(self.store, self.trace_content,
-                                                 lambda run_id, node: self.runs[run_id].nodes[node].attributes,
-                                                 self.live)
+        subscribers = node_subscribers(self.store, self.trace_content,
+                                       lambda run_id, node: self.runs[run_id].nodes[node].attributes, self.live)
         self.events = NodeEvents(subscribers, lambda: self.live.watched)
         self.env = NodeEnv(backend, self.tools, self.policy, self.kv_hold, self.trace, self.events,
                            self.trace_content, self.start_streamed, max_tokens, stream_outputs, prefill_ahead,
-                           records_seeds=recorder.durable)
+                           records_seeds=self.store.durable)  # a kept seed replays a sampled call
 
     # -- live events --
     def subscribe_events(self, fn: RunEventListener) -> Callable[[], None]:

@@ -3,8 +3,8 @@ they are registered (`node_subscribers`):
 
 - TraceRecorder: what a node was sent and produced, onto its span's attributes (within the
   runtime's TraceContent), and a tool call's attempt log;
-- StoreRecorder: the run store's rows (the run, each node's start and outcome, tool attempts);
-  NoStore, its no-op stand-in for a runtime without a store;
+- StoreRecorder: the run store's rows (the run, each node's start and outcome, tool attempts),
+  registered only for a durable store (a NullRunStore keeps nothing: nothing to hash or write);
 - LiveFeed: the RunEvents live subscribers get (events.py: `Runtime.subscribe_events`).
 
 A server adds its own after these (server/state.py: `server_subscribers`, the runtime never
@@ -103,8 +103,6 @@ class StoreRecorder(Dispatching):
     """The run store's writes: a run as it is submitted and ends, each node as its work starts and
     ends (a replayed node's outcome is recorded already), each tool attempt."""
 
-    durable = True
-
     def __init__(self, store: RunStore) -> None:
         self.store = store
         self._args: dict[tuple[str, str], str] = {}  # (run id, node) -> its tool call's args hash
@@ -148,15 +146,6 @@ class StoreRecorder(Dispatching):
 
     on = {RunSubmitted: submitted, NodeDispatched: dispatched, ToolAttempted: attempted, NodeOutcome: outcome,
           RunFinished: finished}
-
-
-class NoStore:
-    """A runtime without a store: nothing is recorded, and sampled calls draw without a kept seed."""
-
-    durable = False
-
-    def __call__(self, event: Any) -> None:
-        pass
 
 
 class LiveFeed(Dispatching):
@@ -274,10 +263,9 @@ class LiveFeed(Dispatching):
 
 
 def node_subscribers(store: RunStore, content: TraceContent, attributes: Attributes,
-                     live: LiveFeed) -> tuple[StoreRecorder | NoStore, list[Subscriber]]:
+                     live: LiveFeed) -> list[Subscriber]:
     """Every subscriber of a runtime's events, in the order they hear each event: the trace's
     content first (a node's arguments are on its span even if the store then fails), the store
-    (NoStore for one that keeps nothing: nothing to hash or write), then the live feed (a live
-    event is only sent once what it says is recorded)."""
-    recorder = StoreRecorder(store) if store.durable else NoStore()
-    return recorder, [TraceRecorder(content, attributes), recorder, live]
+    (a durable one: a NullRunStore keeps nothing), then the live feed (a live event is only sent
+    once what it says is recorded)."""
+    return [TraceRecorder(content, attributes), *([StoreRecorder(store)] if store.durable else []), live]

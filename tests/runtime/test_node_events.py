@@ -12,7 +12,7 @@ from agentrt.runtime.node_events import (NodeDispatched, NodeFinished, NodeOutco
                                          NodeValue, RunFinished, RunStarted, RunSubmitted, ToolAttempted,
                                          ToolReturned)
 from agentrt.runtime.store import SQLiteRunStore
-from agentrt.runtime.subscribers import LiveFeed, NoStore, StoreRecorder, TraceRecorder
+from agentrt.runtime.subscribers import LiveFeed, StoreRecorder, TraceRecorder
 from agentrt.tools import tool
 
 
@@ -50,7 +50,7 @@ async def test_a_run_emits_typed_frozen_events_in_the_order_things_happen(script
 async def test_one_subscriber_per_concern_and_a_no_op_store_without_one(scripted, tmp_path):
     async with Runtime(scripted({"plan": "Walk."}), tools=[weather]) as bare:
         kinds = [type(s) for s in bare.events.subscribers]
-        assert kinds == [TraceRecorder, NoStore, LiveFeed] and not bare.env.records_seeds
+        assert kinds == [TraceRecorder, LiveFeed] and not bare.env.records_seeds
         result = await bare.run(program(), {"city": "Lisbon"})
         assert result.status == "done"
         assert not bare.store.durable and bare.store.runs() == []  # a null store: nothing kept, nothing found
