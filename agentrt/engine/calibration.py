@@ -83,8 +83,7 @@ def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 3) -> StepC
     reads one context per sequence where a verify reads one (at 16 sequences the quantized path's
     fp32 K/V read costs as much as its linears). The engine must be idle (the forwards run on
     scratch sequences' blocks)."""
-    room = engine.blocks.allocator.num_blocks * engine.blocks.block_size
-    grid = quick_grid(kv_tokens, room, engine.blocks.block_size)
+    grid = quick_grid(kv_tokens, engine.blocks.num_slots, engine.blocks.block_size)
     model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=1, progress=False,
                             prior=analytic_cost_model(engine))
     return model
@@ -98,10 +97,9 @@ def fit_cost_model_when_idle(engine) -> StepCostModel | None:
     measured once more, and if still unexplained neither used nor cached: a fit is read by every
     later engine on this machine. Returns the fit, or None where nothing was done."""
     kv_tokens, spec = 128, engine.spec
-    room = engine.blocks.allocator.num_blocks * engine.blocks.block_size
     path = model_cost_path(engine)
     if (spec.drafter is None or not engine.model.quantized or spec.has_cost_model or path.exists()
-            or engine.has_work() or room < kv_tokens + max(QUICK_FIT_TOKENS)):
+            or engine.has_work() or engine.blocks.num_slots < kv_tokens + max(QUICK_FIT_TOKENS)):
         return None
     try:
         model = quick_cost_model(engine, kv_tokens)
@@ -176,7 +174,7 @@ def calibrate_engine(engine, max_tokens: int = 256, kv_values=(128, 512, 2048), 
     processes a descheduled forward is common, and one-forward samples once tilted the fit to a
     per-KV-token cost 100x the real one (2.3 MB vs 23 KB), which predicts memory-bound steps at
     any batch size and keeps the controller drafting into a full batch."""
-    room = engine.blocks.allocator.num_blocks * engine.blocks.block_size
+    room = engine.blocks.num_slots
     kv_values = [kv for kv in kv_values if kv + max_tokens <= room]
     grid = [(n, kv, seqs) for n, kv, seqs in default_grid(max_tokens, kv_values)
             if kv + n + seqs * engine.blocks.block_size <= room]  # a block of slack per sequence

@@ -33,8 +33,7 @@ def test_a_warm_up_fits_once_and_the_next_engine_loads_the_fit(smollm2_quant, ma
     engine = make_engine(smollm2_quant, spec=SpecConfig(drafter="suffix"))
     _warm(engine)
     model = engine.spec.cost_model
-    room = engine.blocks.allocator.num_blocks * engine.blocks.block_size
-    grid = calibration.quick_grid(128, room, engine.blocks.block_size)
+    grid = calibration.quick_grid(128, engine.blocks.num_slots, engine.blocks.block_size)
     assert any(seqs > 1 for _, _, seqs in grid)  # batches of sequences timed too, where the KV has room
     assert model.source == "fit" and model.num_samples == len(grid)
     assert calibration.model_cost_path(engine).is_file()

@@ -78,6 +78,11 @@ class BlockManager:
     def num_free(self) -> int:
         return self.allocator.num_free
 
+    @property
+    def num_slots(self) -> int:
+        """Token slots the cache holds, used or free."""
+        return self.allocator.num_blocks * self.block_size
+
     def adopt_prefix(self, seq_id: int, token_ids: list[int]) -> int:
         """Start a sequence on the cached KV of its longest cached prefix; returns the tokens
         covered. At least one token is left to compute: the step needs its logits."""
