@@ -89,36 +89,40 @@ async def test_the_next_calls_prompt_start_is_prefilled_during_the_tool(tiny_asy
     assert attrs_off["gen_ai.usage.cache_read.input_tokens"] == 0 and service_off["prefill_ahead_tokens"] == 0
 
 
-async def test_a_tool_that_returns_while_another_runs_extends_the_prompt_start(tiny_async_engine):
-    # plan waits on two tools; `first` returns at once, `second` only once the engine has pinned
-    # a prompt start covering first's (long) result: the ahead request grows with what is known
+async def test_a_tool_that_returns_while_another_runs_extends_the_prompt_start(tiny_async_engine, tmp_path, monkeypatch):
+    # plan waits on two tools; `first_report` returns at once, `second_report` only once the prompt start
+    # computed ahead covers the first's (long) result: the ahead request grows with what is known
     from agentrt.runtime import EngineBackend
 
+    monkeypatch.setenv("AGENTRT_CACHE", str(tmp_path / "cache"))  # no step-cost fit another run cached
     engine = tiny_async_engine()
     llm = engine.engine
     first_text = "sunny, 21 C, light wind from the west, clear evening, " * 6
+    covered = len(llm.loaded.tokenizer.encode(SYSTEM + first_text)) - llm.blocks.block_size
+    runtime: list[Runtime] = []
 
     @tool
-    async def first(city: str) -> str:
+    async def first_report(city: str) -> str:
         """The first report."""
         return first_text
 
     @tool
-    async def second(city: str) -> str:
-        """The second report, once the start of the next prompt is pinned past the first's."""
-        need = len(llm.loaded.tokenizer.encode(SYSTEM + first_text)) // llm.blocks.block_size
+    async def second_report(city: str) -> str:
+        """The second report, once plan's prompt start is computed past the first's."""
         for _ in range(500):
-            if llm.blocks.prefix.num_pinned() >= need:
+            (rs,) = runtime[0].runs.values()
+            if rs.nodes["plan"].attributes.get("agentrt.prefill_ahead.tokens", 0) >= covered:
                 break
             await asyncio.sleep(0.01)
         return "dry"
 
-    p = Program("two", inputs={"city": str}, tools=[first, second])
-    a = p.tool("a", "first", args={"city": p.input("city")})
-    b = p.tool("b", "second", args={"city": p.input("city")})
+    p = Program("two", inputs={"city": str}, tools=[first_report, second_report])
+    a = p.tool("a", "first_report", args={"city": p.input("city")})
+    b = p.tool("b", "second_report", args={"city": p.input("city")})
     p.output(p.llm("plan", system=SYSTEM, prompt="In {city}: {a}. Then: {b}. Be brief.", max_tokens=4))
     backend = EngineBackend(engine)
-    rt = Runtime(backend, tools=[first, second], prefill_ahead=True)
+    rt = Runtime(backend, tools=[first_report, second_report], prefill_ahead=True)
+    runtime.append(rt)
     try:
         result = await asyncio.wait_for(rt.run(p.compile(), {"city": "Oslo"}), 60)
     finally:
@@ -127,6 +131,5 @@ async def test_a_tool_that_returns_while_another_runs_extends_the_prompt_start(t
     assert result.ok, result.error
     spans = [r for r in rt.trace.records() if r["type"] == "span"]
     attrs = next(s for s in spans if s["parent_id"] is None and s["attributes"]["agentrt.node"] == "plan")["attributes"]
-    covered = len(llm.loaded.tokenizer.encode(SYSTEM + first_text)) - llm.blocks.block_size
     assert attrs["agentrt.prefill_ahead.tokens"] >= covered
     assert attrs["gen_ai.usage.cache_read.input_tokens"] >= covered
