@@ -79,7 +79,7 @@ def verify_step_ms(loaded, ks=(0, 4, 15), ctx: int = 300, reps: int = 20,
     model, block = loaded.model, 16
     num_blocks = (ctx + max(ks) + 1) // block + 2
     blocks = BlockManager(num_blocks, block)
-    kv = KVCache(model.cfg, num_blocks, block, model.dtype)
+    kv = KVCache(model.cfg, num_blocks, block, model.kv_dtype)
     ids = torch.randint(0, model.cfg.vocab_size, (ctx + max(ks) + 1,), generator=torch.Generator().manual_seed(0))
 
     def batch(start: int, n: int) -> ForwardBatch:

@@ -82,7 +82,7 @@ def of_model(model, ids: list[int]) -> float:
     block = 16
     num_blocks = len(ids) // block + 2
     blocks = BlockManager(num_blocks, block)
-    kv = KVCache(model.cfg, num_blocks, block, model.dtype)
+    kv = KVCache(model.cfg, num_blocks, block, model.kv_dtype)
     n = len(ids)
     blocks.grow(0, n)
     positions = torch.arange(n)

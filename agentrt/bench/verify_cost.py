@@ -48,7 +48,7 @@ class _Batches:
         self.model = model
         per_seq = (CONTEXT + max_rows + BLOCK - 1) // BLOCK + 1
         self.blocks = BlockManager(seqs * per_seq + 2, BLOCK)
-        self.kv = KVCache(model.cfg, seqs * per_seq + 2, BLOCK, model.dtype)
+        self.kv = KVCache(model.cfg, seqs * per_seq + 2, BLOCK, model.kv_dtype)
         g = torch.Generator().manual_seed(0)
         self.ids = torch.randint(0, model.cfg.vocab_size, (seqs, CONTEXT + max_rows), generator=g)
         for s in range(seqs):
@@ -94,7 +94,7 @@ def prefill_tok_s(model, reps: int, n: int = PREFILL_TOKENS) -> float:
     from agentrt.engine.models.batch import ForwardBatch
 
     blocks = BlockManager(n // BLOCK + 2, BLOCK)
-    kv = KVCache(model.cfg, n // BLOCK + 2, BLOCK, model.dtype)
+    kv = KVCache(model.cfg, n // BLOCK + 2, BLOCK, model.kv_dtype)
     blocks.grow(0, n)
     ids = torch.randint(0, model.cfg.vocab_size, (n,), generator=torch.Generator().manual_seed(1))
     positions = torch.arange(n)

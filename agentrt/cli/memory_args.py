@@ -74,7 +74,7 @@ def kv_cache_line(engine: Any) -> str:
     from agentrt.engine.kv.kv_cache import KVCache
 
     tokens = engine.kv.num_blocks * engine.kv.block_size
-    nbytes = tokens * KVCache.bytes_per_token(engine.model.cfg, engine.model.dtype)
+    nbytes = tokens * KVCache.bytes_per_token(engine.model.cfg, engine.model.kv_dtype)
     how = "mapped at start" if engine.config.prefault_kv else "mapped as it is used"
     return f"KV cache: {tokens} tokens, {nbytes / 2**30:.2f} GiB ({how}; --kv-cache-tokens)"
 

@@ -51,7 +51,7 @@ def analytic_cost_model(engine, seconds_budget: float = 1.0) -> StepCostModel:
     cfg = engine.model.cfg
     rates = measure_machine(engine.model.dtype, seconds_budget, cache_root() / "machine.json", device=engine.config.device)
     return analytic(
-        cfg.num_params(), cfg.num_hidden_layers, KVCache.bytes_per_token(cfg, engine.model.dtype),
+        cfg.num_params(), cfg.num_hidden_layers, KVCache.bytes_per_token(cfg, engine.model.kv_dtype),
         weight_bytes_per_param(engine.model), rates, q_size=cfg.q_size,
     )
 
@@ -81,7 +81,7 @@ def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 3) -> StepC
     forwards are short (~0.5 s in all) and where the analytic roofline is furthest off: it prices
     the int8 kernels at torch's fp32 matmul rate, and it cannot know that a batch of one-token rows
     reads one context per sequence where a verify reads one (at 16 sequences the quantized path's
-    fp32 K/V read costs as much as its linears). The engine must be idle (the forwards run on
+    K/V read costs about as much as its linears). The engine must be idle (the forwards run on
     scratch sequences' blocks)."""
     grid = quick_grid(kv_tokens, engine.blocks.num_slots, engine.blocks.block_size)
     model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=1, progress=False,

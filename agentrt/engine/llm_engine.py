@@ -81,7 +81,7 @@ class LLMEngine:
         self.device = torch.device(config.device)
         num_blocks = max(1, config.kv_cache_tokens // config.block_size)
         self.blocks = BlockManager(num_blocks, config.block_size, prefix_caching=config.prefix_caching)
-        self.kv = KVCache(self.model.cfg, num_blocks, config.block_size, self.model.dtype, self.device,
+        self.kv = KVCache(self.model.cfg, num_blocks, config.block_size, self.model.kv_dtype, self.device,
                           prefault=config.prefault_kv)
         self.scheduler = Scheduler(
             SchedulerConfig(config.max_num_seqs, config.max_num_batched_tokens, config.share_prefill_min_tokens,

@@ -57,8 +57,9 @@ def rotary_kv_write_reference(
         qk[:, :nq] = norm_reference(qk[:, :nq].reshape(T * nq, d), q_norm, eps).view(T, nq, d)
         qk[:, nq:] = norm_reference(qk[:, nq:].reshape(T * nkv, d), k_norm, eps).view(T, nkv, d)
     qk.copy_(rotate_reference(qk, c, s))
-    k_cache.index_copy_(0, slots, qk[:, nq:])
-    v_cache.index_copy_(0, slots, qkv[:, (nq + nkv) * d :].reshape(T, nkv, d))
+    # a cache of another dtype (the quantized decoder's fp16) holds each value rounded once
+    k_cache.index_copy_(0, slots, qk[:, nq:].to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, qkv[:, (nq + nkv) * d :].reshape(T, nkv, d).to(v_cache.dtype))
 
 
 def rotary_kv_write(qkv, positions, cos, sin, slots, k_cache, v_cache, nq: int, q_norm=None, k_norm=None,
@@ -95,8 +96,8 @@ def paged_attention_reference(
         ctx = int(pos.max()) + 1
         offs = torch.arange(ctx)
         slots = block_tables[b, offs // block_size] * block_size + offs % block_size
-        k = k_cache[slots].repeat_interleave(nq // nkv, dim=1)  # [ctx, nq, d]
-        v = v_cache[slots].repeat_interleave(nq // nkv, dim=1)
+        k = k_cache[slots].to(q.dtype).repeat_interleave(nq // nkv, dim=1)  # [ctx, nq, d]
+        v = v_cache[slots].to(q.dtype).repeat_interleave(nq // nkv, dim=1)
         scores = torch.matmul(q[t0:t1].transpose(0, 1), k.permute(1, 2, 0)).float() * scale  # [nq, n, ctx]
         hidden = offs.view(1, 1, ctx) > pos.view(1, -1, 1)
         if window:

@@ -58,6 +58,7 @@ SIGNATURES = {
     "agentrt_quant_linear": (_I32, [_P, _I64, _I64, _P, _I32, _I64, _I64, _P, _I64, _I32]),
     "agentrt_quant_embedding": (_I32, [_P, _I64, _P, _I32, _I64, _I64, _P, _I64]),
     "agentrt_quant_interleave": (_I32, [_P, _I32, _I64, _I64, _P]),
+    "agentrt_quant_kv_store": (None, [_P, _I64, _P]),
     "agentrt_argmax_f32": (None, [_P, _I64, _I64, _I64, _P, _I64, _P, _P, _I32]),
     "agentrt_quant_decoder": (_I32, [_P, _I64, _P, _I64, _I64, _I64, _I32, _I32, _I32, ctypes.c_float, ctypes.c_float,
                                      _P, _P, _P, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _P, _I64, _P,

@@ -3,7 +3,7 @@
 
 Per layer (h [T, hidden] fp32, updated in place; linears as quant_linear.quant_linear):
     qkv  = quant_linear(rms_norm(h, attn_norm), Wqkv) + bias      rotary on q, k; K/V into their slots
-    attn = each query over its own sequence's positions 0..p      (paged caches, fp32)
+    attn = each query over its own sequence's positions 0..p      (paged caches, fp16)
     h   += quant_linear(attn, Wo)
     h   += quant_linear(silu(gate) * up, Wdown),   [gate | up] = quant_linear(rms_norm(h, mlp_norm), Wgate_up)
 with, where a layer has them (QuantLayerWeights' optional fields): QK-norm before rotary, post-norms
@@ -25,6 +25,9 @@ from agentrt.kernels.quant_formats import QuantWeight
 
 LAYER_FIELDS = 28  # the row layout csrc/cpu_quant_decoder.c reads
 MODEL_FIELDS = 22  # agentrt_quant_forward's model table
+# The caches the kernels read and write (csrc/cpu_quant.h, kv_t): fp16 halves the bytes a step reads
+# per cached token and the memory the cache holds against fp32; each K/V value is rounded once.
+KV_DTYPE = torch.float16
 _ERRORS = {-1: "a weight format or dimension the kernel does not run", -2: "an index out of range (a token id outside "
            "the embedding, a position past the rotary table, a slot, block or row outside the cache or batch, or cu_q "
            "not a partition of the tokens)",
@@ -73,12 +76,12 @@ class QuantLayerWeights:
 def quant_layer_table(layers: list[QuantLayerWeights], k_caches: list[torch.Tensor],
                       v_caches: list[torch.Tensor]) -> torch.Tensor:
     """[L, LAYER_FIELDS] int64 of addresses: valid while the weights and caches live. Caches
-    [num_slots, nkv, d] fp32 contiguous on the CPU."""
+    [num_slots, nkv, d] fp16 (KV_DTYPE) contiguous on the CPU."""
     rows = []
     for w, kc, vc in zip(layers, k_caches, v_caches):
         for c in (kc, vc):
-            if c.dtype != torch.float32 or c.device.type != "cpu" or not c.is_contiguous():
-                raise ValueError(f"the quantized decoder needs contiguous fp32 CPU caches, got {c.dtype} on {c.device}")
+            if c.dtype != KV_DTYPE or c.device.type != "cpu" or not c.is_contiguous():
+                raise ValueError(f"the quantized decoder needs contiguous fp16 CPU caches, got {c.dtype} on {c.device}")
         qkv = list(w.qkv_parts) + [None] * (3 - len(w.qkv_parts))
         rows.append([
             qkv[0].data.data_ptr(), qkv[0].kernel_code, 0 if w.qkv_bias is None else w.qkv_bias.data_ptr(),
@@ -183,7 +186,7 @@ def quant_decoder_layers(
 
 def quant_attention(
     q: torch.Tensor,  # [T, nq, d] fp32, rotary applied
-    k_cache: torch.Tensor,  # [num_slots, nkv, d] fp32 contiguous
+    k_cache: torch.Tensor,  # [num_slots, nkv, d] fp16 contiguous
     v_cache: torch.Tensor,
     cu_q: torch.Tensor,  # [B + 1] int64
     positions: torch.Tensor,  # [T] int64
@@ -200,9 +203,9 @@ def quant_attention(
     if lib is None:
         raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")
     T, nq, d = q.shape
-    for t, name in ((q, "q"), (k_cache, "k_cache"), (v_cache, "v_cache")):
-        if t.dtype != torch.float32 or not t.is_contiguous() or t.device.type != "cpu":
-            raise ValueError(f"{name} must be fp32 contiguous on the CPU, got {t.dtype} on {t.device}")
+    for t, name, dtype in ((q, "q", torch.float32), (k_cache, "k_cache", KV_DTYPE), (v_cache, "v_cache", KV_DTYPE)):
+        if t.dtype != dtype or not t.is_contiguous() or t.device.type != "cpu":
+            raise ValueError(f"{name} must be {dtype} contiguous on the CPU, got {t.dtype} on {t.device}")
     if k_cache.shape != v_cache.shape or k_cache.dim() != 3 or k_cache.shape[2] != d:
         raise ValueError(f"caches must be [num_slots, nkv, {d}], got {tuple(k_cache.shape)} and {tuple(v_cache.shape)}")
     positions, cu_q, block_tables = _i64(positions, "positions"), _i64(cu_q, "cu_q"), _i64(block_tables, "block_tables")
@@ -221,7 +224,7 @@ def quant_attention(
 
 def quant_decoder_reference(
     layers: list[QuantLayerWeights],
-    k_caches: list[torch.Tensor],  # [num_slots, nkv, d] fp32, written
+    k_caches: list[torch.Tensor],  # [num_slots, nkv, d] (fp16 as the kernel's, or fp32), written
     v_caches: list[torch.Tensor],
     dims: Dims,
     h: torch.Tensor,  # [T, hidden] fp32 (not modified)

@@ -61,7 +61,7 @@ def _fast_and_torch_logits(loaded, switch: str) -> tuple:
     def run(fast: bool, invariant: bool = False):
         setattr(m, switch, fast)
         try:
-            return forward_step(m, KVCache(m.cfg, 256, 16, m.dtype), BlockManager(16, 16), [ids], [0], invariant)
+            return forward_step(m, KVCache(m.cfg, 256, 16, m.kv_dtype), BlockManager(16, 16), [ids], [0], invariant)
         finally:
             setattr(m, switch, True)
 

@@ -25,7 +25,7 @@ def _run(model, steps, block_size=4, kernels=True):
     model.kernels_enabled = kernels and packed
     try:
         bm = BlockManager(512, block_size)
-        kv = KVCache(model.cfg, 512, block_size, model.dtype)
+        kv = KVCache(model.cfg, 512, block_size, model.kv_dtype)
         done = {}
         outs = []
         for feeds in steps:

@@ -25,11 +25,11 @@ LENGTHS = (9, 23, 2, 15)  # longer than Gemma's window of 6, so sliding layers d
 DECODE_STEPS = 3
 
 
-def _ours(model, seqs: list[list[int]], batch_invariant: bool) -> list[torch.Tensor]:
+def _ours(model, seqs: list[list[int]], batch_invariant: bool, kv_dtype: torch.dtype | None = None) -> list[torch.Tensor]:
     """Each sequence's logits at every position: all prefills in one ragged batch (but the last
     DECODE_STEPS tokens), then one decode step per remaining token, all sequences together."""
     bm = BlockManager(256, 4)
-    kv = KVCache(model.cfg, 256, 4, model.dtype)
+    kv = KVCache(model.cfg, 256, 4, kv_dtype or model.kv_dtype)
     n = [len(s) - DECODE_STEPS for s in seqs]
     rows = [[] for _ in seqs]
     out = forward_step(model, kv, bm, [s[:k] for s, k in zip(seqs, n)], [0] * len(seqs), batch_invariant)
@@ -214,7 +214,8 @@ def test_gguf_quantized_blocks_run_the_same_model(family, family_gguf, monkeypat
         m.setattr(quant.model, "quant_fused", False)  # the PyTorch path calls the linears one by one
         m.setattr(quant_kernels, "quant_linear", lambda x, w, out=None: quant_linear_reference(x, w) if out is None
                   else out.copy_(quant_linear_reference(x, w)))
-        for a, b in zip(_ours(quant.model, seqs, False), _ours(fp32.model, seqs, False)):
+        # an fp32 cache too (the fused decoder's is fp16): then the same ops on the same values
+        for a, b in zip(_ours(quant.model, seqs, False, torch.float32), _ours(fp32.model, seqs, False)):
             assert (a - b).abs().max().item() < 1e-3
     if unsupported_reason() is not None:
         return
@@ -263,7 +264,7 @@ def test_gemma3_chunked_prefill_equals_one_prefill(batch_invariant, tiny_loaded)
     model = tiny_loaded("gemma3").model
     seqs = [list(range(7, 30)), list(range(50, 70))]
     whole = _ours(model, seqs, batch_invariant)
-    bm, kv = BlockManager(256, 4), KVCache(model.cfg, 256, 4, model.dtype)
+    bm, kv = BlockManager(256, 4), KVCache(model.cfg, 256, 4, model.kv_dtype)
     rows = [[], []]
     for lo, hi in [(0, 10), (10, 18), (18, 20)]:
         out = forward_step(model, kv, bm, [s[lo:hi] for s in seqs], [lo, lo], batch_invariant)

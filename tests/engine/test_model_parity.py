@@ -18,7 +18,7 @@ def _ragged_forward(loaded, seqs: list[list[int]], block_size: int = 4):
     """Prefill all sequences in one ragged batch, then feed one more token each; returns both logits."""
     model = loaded.model
     bm = BlockManager(256, block_size)
-    kv = KVCache(model.cfg, 256, block_size, model.dtype)
+    kv = KVCache(model.cfg, 256, block_size, model.kv_dtype)
 
     def step(feeds: list[list[int]], starts: list[int]):
         return forward_step(model, kv, bm, feeds, starts)

@@ -58,7 +58,7 @@ class Cache:
 
     def __init__(self, m, blocks=64, block_size=16):
         self.m, self.done = m, {}
-        self.bm, self.kv = BlockManager(blocks, block_size), KVCache(m.cfg, blocks * block_size, block_size, m.dtype)
+        self.bm, self.kv = BlockManager(blocks, block_size), KVCache(m.cfg, blocks * block_size, block_size, m.kv_dtype)
 
     def batch(self, feeds: list[list[int]], logits_indices=None) -> ForwardBatch:
         ids, pos, slots, ctx = [], [], [], []

@@ -36,7 +36,7 @@ def embedded_gguf(smollm2_source):
 
 def _logits(loaded) -> torch.Tensor:  # [T, vocab] of a prefill of PROMPT
     m = loaded.model
-    bm, kv = BlockManager(16, 16), KVCache(m.cfg, 16 * 16, 16, m.dtype)
+    bm, kv = BlockManager(16, 16), KVCache(m.cfg, 16 * 16, 16, m.kv_dtype)
     return forward_step(m, kv, bm, [loaded.tokenizer.encode(PROMPT)], [0])
 
 

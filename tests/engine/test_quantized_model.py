@@ -45,8 +45,8 @@ def quant(smollm2_source):
     return load_model("smollm2-135m-instruct", "quantized", progress=False)
 
 
-def _prefill(model, ids, batch_invariant=False):
-    bm, kv = BlockManager(64, 16), KVCache(model.cfg, 64 * 16, 16, model.dtype)
+def _prefill(model, ids, batch_invariant=False, kv_dtype=None):
+    bm, kv = BlockManager(64, 16), KVCache(model.cfg, 64 * 16, 16, kv_dtype or model.kv_dtype)
     return forward_step(model, kv, bm, [ids], [0], batch_invariant)
 
 
@@ -84,12 +84,13 @@ def test_logits_close_to_fp32_model(quant, smollm2_fp32, monkeypatch):
     assert rel.median().item() < 0.08 and rel.max().item() < 0.35, rel
     assert agree >= 0.8, agree
     assert tok.decode([int(q[-1].argmax())]).strip() == "Paris"
-    # float activations: the same weights as the fp32 model, bit for bit, in the same places (on
-    # the PyTorch path: the fused decoder calls the C linear directly)
+    # float activations and an fp32 cache (the fused decoder's is fp16): the same weights as the
+    # fp32 model, bit for bit, in the same places (on the PyTorch path: the fused decoder calls
+    # the C linear directly)
     monkeypatch.setattr(quant.model, "quant_fused", False)
     monkeypatch.setattr(quant_kernels, "quant_linear", lambda x, w, out=None: quant_linear_reference(x, w) if out is None
                         else out.copy_(quant_linear_reference(x, w)))
-    exact = _prefill(quant.model, ids)
+    exact = _prefill(quant.model, ids, kv_dtype=torch.float32)
     assert (exact - ref).abs().max().item() < 1e-3  # observed: 0 (the same matmuls on the same fp32 weights)
 
 
@@ -131,7 +132,7 @@ def test_forward_is_deterministic_and_batch_invariant(quant, smollm2_fp32):
     seqs = [ids, tok.encode("def fib(n):\n    return"), tok.encode("Write a haiku about the sea.")]
 
     def decode(batch):
-        bm, kv = BlockManager(64, 16), KVCache(m.cfg, 64 * 16, 16, m.dtype)
+        bm, kv = BlockManager(64, 16), KVCache(m.cfg, 64 * 16, 16, m.kv_dtype)
         forward_step(m, kv, bm, [s[:-1] for s in batch], [0] * len(batch), batch_invariant=True)
         return forward_step(m, kv, bm, [s[-1:] for s in batch], [len(s) - 1 for s in batch], batch_invariant=True)
 

@@ -22,7 +22,7 @@ class Feeds:
 
     def __init__(self, m, blocks=64, block_size=16):
         self.m, self.done = m, {}
-        self.bm, self.kv = BlockManager(blocks, block_size), KVCache(m.cfg, blocks * block_size, block_size, m.dtype)
+        self.bm, self.kv = BlockManager(blocks, block_size), KVCache(m.cfg, blocks * block_size, block_size, m.kv_dtype)
 
     def step(self, feeds: list[tuple[list[int], list[int] | None]], invariant: bool = False):
         """feeds: per sequence (tokens, parents of tokens[1:] or None for a chain)."""

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from agentrt.kernels.paged_attention import paged_attention_reference
-from agentrt.kernels.quant_build import unsupported_reason
-from agentrt.kernels.quant_decoder import quant_attention
+from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
+from agentrt.kernels.quant_decoder import KV_DTYPE, quant_attention
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
                                 reason=f"quantized kernels cannot run here: {unsupported_reason()}")
@@ -22,8 +22,8 @@ BS, BLOCKS, CONTEXT = 16, 40, 150  # past position 128 a query folds three chunk
 def _case(nq: int, nkv: int, d: int, rows: int):
     """Two sequences of CONTEXT + rows cached positions (blocks scattered), their last `rows` as queries."""
     g = torch.Generator().manual_seed(nq * 1000 + d + rows)
-    k = torch.randn(BLOCKS * BS, nkv, d, generator=g)
-    v = torch.randn(BLOCKS * BS, nkv, d, generator=g)
+    k = torch.randn(BLOCKS * BS, nkv, d, generator=g).to(KV_DTYPE)
+    v = torch.randn(BLOCKS * BS, nkv, d, generator=g).to(KV_DTYPE)
     tables = torch.randperm(BLOCKS, generator=g)[:2 * 12].view(2, 12)
     positions = torch.arange(CONTEXT, CONTEXT + rows).repeat(2)
     q = 2 * torch.randn(2 * rows, nq, d, generator=g)  # scores spread enough that the softmax is not flat
@@ -55,3 +55,30 @@ def test_bad_indices_are_refused():
         quant_attention(q, k, v, cu_q, positions, bad, BS, 0.125)
     with pytest.raises(IndexError, match="out of range"):
         quant_attention(q, k, v, torch.tensor([0, 4, 3]), positions, tables, BS, 0.125)
+
+
+def test_fp32_caches_are_refused():
+    q, k, v, cu_q, positions, tables = _case(6, 2, 64, 3)
+    with pytest.raises(ValueError, match="k_cache must be torch.float16"):
+        quant_attention(q, k.float(), v, cu_q, positions, tables, BS, 0.125)
+
+
+@pytest.mark.parametrize("scalar", [False, True], ids=["native", "scalar"])
+def test_kv_rounding_is_torchs_half(scalar):
+    """Every K/V value the decoder writes is rounded as torch's .half(): ties to even, subnormals,
+    overflow to inf, signed zeros, infinities and NaN (the scalar build by hand, the native one by F16C)."""
+    lib = quant_kernels(scalar=scalar)
+    bits = torch.randint(0, 2**32, (1 << 16,), generator=torch.Generator().manual_seed(3), dtype=torch.int64)
+    x = torch.cat([torch.tensor([0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, -1e9, float("inf"), float("-inf"),
+                                 2.0**-14, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 2.0**-26, 1 + 2.0**-11, 1 + 3 * 2.0**-11,
+                                 5.9604645e-8, 6.1e-5, -3.3e-6]),
+                   bits.to(torch.int32).view(torch.float32),  # every exponent, NaNs among them
+                   torch.rand(4096, generator=torch.Generator().manual_seed(5)) * 2.0**-13,  # subnormal halves
+                   torch.randn(4096, generator=torch.Generator().manual_seed(4)) * 1000])
+    x = x[~torch.isnan(x)]
+    out = torch.empty(x.numel(), dtype=torch.float16)
+    lib.agentrt_quant_kv_store(x.data_ptr(), x.numel(), out.data_ptr())
+    assert torch.equal(out.view(torch.int16), x.half().view(torch.int16))
+    nan = torch.tensor([float("nan")] * 9)
+    lib.agentrt_quant_kv_store(nan.data_ptr(), 9, out.data_ptr())
+    assert torch.isnan(out[:9]).all()

@@ -26,8 +26,8 @@ import torch
 
 from agentrt.kernels.decoder import Dims
 from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
-from agentrt.kernels.quant_decoder import (QuantLayerWeights, quant_decoder_layers, quant_decoder_reference, quant_reserve,
-                                           quant_layer_table)
+from agentrt.kernels.quant_decoder import (KV_DTYPE, QuantLayerWeights, quant_decoder_layers, quant_decoder_reference,
+                                           quant_layer_table, quant_reserve)
 from agentrt.kernels.quant_formats import Q4_1, Q4_K, Q6_K, Q8_0, QuantWeight, interleave_rows8, quantize
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
@@ -70,8 +70,8 @@ class Run:
 
     def __init__(self, layers):
         self.layers, self.done = layers, {}
-        self.k = [torch.zeros(BLOCKS * BS, NKV, D) for _ in layers]
-        self.v = [torch.zeros(BLOCKS * BS, NKV, D) for _ in layers]
+        self.k = [torch.zeros(BLOCKS * BS, NKV, D, dtype=KV_DTYPE) for _ in layers]
+        self.v = [torch.zeros(BLOCKS * BS, NKV, D, dtype=KV_DTYPE) for _ in layers]
 
     def batch(self, counts, seqs, tables):
         pos, slots, cu = [], [], [0]

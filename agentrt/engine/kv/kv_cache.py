@@ -74,9 +74,9 @@ class KVCache:
         return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * elem
 
     def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        # slots [T]; k, v [T, nkv, d]
-        self.k[layer].index_copy_(0, slots, k)
-        self.v[layer].index_copy_(0, slots, v)
+        # slots [T]; k, v [T, nkv, d], rounded to the cache's dtype where it differs
+        self.k[layer].index_copy_(0, slots, k.to(self.k[layer].dtype))
+        self.v[layer].index_copy_(0, slots, v.to(self.v[layer].dtype))
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy whole blocks src -> dst (copy-on-write of a shared, partly filled block)."""

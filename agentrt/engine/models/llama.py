@@ -27,7 +27,7 @@ from agentrt.engine.models.quant_forward import QuantDecoder, cache_supported, q
 from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear, gather_weights
 from agentrt.errors import ModelLoadError
 from agentrt.kernels.backend import KernelBackend, choose_backend
-from agentrt.kernels.quant_decoder import quant_reserve
+from agentrt.kernels.quant_decoder import KV_DTYPE, quant_reserve
 from agentrt.kernels.quant_formats import QuantWeight, dequantize
 
 log = logging.getLogger(__name__)
@@ -123,6 +123,9 @@ class LlamaModel:
         if self.quantized and self.quant_decoder is None:
             log.info("%s: each layer runs on the PyTorch path (its linears on the int8 kernels)", quant_support(self))
         self.quant_fused = self.quant_decoder is not None
+        # what the KV caches of this model hold: fp16 where the fused quantized decoder runs (the
+        # kernels read and write only that; the PyTorch path reads it too), else the weights' dtype
+        self.kv_dtype = KV_DTYPE if self.quant_decoder is not None else self.dtype
 
     @property
     def quant_fused(self) -> bool:

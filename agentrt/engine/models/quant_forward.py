@@ -13,7 +13,7 @@ three calls cost ~0.3 ms of a ~5 ms batch-1 step: its caches are cold after the 
 past); otherwise the layers and the norm in one call, the embedding and head around it.
 
 It computes the PyTorch path's model (same weights, same int8 activation blocks before every
-linear); the two differ by fp32 summation order and exp() rounding, which can flip an int8
+linear, K/V kept in fp16 caches: model.kv_dtype); the two differ by fp32 summation order and exp() rounding, which can flip an int8
 rounding of a later linear's activations (tests/engine/test_quant_forward.py bounds it). Unlike
 the PyTorch path it is batch invariant: a token's logits do not depend on the rest of the batch,
 so greedy output is the same with and without speculation, with or without `batch_invariant`.
@@ -31,8 +31,8 @@ from agentrt.engine.models.batch import ForwardBatch, ForwardOutput
 from agentrt.engine.models.quant_layers import QuantEmbedding, QuantLinear
 from agentrt.kernels.decoder import Dims
 from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
-from agentrt.kernels.quant_decoder import (QuantLayerWeights, QuantModelTable, quant_decoder_layers, quant_layer_table,
-                                           quant_model_forward, quant_model_table)
+from agentrt.kernels.quant_decoder import (KV_DTYPE, QuantLayerWeights, QuantModelTable, quant_decoder_layers,
+                                           quant_layer_table, quant_model_forward, quant_model_table)
 from agentrt.kernels.quant_formats import FORMAT_BY_GGML_TYPE
 
 
@@ -71,9 +71,9 @@ def quant_support(model) -> str | None:
 
 
 def cache_supported(kv: KVCache) -> bool:
-    """The fused decoder reads and writes contiguous fp32 caches in host memory."""
+    """The fused decoder reads and writes contiguous fp16 caches in host memory."""
     c = kv.k[0]
-    return c.dtype == torch.float32 and c.device.type == "cpu" and c.is_contiguous()
+    return c.dtype == KV_DTYPE and c.device.type == "cpu" and c.is_contiguous()
 
 
 class QuantDecoder:

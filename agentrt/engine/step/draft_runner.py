@@ -80,7 +80,7 @@ class SeparateModelRunner:
         self.relative_cost = relative_cost
         n = max(1, kv_cache_tokens // block_size)
         self.blocks = BlockManager(n, block_size)
-        self.kv = KVCache(model.cfg, n, block_size, model.dtype, model.device)
+        self.kv = KVCache(model.cfg, n, block_size, model.kv_dtype, model.device)
 
     def cached_len(self, seq_id: int) -> int:
         return self.blocks.lengths.get(seq_id, 0)

@@ -141,6 +141,48 @@ static inline float f16_to_f32(const uint8_t *p) {
 #endif
 }
 
+/* float -> fp16 bits, rounding to nearest even (as F16C's vcvtps2ph and torch's .half()) */
+static inline uint16_t f32_to_f16(float f) {
+  uint32_t x;
+  memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
+  if (ax >= 0x7f800000u) /* inf, or NaN kept quiet with its payload's top bits */
+    return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
+  if (ax < 0x38800000u) { /* below 2^-14: a subnormal half, round(|f| 2^24) (exact scaling, RNE) */
+    float v;
+    memcpy(&v, &ax, 4);
+    return (uint16_t)(sign | (uint32_t)nearbyintf(v * 0x1p24f));
+  }
+  uint32_t m = ax - 0x38000000u; /* the exponent rebiased (127 -> 15); a carry of the rounding may raise it */
+  m += 0xfffu + ((m >> 13) & 1u);
+  return (uint16_t)(sign | (m >> 13));
+}
+
+/* The quantized decoder's K/V caches hold fp16 (as llama.cpp's default): half the bytes of fp32
+ * to read per cached token and to keep resident; a value is rounded once, when its token's K/V is
+ * written, and read back exactly. */
+typedef uint16_t kv_t;
+
+#if QUANT_AVX2
+static inline __m256 kv_load8(const kv_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+#endif
+#if QUANT_AVX512
+static inline __m512 kv_load16(const kv_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+#endif
+static inline float kv_load1(const kv_t *p) { return f16_to_f32((const uint8_t *)p); }
+
+/* dst[i] = fp16(src[i]) for i < n */
+static inline void kv_store(kv_t *dst, const float *src, int64_t n) {
+  int64_t i = 0;
+#if QUANT_AVX2
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128((__m128i *)(dst + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+  for (; i < n; i++) dst[i] = f32_to_f16(src[i]);
+}
+
 #define QUANT_INTERNAL __attribute__((visibility("hidden")))
 
 /* cpu_quant_k.c. Bytes per block of a format it runs (its block size in *block_size), else 0. */
@@ -174,7 +216,8 @@ typedef struct {
   float scale;
   const int64_t *positions, *seq, *block_tables, *tree_base, *path_slots; /* tree_base NULL: no trees */
   int64_t bt_stride, block_size, path_stride, window; /* window 0: all positions */
-  const float *qkv, *kc, *vc; /* caches [num_slots, nkv, d] */
+  const float *qkv;
+  const kv_t *kc, *vc; /* caches [num_slots, nkv, d] fp16 */
   float *attn;
 } qattn;
 

@@ -1,4 +1,4 @@
-/* The quantized decoder's attention (cpu_quant_decoder.c) over the paged fp32 caches, for a
+/* The quantized decoder's attention (cpu_quant_decoder.c) over the paged fp16 caches (kv_t), for a
  * ragged batch: each query token t sees its own sequence's positions lo..p (lo: its sliding
  * window's first position, else 0; a token-tree node: its path's rows past the tree's base).
  *
@@ -106,16 +106,16 @@ static float exp_shift(float *s, int64_t n, float m) {
  * positions at a time: lane l of acc[r] sums q[c] K_j+r[c] over c = l mod 8, then one transposing
  * reduction gives the eight dots as one vector, each summed in the same order
  * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) whichever slot it had. */
-static void scores(const float *q, const float *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
+static void scores(const float *q, const kv_t *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j0 = 0; j0 < n; j0 += 8) {
-    const float *row[8];
+    const kv_t *row[8];
     for (int r = 0; r < 8; r++) row[r] = K + off[j0 + r];
     __m256 acc[8];
     for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
     for (int c = 0; c < d; c += 8) {
       const __m256 qv = _mm256_loadu_ps(q + c);
-      for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(row[r] + c), acc[r]);
+      for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, kv_load8(row[r] + c), acc[r]);
     }
     const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
     const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -129,19 +129,19 @@ static void scores(const float *q, const float *K, const int64_t *off, int64_t n
 }
 
 /* out[c] = sum_j p[j] V_j[c] for c < 8 nv, the positions j in order (V_j = V + off[j]) */
-static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const float *V,
+static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const kv_t *V,
                                                           const int64_t *off, float *out, const int nv) {
   __m256 acc[8];
   for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
   for (int64_t j = 0; j < L; j++) {
     const __m256 e = _mm256_set1_ps(p[j]);
-    const float *vr = V + off[j];
-    for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(e, _mm256_loadu_ps(vr + 8 * v), acc[v]);
+    const kv_t *vr = V + off[j];
+    for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(e, kv_load8(vr + 8 * v), acc[v]);
   }
   for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + 8 * v, acc[v]);
 }
 
-static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float *out, int d) {
+static void pv(const float *p, int64_t L, const kv_t *V, const int64_t *off, float *out, int d) {
   for (int c0 = 0; c0 < d; c0 += 64) { /* d % 8 == 0 (checked): up to 8 accumulators in registers */
     switch ((d - c0) / 8 < 8 ? (d - c0) / 8 : 8) {
 #define PV(NV) case NV: pv_cols(p, L, V + c0, off, out + c0, NV); break;
@@ -165,18 +165,18 @@ static float exp_shift(float *s, int64_t n, float m) {
   return sum;
 }
 
-static void scores(const float *q, const float *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
+static void scores(const float *q, const kv_t *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
   for (int64_t j = 0; j < n; j++) {
     float acc = 0.0f;
-    for (int c = 0; c < d; c++) acc += q[c] * K[off[j] + c];
+    for (int c = 0; c < d; c++) acc += q[c] * kv_load1(K + off[j] + c);
     s[j] = acc * scale;
   }
 }
 
-static void pv(const float *p, int64_t L, const float *V, const int64_t *off, float *out, int d) {
+static void pv(const float *p, int64_t L, const kv_t *V, const int64_t *off, float *out, int d) {
   for (int c = 0; c < d; c++) out[c] = 0.0f;
   for (int64_t j = 0; j < L; j++)
-    for (int c = 0; c < d; c++) out[c] += p[j] * V[off[j] + c];
+    for (int c = 0; c < d; c++) out[c] += p[j] * kv_load1(V + off[j] + c);
 }
 
 #endif
@@ -199,7 +199,7 @@ static inline void store_half(const query *q, int64_t j, __m512 v, int half) {
 /* The 2 NP queries qs (pair i: query 2i in lanes 0-7, 2i+1 in lanes 8-15), scores over the union
  * of their ranges, eight positions at a time, each lane and reduction as scores(): the same
  * bits. A key row read serves all of them. qp: d / 8 pairs of q vectors, 16 floats each. */
-static inline __attribute__((always_inline)) void scores_pairs(const query *qs, const int NP, const float *K,
+static inline __attribute__((always_inline)) void scores_pairs(const query *qs, const int NP, const kv_t *K,
                                                                const int64_t *off, float scale, int d, float *qp) {
   int64_t j0 = qs[0].lo, j1 = 0;
   for (int i = 0; i < 2 * NP; i++) {
@@ -215,7 +215,7 @@ static inline __attribute__((always_inline)) void scores_pairs(const query *qs, 
   const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
   const __m512i hi_idx = _mm512_setr_epi32(4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31);
   for (int64_t j = j0; j < j1; j += 8) {
-    const float *row[8];
+    const kv_t *row[8];
     for (int r = 0; r < 8; r++) row[r] = K + off[j + r];
     __m512 acc[2][8];
     for (int i = 0; i < NP; i++)
@@ -224,7 +224,7 @@ static inline __attribute__((always_inline)) void scores_pairs(const query *qs, 
       __m512 qv[2];
       for (int i = 0; i < NP; i++) qv[i] = _mm512_load_ps(qp + (int64_t)(i * d + c) * 2);
       for (int r = 0; r < 8; r++) {
-        const __m512 k = _mm512_broadcast_f32x8(_mm256_loadu_ps(row[r] + c));
+        const __m512 k = _mm512_broadcast_f32x8(kv_load8(row[r] + c));
         for (int i = 0; i < NP; i++) acc[i][r] = _mm512_fmadd_ps(qv[i], k, acc[i][r]);
       }
     }
@@ -242,7 +242,7 @@ static inline __attribute__((always_inline)) void scores_pairs(const query *qs, 
 /* out_q[c] = sum_j p_q[j] V_j[c] for the K queries qs (p_q = s_q[lo_q ..]), columns c0 .. c0+63:
  * each query's positions in order (its own first, then those all K share, then its own last),
  * one value row read for all of them on the shared positions. */
-static inline __attribute__((always_inline)) void pv_queries(const query *qs, const int K, const float *V,
+static inline __attribute__((always_inline)) void pv_queries(const query *qs, const int K, const kv_t *V,
                                                              const int64_t *off, int c0) {
   __m512 acc[PV_QUERIES][4];
   int64_t lo = qs[0].lo, hi = qs[0].lo + qs[0].n;
@@ -257,13 +257,12 @@ static inline __attribute__((always_inline)) void pv_queries(const query *qs, co
   for (int q = 0; q < K; q++) /* the positions before the shared ones */
     for (int64_t j = qs[q].lo; j < lo && j < qs[q].lo + qs[q].n; j++) {
       const __m512 e = _mm512_set1_ps(qs[q].s[j]);
-      const float *vr = V + off[j] + c0;
-      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * v), acc[q][v]);
+      const kv_t *vr = V + off[j] + c0;
+      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, kv_load16(vr + 16 * v), acc[q][v]);
     }
   for (int64_t j = lo; j < hi; j++) {
-    const float *vr = V + off[j] + c0;
-    const __m512 v0 = _mm512_loadu_ps(vr), v1 = _mm512_loadu_ps(vr + 16), v2 = _mm512_loadu_ps(vr + 32),
-                 v3 = _mm512_loadu_ps(vr + 48);
+    const kv_t *vr = V + off[j] + c0;
+    const __m512 v0 = kv_load16(vr), v1 = kv_load16(vr + 16), v2 = kv_load16(vr + 32), v3 = kv_load16(vr + 48);
 #pragma GCC unroll 6
     for (int q = 0; q < K; q++) {
       const __m512 e = _mm512_set1_ps(qs[q].s[j]);
@@ -277,8 +276,8 @@ static inline __attribute__((always_inline)) void pv_queries(const query *qs, co
   for (int q = 0; q < K; q++) { /* the positions after */
     for (int64_t j = hi > qs[q].lo ? hi : qs[q].lo; j < qs[q].lo + qs[q].n; j++) {
       const __m512 e = _mm512_set1_ps(qs[q].s[j]);
-      const float *vr = V + off[j] + c0;
-      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, _mm512_loadu_ps(vr + 16 * v), acc[q][v]);
+      const kv_t *vr = V + off[j] + c0;
+      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, kv_load16(vr + 16 * v), acc[q][v]);
     }
     for (int v = 0; v < 4; v++) _mm512_storeu_ps(qs[q].out + c0 + 16 * v, acc[q][v]);
   }
@@ -288,7 +287,7 @@ static inline __attribute__((always_inline)) void pv_queries(const query *qs, co
 
 /* Scores and P.V of queries sharing one KV head's key and value rows (K, V: that head's column).
  * qp: 4 d floats, 64-byte aligned. */
-static void scores_set(const query *qs, int n, const float *K, const int64_t *off, float scale, int d, float *qp) {
+static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off, float scale, int d, float *qp) {
   int i = 0;
 #if QUANT_AVX512
   for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, scale, d, qp);
@@ -299,7 +298,7 @@ static void scores_set(const query *qs, int n, const float *K, const int64_t *of
   for (; i < n; i++) scores(qs[i].q, K, off + qs[i].lo, qs[i].n, scale, qs[i].s + qs[i].lo, d);
 }
 
-static void pv_set(const query *qs, int n, const float *V, const int64_t *off, int d) {
+static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, int d) {
   int i = 0;
 #if QUANT_AVX512
   if (d % 64 == 0)
@@ -578,12 +577,12 @@ int quant_check_tables(int64_t T, const int64_t *positions, int64_t B, const int
 }
 
 /* The attention alone (tests, benches): q [T, nq d] rows q_stride apart, out [T, nq d]; the
- * caches [num_slots, nkv, d]; sequence b's tokens cu_q[b] .. cu_q[b+1]-1. Returns 0; -1 for a
+ * fp16 caches [num_slots, nkv, d]; sequence b's tokens cu_q[b] .. cu_q[b+1]-1. Returns 0; -1 for a
  * bad dimension; -2 for an index out of range (nothing written); -3 when out of memory. */
 int agentrt_quant_attention(const float *q, int64_t q_stride, int64_t T, int nq, int nkv, int d, float scale,
                             const int64_t *positions, int64_t B, const int64_t *cu_q, const int64_t *block_tables,
                             int64_t bt_stride, int64_t bt_cols, int64_t block_size, int64_t num_slots,
-                            const float *kc, const float *vc, int64_t window, float *out, int threads) {
+                            const kv_t *kc, const kv_t *vc, int64_t window, float *out, int threads) {
   if (nq < 1 || nkv < 1 || nq % nkv || d < 2 || d % 2 || (QUANT_AVX2 && d % 8) || q_stride < (int64_t)nq * d ||
       window < 0)
     return -1;
@@ -601,3 +600,7 @@ int agentrt_quant_attention(const float *q, int64_t q_stride, int64_t T, int nq,
   free(seq);
   return rc;
 }
+
+/* dst[i] = fp16(src[i]), i < n: the rounding of every K/V value the decoder writes (tests hold
+ * both builds to torch's .half()) */
+void agentrt_quant_kv_store(const float *src, int64_t n, kv_t *dst) { kv_store(dst, src, n); }

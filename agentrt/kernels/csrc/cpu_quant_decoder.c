@@ -8,7 +8,7 @@
  *   x    = rms_norm(h, attn_norm)                  x * (1 / sqrt(mean(x^2) + eps)), then * w
  *   qkv  = quant_linear(x, Wqkv) (+ bias)          cpu_quant_avx2.c, int8 activation blocks
  *   q, k = rotate_half(q, k) by positions          x*cos + rot(x)*sin, cos/sin [P, d/2]
- *   K/V of every token -> cache row slots[t]       caches [num_slots, nkv, d] fp32
+ *   K/V of every token -> cache row slots[t]       caches [num_slots, nkv, d] fp16 (kv_t)
  *   attn = softmax(q . K[0..p] * scale) . V[0..p]  per query, its own sequence's positions 0..p
  *                                                  (cpu_quant_attention.c)
  *   h   += quant_linear(attn, Wo)
@@ -64,7 +64,7 @@ typedef struct {
   const float *bqkv, *norm, *post_norm, *q_norm, *k_norm;
   int64_t window; /* a query at p sees positions p - window + 1 .. p (0: all) */
   int gelu;
-  float *kc, *vc;
+  kv_t *kc, *vc; /* fp16 */
   float *h, *x, *qkv, *attn, *gu, *tmp;
   int phase;
   pool_chunks chunks;
@@ -172,8 +172,8 @@ static void token_phase(const dec *D, int64_t t) {
           rms_row(row + (int64_t)h * D->d, h < D->nq ? D->q_norm : D->k_norm, D->d, D->eps, row + (int64_t)h * D->d);
       const int64_t half = D->d / 2, kv_row = (int64_t)D->nkv * D->d;
       rotary(row, D->nq + D->nkv, D->d, D->cos + D->positions[t] * half, D->sin + D->positions[t] * half);
-      memcpy(D->kc + D->slots[t] * kv_row, row + D->q_w, sizeof(float) * (size_t)kv_row);
-      memcpy(D->vc + D->slots[t] * kv_row, row + D->q_w + kv_row, sizeof(float) * (size_t)kv_row);
+      kv_store(D->kc + D->slots[t] * kv_row, row + D->q_w, kv_row);
+      kv_store(D->vc + D->slots[t] * kv_row, row + D->q_w + kv_row, kv_row);
       break;
     }
     case PH_RESIDUAL: {
@@ -290,8 +290,8 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
   for (int64_t li = 0; li < num_layers; li++) {
     const int64_t *L = layers + li * LAYER_FIELDS;
     D.bqkv = PTR(const float *, L[2]);
-    D.kc = PTR(float *, L[11]);
-    D.vc = PTR(float *, L[12]);
+    D.kc = PTR(kv_t *, L[11]);
+    D.vc = PTR(kv_t *, L[12]);
     D.q_norm = PTR(const float *, L[13]);
     D.k_norm = L[14] ? PTR(const float *, L[14]) : D.q_norm;
     D.cos = L[17] ? PTR(const float *, L[17]) : cos;
