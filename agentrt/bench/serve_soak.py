@@ -14,8 +14,10 @@ not a cache still filling; the KV cache is the server's default, mapped at start
 
 Reported: RSS when the server is ready, after warm-up (the first `--soak-warmup` fraction of the
 runs: caches fill then) and at the end (all work done, a second idle); growth after warm-up per
-1000 runs (the slope of a least-squares fit of RSS, read every 2 s, over runs ended: the server
-trims its heap every 10 s, so RSS saws by a few MB); and what is left over when all work has
+1000 runs: RSS is read every 2 s, and the server trims its heap every 10 s, so RSS saws by ~20 MB
+around what the server holds; each minute's lowest reading (the floor: what is still held after
+the trims) is fitted against runs ended, by least squares (`growth_all_samples_mb_per_1000_runs`:
+the same fit over every reading); and what is left over when all work has
 ended: KV blocks in use (/metrics), runs not ended (/metrics) and threads beyond those at the end
 of warm-up. Rows of the table: RSS every 15 s or so.
 """
@@ -49,7 +51,8 @@ REFUND_INPUTS = [{"order_id": 1041, "message": "The kettle leaks. I would like a
                  {"order_id": 1042, "message": "The grinder I got last week has a cracked handle. Can I get my money back?"},
                  {"order_id": 1043, "message": "The teapot lid does not fit. Please refund me."}]
 LINE_KEYS = ("rss_ready_mb", "rss_end_mb", "growth_mb_per_1000_runs", "leftover_kv", "leftover_runs", "leftover_threads")
-SAMPLE_S = 2.0  # the server's RSS is read this often (the growth is fitted to these)
+SAMPLE_S = 2.0  # the server's RSS is read this often
+FLOOR_WINDOW_S = 60.0  # the growth is fitted to each window's lowest reading
 TICK_TIMEOUT_S = 300.0  # a run and its chats not answered by then are given up (and reported)
 SCHEMA_FAMILY = 32  # distinct response-format schemas the chats draw from (a grammar cache sees each again)
 # Bounds small enough to be reached during a few minutes' warm-up (docs/limits.md has the defaults).
@@ -328,9 +331,29 @@ async def drive(server: ServerProcess, load: SoakLoad, model: str, console: Cons
                         "rss_mb": end["rss_mb"], "threads": end["threads"]})
     if not warm:  # too short to have a warm-up: growth is measured from ready
         warm = {**ready, "runs": 0, "elapsed_s": 0.0}
-    growth = growth_per_run([(runs, rss) for _, runs, rss in curve[warm.get("curve_from", 0):]])
+    after = curve[warm.get("curve_from", 0):]
+    floor = floor_points(after, FLOOR_WINDOW_S)
+    growth = growth_per_run(floor if len(floor) >= 3 else [(runs, rss) for _, runs, rss in after])
+    growth_all = growth_per_run([(runs, rss) for _, runs, rss in after])
+    per_1000 = lambda g: None if g is None else round(g * 1000, 1)  # noqa: E731
     return {"ready": ready, "warm": warm, "end": end, "samples": samples, "tally": tally, "elapsed_s": elapsed,
-            "growth_mb_per_1000_runs": None if growth is None else round(growth * 1000, 1), "left": left}
+            "growth_mb_per_1000_runs": per_1000(growth), "growth_all_samples": per_1000(growth_all),
+            "floor_windows": len(floor), "left": left}
+
+
+def floor_points(curve: list[tuple[float, int, float]], window_s: float) -> list[tuple[int, float]]:
+    """(runs ended, RSS) at the lowest RSS reading of each whole window_s of the curve ((elapsed s,
+    runs ended, RSS MB) readings): what the server holds once its heap trims gave back what they
+    can. A leak raises the floor as it raises every reading; the saw of the trims does not."""
+    if not curve:
+        return []
+    start, windows = curve[0][0], {}
+    for t, runs, rss in curve:
+        w = int((t - start) // window_s)
+        if w not in windows or rss < windows[w][1]:
+            windows[w] = (runs, rss)
+    last = int((curve[-1][0] - start) // window_s)
+    return [windows[w] for w in sorted(windows) if w < last or curve[-1][0] - start >= (w + 1) * window_s]
 
 
 def growth_per_run(points: list[tuple[int, float]]) -> float | None:
@@ -362,6 +385,8 @@ def soak(load: SoakLoad, model: str, dtype: str, console: Console, workdir: Path
         "rss_warm_mb": result["warm"]["rss_mb"],
         "rss_end_mb": result["end"]["rss_mb"],
         "growth_mb_per_1000_runs": result["growth_mb_per_1000_runs"],
+        "growth_all_samples_mb_per_1000_runs": result["growth_all_samples"],
+        "growth_floor_windows": result["floor_windows"],
         "leftover_kv": int(left.get("kv_blocks_used", -1)),
         "leftover_runs": int(sum(left.get(f"runs_active_{s}", 0) for s in ("running", "queued", "waiting"))),
         "leftover_threads": max(0, result["end"]["threads"] - result["warm"]["threads"]),
