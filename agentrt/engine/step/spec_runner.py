@@ -27,6 +27,7 @@ from agentrt.spec.cost_model import PredictionTracker, StepCostModel
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
 from agentrt.spec.report import NO_SPEC, SpecReport
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
+from agentrt.spec.tree_order import accepted_path, by_reach
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +165,11 @@ class SpecRunner:
             offered = {r: d for r, d in drafts if d is not None}
             scores = {r: self._scores_of(r.seq, d) for r, d in offered.items()}
             accept = {r: [1.0 if x is None else self.calibration(x) for x in scores[r]] for r in offered}
+            for r, d in offered.items():  # a tree the step verifies: its nodes by how often they are reached
+                if d.parents is not None and self._tree_ok(r.seq):
+                    d, chain = by_reach(d, accept[r])
+                    offered[r], accept[r] = d.truncated(reqs[r].max_k), chain[: reqs[r].max_k]
+                    scores[r] = None  # the calibration learns from chains (a tree's rejections are not censored)
         else:
             offered = {}
             accept = {r: self._seq_alpha[r.seq.seq_id].accept_probs(reqs[r].max_k) for r in live}
@@ -188,7 +194,7 @@ class SpecRunner:
             n = len(d.tokens)
             proposed[r] = RowDraft(tuple(d.tokens), None if d.parents is None else tuple(d.parents), d.probs,
                                    tuple(d.forced or [False] * n), expected_accepted(accept[r][:n]))
-            if self.drafter.deterministic:  # what verification will tell the calibration about
+            if self.drafter.deterministic and scores[r] is not None:  # what verification will tell the calibration about
                 self._scores[r.seq.seq_id] = scores[r][:n]
         step = DraftStep(alloc.predicted_step_s, time.monotonic() - t0)
         drafted = sum(len(d.tokens) for d in proposed.values())
@@ -222,8 +228,9 @@ class SpecRunner:
 
     def _request(self, seq: Sequence, max_k: int) -> DraftRequest:
         p = seq.params
+        width = self.config.tree_width if self._tree_ok(seq) else 1
         return DraftRequest(seq.seq_id, seq.all_ids, max_k, temperature=p.temperature, top_k=p.top_k, top_p=p.top_p,
-                            max_width=self.config.tree_width)
+                            max_width=width, max_nodes=max_k * width)
 
     def _scores_of(self, seq: Sequence, draft: Draft) -> list[float | None]:
         # Grammar-forced tokens are certain (None: α = 1). Elsewhere the drafter's confidence says
@@ -244,7 +251,10 @@ class SpecRunner:
         k = row.k
         # a stop cuts the accepted run short; a cut by the budget does not unaccept
         accepted = verified if budget_cut else min(verified, len(kept))
-        forced = sum(row.forced[:accepted])
+        forced, tried = sum(row.forced[:accepted]), k  # α's trials: a chain's drafts
+        if row.parents is not None and k:  # a tree's: the levels of its accepted path, and the one missed
+            path, missed = accepted_path(row.parents, row.draft, kept, accepted)
+            forced, tried = sum(row.forced[i] for i in path), max(accepted, len(path) + missed)
         if (scores := self._scores.pop(seq.seq_id, None)) is not None and k:
             # the verified draft's free positions (observe() censors them at the first rejection)
             self.calibration.observe([x for x in scores[:k] if x is not None],
@@ -252,7 +262,7 @@ class SpecRunner:
         if self.drafter is not None:
             self.drafter.on_verified(seq.seq_id, min(accepted, len(kept)), kept)
             alpha = self._seq_alpha[seq.seq_id]
-            alpha.update(k, accepted, forced) if k else alpha.tick()
+            alpha.update(tried, accepted, forced) if k else alpha.tick()
         stats.record(SpecStepEvent(
             step=step, time=time.monotonic(), seq_id=seq.seq_id,
             drafter=self.kind if k else "none", k=k, accepted=accepted, emitted=len(kept), forced=forced,

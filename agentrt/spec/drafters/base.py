@@ -36,6 +36,9 @@ class DraftRequest:
     top_k: int = 0
     top_p: float = 1.0
     max_width: int = 1  # a deterministic drafter may propose a token tree this wide (1: a chain)
+    # a tree may hold this many nodes (0: max_k); the engine verifies the max_k it reaches most
+    # often (spec.tree_order), so a tree can offer a deep likely branch and its alternatives both
+    max_nodes: int = 0
 
     def __post_init__(self) -> None:
         if self.max_k < 0:

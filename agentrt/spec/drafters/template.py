@@ -25,6 +25,7 @@ QUOTE_SCAN_TOKENS = 96  # the request sits at the prompt's end, after the tool d
 QUOTED_CONFIDENCE = 0.5
 DOUBLE_QUOTED = re.compile(r'"([^"\\\n]{1,80})"')
 PROMPT_STRING_SCAN_TOKENS = 4096  # tool schemas and earlier results: the prompt's last few thousand tokens
+MAX_VALUE_CANDIDATES = 8  # values tried per unit of tree width (each is a tokenization and a grammar probe)
 MAX_CHARS_PER_TOKEN = 128  # more than any token of the vocabularies we load (SmolLM2: 81 characters at most)
 
 
@@ -81,8 +82,11 @@ class TemplateDrafter:
                         break
                     continue
                 branches = self._value_branches(req, tokens, state, room)
-                if len(branches) > 1:  # several values fit here: one tree, verified in the same pass
-                    return _tree_draft(tokens, confidence, forced, branches, req.max_k)
+                if len(branches) > 1 or (branches and req.max_width > 1):
+                    # several values fit here: one tree, verified in the same pass, led by what
+                    # the model wrote after this context before (the suffix history), if anything
+                    return _tree_draft(tokens, confidence, forced, branches, max(req.max_k, req.max_nodes),
+                                       self._suffix_lead(req.seq_id, tokens, state, room))
                 ids, skeleton = branches[0] if branches else ([], [])
                 if ids:
                     state.try_advance(ids)
@@ -120,11 +124,12 @@ class TemplateDrafter:
 
     def _value_branches(self, req: DraftRequest, pending: list[int], state: GrammarCursor,
                         room: int) -> list[tuple[list[int], list[bool]]]:
-        """At the start of a string value, up to req.max_width values as _close_string spells
-        them (with `state` as it was): the spans the request quoted ('Report') that the output
-        has not used yet, then, where the grammar restricts the value (an enum), the strings the
-        prompt holds in double quotes (the schema's members, earlier tool results' values) that
-        it allows. [] elsewhere."""
+        """At the start of a string value, values as _close_string spells them (with `state` as it
+        was), starting with at most req.max_width different tokens (the tree's width; values that
+        share a first token share its node, as get_weather and get_stock_price share "get"): the
+        spans the request quoted ('Report') that the output has not used yet, then, where the
+        grammar restricts the value (an enum), the strings the prompt holds in double quotes (the
+        schema's members, earlier tool results' values) that it allows. [] elsewhere."""
         if self.decode is None:
             return []
         last = pending[-1] if pending else (req.token_ids[-1] if req.token_ids else None)
@@ -135,15 +140,32 @@ class TemplateDrafter:
         if req.max_width > 1 and _restricted(state, self.encode):
             candidates += self._prompt_strings(req)
         branches: list[tuple[list[int], list[bool]]] = []
-        for value in dict.fromkeys(candidates):
+        for value in list(dict.fromkeys(candidates))[: MAX_VALUE_CANDIDATES * req.max_width]:
             ids, skeleton = self._close_string(state, value, room)
             if ids:
                 state.rollback(len(ids))
-            if ids and all(ids != b[0] for b in branches):
-                branches.append((ids, skeleton))
-            if len(branches) == req.max_width:
-                break
+            firsts = {b[0][0] for b in branches}
+            if not ids or any(ids == b[0] for b in branches) or (ids[0] not in firsts and len(firsts) == req.max_width):
+                continue
+            branches.append((ids, skeleton))
         return branches
+
+    def _suffix_lead(self, seq_id: int, pending: list[int], state: GrammarCursor, room: int) -> Draft:
+        """The suffix drafter's continuation here as far as the grammar allows it (at its
+        confidence), then the skeleton the grammar forces after it (`state` as it was)."""
+        draft = self.suffix.propose_after(seq_id, pending, room)
+        n = 0
+        for t in draft.tokens:
+            if state.terminated or state.try_advance([t]) == 0:
+                break
+            n += 1
+        tokens, confidence = list(draft.tokens[:n]), list(draft.confidence[:n])
+        then = state.forced_string()[: MAX_CHARS_PER_TOKEN * (room - n)] if n and not state.terminated else ""
+        skeleton = self.encode(then)[: room - n] if then else []
+        m = state.try_advance(skeleton) if skeleton else 0
+        state.rollback(n + m)
+        return Draft(tokens=tokens + skeleton[:m], probs=None, confidence=confidence + [1.0] * m,
+                     forced=[False] * n + [True] * m)
 
     def _prompt_strings(self, req: DraftRequest) -> list[str]:
         """Double-quoted strings of the prompt (tool schemas' enum members, JSON of earlier
@@ -243,12 +265,15 @@ def _restricted(state: GrammarCursor, encode: Callable[[str], list[int]]) -> boo
 
 
 def _tree_draft(tokens: list[int], confidence: list[float], forced: list[bool],
-                branches: list[tuple[list[int], list[bool]]], max_k: int) -> Draft:
+                branches: list[tuple[list[int], list[bool]]], max_k: int, lead: Draft | None = None) -> Draft:
     """The chain so far, then the values as branches (base.branch_tree): a value's first token
-    is a guess shared among the branches, the rest follows it, the skeleton is certain."""
+    is a guess shared among the branches, the rest follows it, the skeleton is certain. `lead`
+    (the suffix history's continuation, at its own confidence) goes first: where it and a value
+    start alike they share nodes at its confidence."""
     share = 1.0 / len(branches)
-    return branch_tree(
-        Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced),
-        [Draft(tokens=ids, probs=None, forced=skeleton,
-               confidence=[1.0 if f else (QUOTED_CONFIDENCE * share if j == 0 else 0.95) for j, f in enumerate(skeleton)])
-         for ids, skeleton in branches], max_k)
+    values = [Draft(tokens=ids, probs=None, forced=skeleton,
+                    confidence=[1.0 if f else (QUOTED_CONFIDENCE * share if j == 0 else 0.95)
+                                for j, f in enumerate(skeleton)])
+              for ids, skeleton in branches]
+    return branch_tree(Draft(tokens=tokens, probs=None, confidence=confidence, forced=forced),
+                       ([lead] if lead is not None and lead.tokens else []) + values, max_k)
