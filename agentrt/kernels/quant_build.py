@@ -14,6 +14,11 @@ that loads both libraries has two idle worker pools; they sleep after ~50 us wit
 
 -ffp-contract=off: the kernel's rows must not depend on which tile shape computed them (see the
 C file), and its embedding lookup reproduces the reference's unfused multiply-then-add.
+
+$AGENTRT_QUANT_MARCH builds for another CPU level than this one's (-march=native by default):
+AGENTRT_QUANT_MARCH=x86-64-v3 compiles the AVX2 + FMA paths alone, attention and the per-token
+loops included, so a machine with AVX-512 measures what a CPU without it gets (the bits are the
+same: tests/kernels/test_quant_isa.py), where $AGENTRT_QUANT_ISA caps only the linears.
 """
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import threading
 from pathlib import Path
 
@@ -34,7 +40,9 @@ CSRC = Path(__file__).parent / "csrc"
 SOURCES = ("cpu_pool.c", "cpu_quant_avx2.c", "cpu_quant_avx512.c", "cpu_quant_k.c", "cpu_quant_decoder.c", "cpu_quant_attention.c", "cpu_argmax_f32.c",
            "cpu_stream_read.c")
 HEADERS = ("cpu_pool.h", "cpu_quant.h")
-CFLAGS = ("-O3", "-march=native", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11")
+CFLAGS = ("-O3", "-ffp-contract=off", "-pthread", "-shared", "-fPIC", "-std=gnu11")
+MARCH_ENV = "AGENTRT_QUANT_MARCH"  # the CPU level to build for (gcc's -march), default native
+AVX2_MARCH = "x86-64-v3"  # AVX2, FMA, F16C and BMI2: the fast path without AVX-512
 FAST_PATH_CPU_FLAGS = ("avx2", "fma", "f16c")
 # The instruction sets a linear on rows-by-8 weights can run on, in agentrt_quant_isa's order
 # (csrc/cpu_quant.h), with the CPU flags each needs beyond the one before. Every one gives the
@@ -72,7 +80,7 @@ SIGNATURES = {
 }
 
 _lock = threading.Lock()
-_loaded: dict[bool, ctypes.CDLL | None] = {}  # scalar? -> lib (None: cannot run here)
+_loaded: dict[tuple[bool, str], ctypes.CDLL | None] = {}  # (scalar?, march) -> lib (None: cannot run here)
 
 
 def unsupported_reason() -> str | None:
@@ -120,15 +128,25 @@ def cap_isa(lib: ctypes.CDLL, name: str) -> str:
     return isa(lib)
 
 
-def _flags(scalar: bool) -> tuple[str, ...]:
-    return CFLAGS + ((SCALAR_DEFINE,) if scalar else ())
+def default_march() -> str:
+    """What the default library is built for: $AGENTRT_QUANT_MARCH (a gcc -march value), else native."""
+    march = os.environ.get(MARCH_ENV, "").strip() or "native"
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", march):
+        log.warning("%s=%r is not a CPU level gcc knows the form of (x86-64-v3, skylake-avx512, ...): building "
+                    "for this CPU", MARCH_ENV, march)
+        return "native"
+    return march
 
 
-def _library_path(cc: str, scalar: bool) -> Path:
+def _flags(scalar: bool, march: str) -> tuple[str, ...]:
+    return CFLAGS + (f"-march={march}",) + ((SCALAR_DEFINE,) if scalar else ())
+
+
+def _library_path(cc: str, scalar: bool, march: str = "native") -> Path:
     h = hashlib.sha256()
     for name in SOURCES + HEADERS:
         h.update((CSRC / name).read_bytes())
-    h.update("\0".join([compiler_identity(cc), *_flags(scalar), " ".join(sorted(_cpu_flags()))]).encode())
+    h.update("\0".join([compiler_identity(cc), *_flags(scalar, march), " ".join(sorted(_cpu_flags()))]).encode())
     return kernels_cache_dir() / h.hexdigest()[:16] / "libagentrt_quant.so"
 
 
@@ -139,26 +157,26 @@ def kernels_key() -> str | None:
     lib = quant_kernels()
     if lib is None:
         return None
-    return f"{isa(lib)}-{_library_path(_compiler(), False).parent.name[:8]}"
+    return f"{isa(lib)}-{_library_path(_compiler(), False, default_march()).parent.name[:8]}"
 
 
-def build(cc: str, target: Path, scalar: bool = False) -> Path:
+def build(cc: str, target: Path, scalar: bool = False, march: str = "native") -> Path:
     """Compile the sources into `target` (written atomically: concurrent builders are safe)."""
-    return compile_library(cc, _flags(scalar), SOURCES, target, "quantized kernels")
+    return compile_library(cc, _flags(scalar, march), SOURCES, target, "quantized kernels")
 
 
-def _load(scalar: bool) -> ctypes.CDLL | None:
+def _load(scalar: bool, march: str) -> ctypes.CDLL | None:
     reason = unsupported_reason()
     if reason is not None:
         log.info("agentrt quantized kernels off: %s", reason)
         return None
     cc = _compiler()
     try:
-        path = _library_path(cc, scalar)
+        path = _library_path(cc, scalar, march)
     except OSError as e:  # CC names no compiler: the references run (and this None is cached)
         log.warning("agentrt quantized kernels unavailable, using the PyTorch path: compiler %r: %s", cc, e)
         return None
-    lib = open_library(path, lambda: build(cc, path, scalar), SIGNATURES, "quantized kernels")
+    lib = open_library(path, lambda: build(cc, path, scalar, march), SIGNATURES, "quantized kernels")
     cap = os.environ.get(ISA_ENV)
     if lib is not None and cap and not scalar:
         try:
@@ -168,11 +186,13 @@ def _load(scalar: bool) -> ctypes.CDLL | None:
     return lib
 
 
-def quant_kernels(scalar: bool = False) -> ctypes.CDLL | None:
+def quant_kernels(scalar: bool = False, march: str | None = None) -> ctypes.CDLL | None:
     """The loaded library (built on first use), or None where it cannot run. scalar=True: a
-    build of the scalar fallback path, whatever the CPU (for tests)."""
-    if scalar not in _loaded:
+    build of the scalar fallback path, whatever the CPU (for tests); march: a build for that CPU
+    level (AVX2_MARCH: without AVX-512) instead of default_march()'s."""
+    key = (scalar, march or default_march())
+    if key not in _loaded:
         with _lock:
-            if scalar not in _loaded:
-                _loaded[scalar] = _load(scalar)
-    return _loaded[scalar]
+            if key not in _loaded:
+                _loaded[key] = _load(*key)
+    return _loaded[key]

@@ -25,7 +25,7 @@ import pytest
 import torch
 
 from agentrt.kernels.decoder import Dims
-from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
+from agentrt.kernels.quant_build import AVX2_MARCH, has_fast_path, isa, quant_kernels, unsupported_reason
 from agentrt.kernels.quant_decoder import (KV_DTYPE, QuantLayerWeights, quant_decoder_layers, quant_decoder_reference,
                                            quant_layer_table, quant_reserve)
 from agentrt.kernels.quant_formats import Q4_1, Q4_K, Q6_K, Q8_0, QuantWeight, interleave_rows8, quantize
@@ -144,6 +144,20 @@ def test_rows_are_batch_and_thread_invariant():
         for step, ((_, all_rows), (_, mine)) in enumerate(zip(together, alone)):
             start = sum(STEPS[step][:s])
             assert torch.equal(all_rows[start : start + STEPS[step][s]], mine), (s, step)
+
+
+@pytest.mark.skipif(not has_fast_path(), reason="the AVX2 build needs avx2, fma and f16c")
+def test_an_avx2_build_computes_the_native_builds_bits():
+    """The same steps on a build for x86-64-v3 (no AVX-512: 256-bit attention and per-token loops,
+    AVX2 linears) and on this CPU's own build: every row and every cached K/V value, bit for bit.
+    So a machine without AVX-512 decodes the same tokens, and AGENTRT_QUANT_MARCH=x86-64-v3 on
+    one with it measures the other's code paths."""
+    avx2 = quant_kernels(march=AVX2_MARCH)
+    assert avx2 is not None and isa(avx2) == "avx2"
+    native, run_n = _steps(True, quant_kernels())
+    other, run_a = _steps(True, avx2)
+    assert all(torch.equal(a, b) for (_, a), (_, b) in zip(native, other))
+    assert all(torch.equal(a, b) for a, b in zip(run_n.k + run_n.v, run_a.k + run_a.v))
 
 
 def test_final_norm_of_chosen_rows():

@@ -67,14 +67,16 @@ class LoadedModel:
     def precision(self) -> str:
         """What runs, in the words every place that shows it uses (serve's banner, `agentrt run`
         and `generate`, traces, the console, /v1/models): for a GGUF run as it is stored, its
-        block formats (the loaded tensors' own types), what multiplies them and the activations'
-        dtype, e.g. "GGUF Q4_1/Q8_0, int8 kernels, float32 activations"; for a float model, its
+        block formats (the loaded tensors' own types), what multiplies them, the activations'
+        dtype and the KV cache's where it differs, e.g. "GGUF Q4_1/Q8_0, int8 kernels, float32
+        activations, float16 K/V"; for a float model, its
         dtype ("bfloat16"), and the GGUF it was dequantized from, if any."""
         dtype = str(self.model.dtype).removeprefix("torch.")
         if self.model.quantized:
             # without the kernels, QuantLinear dequantizes the blocks at every call (quant_layers.py)
             how = "int8 kernels" if quant_build.quant_kernels() is not None else "dequantized at each call"
-            return f"GGUF {gguf_formats(self.model)}, {how}, {dtype} activations"
+            kv = str(self.model.kv_dtype).removeprefix("torch.")
+            return f"GGUF {gguf_formats(self.model)}, {how}, {dtype} activations" + (f", {kv} K/V" if kv != dtype else "")
         return f"{dtype} (dequantized from GGUF)" if self.source.gguf is not None else dtype
 
 
