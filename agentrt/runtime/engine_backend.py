@@ -183,17 +183,32 @@ class EngineBackend:
                         del self._loops[loop]
 
     @contextlib.contextmanager
-    def _listening(self, on_step: StepCallback | None, on_start: Callable[[Any], None] | None) -> Iterator[_Started]:
+    def _listening(self, on_step: StepCallback | None, on_start: Callable[[Any], None] | None,
+                   late_steps: bool = False) -> Iterator[_Started]:
         """The on_start hook of one engine request: it routes the request's steps to on_step on
-        this loop until the block ends."""
+        this loop until the block ends (late_steps: and, when the block is cancelled, until the
+        engine has seen the request's abort)."""
         state = self._state()
         started = _Started(state, on_step, on_start)
-        try:
-            yield started
-        finally:
+
+        def stop_listening(_: Any = None) -> None:
             if started.request_id is not None:
                 state.requests.pop(started.request_id, None)
             self._release(state)
+
+        try:
+            yield started
+        except BaseException:
+            # the caller stopped listening (cancelled) while the request may be in a step: keep routing
+            # its steps until the engine thread has run every command queued so far (its abort among
+            # them), so a step that computed tokens for it is still heard (prefill-ahead counts them)
+            if not late_steps or started.request_id is None or started.on_step is None:
+                stop_listening()
+            else:
+                self.engine.call_on_engine_thread(lambda: None).add_done_callback(stop_listening)
+            raise
+        else:
+            stop_listening()
 
     async def complete(self, request: LLMRequest, *, on_step: StepCallback | None = None,
                        on_start: Callable[[Any], None] | None = None,
@@ -236,7 +251,7 @@ class EngineBackend:
         inputs: request.messages as the call will send them, with `marker` where the first unknown
         value starts (AsyncEngine.prefill_ahead). Runs only while the engine has nothing else to
         run; cancelling the awaiting task aborts it. None: nothing to compute (all cached)."""
-        with self._listening(on_step, None) as started:
+        with self._listening(on_step, None, late_steps=True) as started:
             result = await self.engine.prefill_ahead(chat_messages(request.messages), _params(request), marker, ttl_s,
                                                      meta=_meta(request), on_start=started)
         if result is None:

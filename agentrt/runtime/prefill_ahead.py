@@ -115,14 +115,18 @@ def _estimate(env: NodeEnv, tool: str) -> float:
 
 async def _run(env: NodeEnv, rs: RunState, node: str, request: LLMRequest, ttl_s: float) -> None:
     ns = rs.nodes[node]
-    computed = 0
+    task = asyncio.current_task()
 
     def on_step(ev: LLMStepEvent) -> None:
-        nonlocal computed
+        # counted as each step is heard: a step can be heard after its request was cancelled (replaced
+        # by a longer one, or the node started), and its tokens were computed ahead all the same
         if ev.preempted:
             return
-        computed += ev.num_new
-        if ns.status == "pending" and ns.log.phase != "prefill_ahead":
+        ns.attributes["agentrt.prefill_ahead.tokens"] = ns.attributes.get("agentrt.prefill_ahead.tokens", 0) + ev.num_new
+        rs.stats.prefill_ahead_tokens += ev.num_new
+        current = rs.ahead.get(node)
+        if (ns.status == "pending" and ns.log.phase != "prefill_ahead" and current is not None
+                and current.task is task and not task.done()):
             ns.log.enter("prefill_ahead", env.clock.at(ev.start))
             env.events.emit(NodePhase(rs.run_id, node, "prefill_ahead"))
 
@@ -140,6 +144,5 @@ async def _run(env: NodeEnv, rs: RunState, node: str, request: LLMRequest, ttl_s
         if ns.status == "pending" and ns.log.phase == "prefill_ahead" and not replaced:
             ns.log.enter("waiting", env.clock.now())
             env.events.emit(NodePhase(rs.run_id, node, "waiting"))
-        ns.attributes["agentrt.prefill_ahead.tokens"] = ns.attributes.get("agentrt.prefill_ahead.tokens", 0) + computed
+        ns.attributes.setdefault("agentrt.prefill_ahead.tokens", 0)
         ns.attributes["agentrt.prefill_ahead.outcome"] = outcome
-        rs.stats.prefill_ahead_tokens += computed
