@@ -12,12 +12,14 @@ from typing import Any
 from agentrt.tools.mosquitto import free_port
 
 
-async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict, arrivals: list[float],
+async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict, arrivals: list[float] | None,
                        load: list[tuple[str, dict]], latency: Any, max_tokens: int | None,
                        store: Any = None, backend: Any = None) -> list[float]:
     """Completion times (submit to end, over HTTP) of programs submitted at these arrival times to a
     fresh in-process server whose runtime follows `policy` (and records runs in `store`), on a fresh
-    in-process engine, or on `backend` where given (the caller's to close)."""
+    in-process engine, or on `backend` where given (the caller's to close). Arrivals None: each
+    program alone, submitted when the one before it ended. Program i draws its tool latencies as
+    program i either way, so a program's time alone and under load differ by the load only."""
     import aiohttp
     from aiohttp import web
 
@@ -56,7 +58,8 @@ async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict
             t0 = time.monotonic()
 
             async def one(i: int, name: str, inputs: dict) -> float:
-                await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.monotonic()))
+                if arrivals is not None:
+                    await asyncio.sleep(max(0.0, t0 + arrivals[i] - time.monotonic()))
                 start = time.monotonic()
                 async with http.post(f"{url}/v1/programs/{name}/runs", json={"inputs": inputs},
                                      headers={"X-Bench-Program": str(i)}) as r:
@@ -67,6 +70,8 @@ async def program_load(policy: Any, loaded: Any, cost_model: Any, examples: dict
                     raise RuntimeError(f"program {i} ({name}) ended {status}")
                 return time.monotonic() - start
 
+            if arrivals is None:
+                return [await one(i, n, inp) for i, (n, inp) in enumerate(load)]
             return list(await asyncio.gather(*(one(i, n, inp) for i, (n, inp) in enumerate(load))))
     finally:
         await runner.cleanup()

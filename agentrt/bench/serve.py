@@ -11,7 +11,8 @@ Part 2, programs through HTTP. The three example programs (bench workload's load
 heavy-tailed tool latencies) submitted to an in-process server as a seeded Poisson process at
 increasing rates, for two policies (bench workload's a: call-level FCFS without prefix cache or
 speculation, and c: the full runtime). Per policy: the mean and p95 completion time unloaded
-(each program alone), then per rate the mean and p95 completion time (submit to end, over the
+(the same programs, each alone: submitted when the one before ended, each drawing the tool
+latencies it draws under load, so unloaded and loaded times differ by the load only), then per rate the mean and p95 completion time (submit to end, over the
 HTTP API), over the whole rate grid. One latency bound holds both policies: 2x FCFS's unloaded
 mean (a bound per policy would hold the faster policy to a tighter bound). A policy's sustained
 rate is the highest rate of the grid whose mean completion is within that bound.
@@ -191,7 +192,7 @@ def chat_part(args: argparse.Namespace, console: Console, levels: list[int], r: 
 
 # ---- part 2: programs ----------------------------------------------------------------------------
 def programs_part(args: argparse.Namespace, console: Console, rates: list[float], n: int) -> list[dict]:
-    """One row per (policy, rate): mean and p95 completion; rate 0 is each program alone."""
+    """One row per (policy, rate): mean and p95 completion; rate 0 is the same programs, each alone."""
     from agentrt.bench.spec import shared_cost_model
     from agentrt.bench.workload import POLICIES
     from agentrt.bench.workload_load import EXAMPLE_NAMES, EXAMPLES_DIR, ToolLatency, arrival_times, workload
@@ -211,11 +212,9 @@ def programs_part(args: argparse.Namespace, console: Console, rates: list[float]
         console.print(f"  {rows[-1]}")
 
     for policy in [POLICIES[0], POLICIES[2]]:
-        alone = []
-        for name, inputs in workload(3):
-            alone += asyncio.run(program_load(policy, loaded, cost_model, examples, [0.0], [(name, inputs)], latency,
-                                              max_tokens))
-        add(policy, 0.0, alone)
+        # unloaded: the same n programs, each alone, with the same tool latencies as under load
+        add(policy, 0.0, asyncio.run(program_load(policy, loaded, cost_model, examples, None, workload(n), latency,
+                                                  max_tokens)))
         # the whole grid, past the first rate a policy misses: where each stands at every rate is the figure
         for rate in rates:
             add(policy, rate, asyncio.run(program_load(policy, loaded, cost_model, examples,
