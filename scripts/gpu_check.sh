@@ -3,7 +3,8 @@
 #   1. the Triton kernel tests and the Triton engine tests compiled for the GPU (TRITON_INTERPRET
 #      unset: tests/kernels/triton, tests/engine/test_triton_engine.py, the backend choice);
 #   2. the engine's timings on the Triton path (scripts/gpu_engine_bench.py: decode at
-#      B=1,8,32,64, suffix speculation against plain decoding, tool calls with the template
+#      B=1,8,32,64 with and without CUDA graphs, the verify cost of 1-16 rows and the step against
+#      the read floor, suffix speculation against plain decoding, tool calls with the template
 #      drafter). `agentrt bench decode/spec/toolcall/batch-sweep` take no device: they time
 #      the CPU engine, so they are not run here.
 # Writes one JSON summary to $1 (default: a new file under ${TMPDIR:-/tmp}) and prints its path.

@@ -1,6 +1,9 @@
 """The engine's timings on one CUDA GPU, on the Triton path: greedy decode at several batch sizes,
 speculation (suffix drafter) against plain decoding, and constrained tool calls with the template
-drafter. `agentrt bench decode/spec/toolcall/batch-sweep` time the CPU engine and take no device,
+drafter, with steps replayed from CUDA graphs (the default) and, for decode and the verify cost,
+without. The verify cost: one sequence at 300 cached positions fed 1, 2, 4, 8 and 16 rows, the
+forward's median time over the one-row step's; the step against the read floor of the bytes it
+reads once (bench/decode.step_bytes) at the GPU's measured read rate. `agentrt bench decode/spec/toolcall/batch-sweep` time the CPU engine and take no device,
 so scripts/gpu_check.sh runs this instead; it writes one JSON object to --json.
 
 Each measurement runs once after a short warm-up generation (Triton compiles each kernel for its
@@ -15,8 +18,11 @@ import time
 
 import torch
 
+from agentrt.bench.decode import step_bytes
 from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
 from agentrt.engine.loading.model_loader import load_model
+from agentrt.engine.models.attention import build_attention_metadata
+from agentrt.engine.models.batch import ForwardBatch
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
                                             "parameters": {"type": "object", "required": ["city"],
@@ -35,6 +41,42 @@ def _timed(engine: LLMEngine, prompts: list, params: SamplingParams) -> tuple[li
     results = engine.generate(prompts, params)
     _sync(engine.config.device)
     return results, time.perf_counter() - t0
+
+
+def _median_s(fn, device: str, reps: int) -> float:
+    for _ in range(3):
+        fn()
+    times = []
+    for _ in range(reps):
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return sorted(times)[len(times) // 2]
+
+
+def verify_cost(engine: LLMEngine, reps: int, ctx: int = 300) -> dict:
+    """Forward ms of one sequence at ctx cached positions fed n rows (its blocks 0, 1, ... of the
+    cache, so slot = position; timing only, the cache's values do not matter), through the engine's
+    step graphs where it has them."""
+    dev, bs = engine.kv.k[0].device, engine.kv.block_size
+    forward = (engine.step_graphs.forward if engine.step_graphs is not None
+               else lambda b: engine.model.forward(b, engine.kv))
+    ms = {}
+    for n in (1, 2, 4, 8, 16):
+        pos = torch.arange(ctx, ctx + n)
+        meta = build_attention_metadata([n], [ctx + n], pos, [list(range(-(-(ctx + n) // bs)))], bs, dev)
+        batch = ForwardBatch(torch.full((n,), 7, device=dev), pos.to(dev), pos.to(dev), meta,
+                             torch.arange(n, device=dev))
+        ms[n] = 1e3 * _median_s(lambda: forward(batch), engine.config.device, reps)
+    return {"step_ms": round(ms[1], 4), **{f"verify{n}_over_step1": round(ms[n] / ms[1], 3) for n in ms if n > 1}}
+
+
+def read_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
+    """Bytes per second of a large on-device read (a sum over 1 GiB, median of 10)."""
+    x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
+    return nbytes / _median_s(lambda: x.sum(), device, 10)
 
 
 def main() -> int:
@@ -60,9 +102,21 @@ def main() -> int:
     summary["decode"] = []
     for b in [int(x) for x in args.batches.split(",")]:
         prompts = [[{"role": "user", "content": f"Tell a long story about the number {i}."}] for i in range(b)]
-        results, secs = _timed(engine(), prompts, greedy)
-        n = sum(len(r.token_ids) for r in results)
-        summary["decode"].append({"batch": b, "tokens": n, "seconds": round(secs, 4), "tokens_per_s": round(n / secs, 1)})
+        for graphs in (True, False):
+            results, secs = _timed(engine(cuda_graphs=graphs), prompts, greedy)
+            n = sum(len(r.token_ids) for r in results)
+            summary["decode"].append({"batch": b, "cuda_graphs": graphs, "tokens": n, "seconds": round(secs, 4),
+                                      "tokens_per_s": round(n / secs, 1)})
+
+    reps = 50 if args.device.startswith("cuda") else 2
+    summary["verify_cost"] = {"graphs": verify_cost(engine(cuda_graphs=True), reps),
+                              "eager": verify_cost(engine(cuda_graphs=False), reps)}
+    if args.device.startswith("cuda"):
+        bw = read_bandwidth(args.device)
+        floor_ms = 1e3 * step_bytes(model) / bw
+        summary["read_floor"] = {"step_bytes": step_bytes(model), "read_gb_per_s": round(bw / 1e9, 1),
+                                 "floor_ms": round(floor_ms, 4),
+                                 "floor_ratio": round(summary["verify_cost"]["graphs"]["step_ms"] / floor_ms, 3)}
 
     chat = [[{"role": "user", "content": "Repeat this line five times: alpha beta gamma delta epsilon."}]]
     plain, plain_s = _timed(engine(), chat, greedy)

@@ -14,13 +14,16 @@ DTYPE_CHOICES = ("auto", "quantized", "bfloat16", "float32")
 
 
 def add_model_arguments(p: argparse.ArgumentParser) -> None:
-    """--dtype, --batch-invariant and --device."""
+    """--dtype, --batch-invariant, --device and --no-cuda-graphs."""
     add_dtype_argument(p)
     p.add_argument("--batch-invariant", action="store_true",
                    help="greedy output independent of the batch and of speculation. The bf16 AMX kernels and "
                         "the quantized decoder are invariant anyway; on the PyTorch path (fp32, bf16 without AMX) "
                         "every op is made so, several times slower")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--no-cuda-graphs", dest="cuda_graphs", action="store_const", const=False, default=None,
+                   help="launch every step's kernels from Python: no decode or verify step replayed from a captured "
+                        "CUDA graph (by default they are, where a CUDA model runs the Triton kernels)")
 
 
 def add_dtype_argument(p: argparse.ArgumentParser) -> None:
@@ -38,12 +41,13 @@ def add_tool_format_argument(p: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace, spec: dict[str, Any] | None = None, **engine: Any) -> EngineConfig:
-    """The EngineConfig of a command's --model, --dtype, --device, --spec, --batch-invariant and
-    --tool-format (the last two where the command has them); `spec` and `engine`: further
+    """The EngineConfig of a command's --model, --dtype, --device, --spec, --batch-invariant,
+    --no-cuda-graphs and --tool-format (the last three where the command has them); `spec` and `engine`: further
     SpecConfig and EngineConfig fields."""
     from agentrt.engine import EngineConfig, SpecConfig
 
     return EngineConfig(model=args.model, dtype=args.dtype, device=args.device,
                         spec=SpecConfig(drafter=getattr(args, "spec", "none"), **(spec or {})),
                         batch_invariant=getattr(args, "batch_invariant", False),
+                        cuda_graphs=getattr(args, "cuda_graphs", None),
                         tool_format=getattr(args, "tool_format", "auto"), **engine)

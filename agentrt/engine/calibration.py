@@ -122,8 +122,11 @@ def fit_cost_model_when_idle(engine) -> StepCostModel | None:
 def forward_timer(engine):
     """step_fn(num_tokens, kv_tokens, num_seqs=1) -> seconds of one target forward of num_seqs
     sequences (scratch block tables), each verifying num_tokens / num_seqs positions on a
-    kv_tokens / num_seqs-long cached context (logits for every position)."""
+    kv_tokens / num_seqs-long cached context (logits for every position). Through the engine's
+    step graphs where it has them: a step that fits a bucket is timed as the engine runs it, replayed."""
     blocks, model = engine.blocks, engine.model
+    graphs = getattr(engine, "step_graphs", None)
+    forward = graphs.forward if graphs is not None else lambda batch: model.forward(batch, engine.kv)
 
     def step_fn(num_tokens: int, kv_tokens: int, num_seqs: int = 1) -> float:
         n, ctx = num_tokens // num_seqs, kv_tokens // num_seqs
@@ -145,7 +148,7 @@ def forward_timer(engine):
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             t0 = time.perf_counter()
-            model.forward(batch, engine.kv)
+            forward(batch)
             if model.device.type == "cuda":
                 torch.cuda.synchronize()
             return time.perf_counter() - t0

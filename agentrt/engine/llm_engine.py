@@ -25,6 +25,7 @@ from agentrt.engine.step.draft_plan import DraftPlanner
 from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.chat.messages import normalize_messages
 from agentrt.engine.loading.model_loader import LoadedModel, load_model
+from agentrt.engine.models.step_graphs import StepGraphs
 from agentrt.engine.outputs import GenerationResult, StepRecord, TokenEvent, TokenLogprob
 from agentrt.engine.sampling_params import SamplingParams
 from agentrt.engine.step.scheduler import Scheduler, SchedulerConfig
@@ -71,6 +72,10 @@ class EngineConfig:
     # the syntax tool calls are rendered, constrained and parsed in (structured.tool_formats): "auto"
     # reads it from the chat template and architecture; a format's name forces it
     tool_format: str = "auto"
+    # decode and verify steps replayed from captured graphs (models/step_graphs.py): None: where the
+    # model runs the Triton kernels on a CUDA device; True: also under Triton's interpreter on CPU
+    # tensors (a replay reruns the forward on the same buffers: what the tests prove); False: never
+    cuda_graphs: bool | None = None
 
 
 class LLMEngine:
@@ -88,6 +93,7 @@ class LLMEngine:
                             config.prefill_order, config.group_prefills),
             self.blocks, step_cost=self._prefill_step_cost)
         self.max_model_len = min(config.max_model_len or self.model.cfg.max_position_embeddings, num_blocks * config.block_size)
+        self.step_graphs = self._step_graphs()
         self.eos_ids = tuple(self.tokenizer.eos_token_ids)
         self.tool_format: ToolCallFormat = (
             detect_tool_format(self.tokenizer.chat_template, getattr(self.model.cfg, "architecture", None))
@@ -106,6 +112,17 @@ class LLMEngine:
         self.step_log: deque[StepRecord] = deque(maxlen=config.step_log_steps)
         self.step_listeners: list[Callable[[StepRecord], None]] = []
         self.step_no = 0  # steps taken so far (the next step's number)
+
+    def _step_graphs(self) -> StepGraphs | None:
+        want = self.config.cuda_graphs
+        if want is None:
+            want = self.device.type == "cuda" and self.model.triton_enabled and not self.config.batch_invariant
+        if not want:
+            return None
+        if self.config.batch_invariant:
+            raise ValueError("cuda_graphs=True with batch_invariant=True: the batch-invariant forward runs on the "
+                             "PyTorch path, and replayed steps run the Triton path")
+        return StepGraphs(self.model, self.kv, self.max_model_len, self.config.max_num_seqs)
 
     def reserve_step_buffers(self) -> None:
         """The model's kernel buffers at their size for the largest step, on the calling thread (the
@@ -294,8 +311,9 @@ class LLMEngine:
         plan = self.planner.plan(rows_of(batch.seqs, batch.num_new))
         rows = plan.rows
         self.kv.copy_blocks(self.blocks.pop_copies())  # copy-on-write of shared, partly filled blocks
-        logits = self.model.forward(build_forward_batch(rows, self.blocks, self.device), self.kv,
-                                    batch_invariant=self.config.batch_invariant).logits  # [rows, vocab]
+        forward_batch = build_forward_batch(rows, self.blocks, self.device)
+        logits = (self.step_graphs.forward(forward_batch) if self.step_graphs is not None else  # [rows, vocab]
+                  self.model.forward(forward_batch, self.kv, batch_invariant=self.config.batch_invariant)).logits
         sampled = sample_rows(rows, logits, plan.masks, self.model.kernel_backend)
         duration = time.monotonic() - t0
         events = [ev for r in rows if (ev := self._advance_or_fail(r, sampled.get(r))) is not None]

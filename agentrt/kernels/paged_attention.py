@@ -40,7 +40,7 @@ def rotary_kv_write_reference(
     positions: torch.Tensor,  # [T] int64
     cos: torch.Tensor,  # [P, d/2] fp32
     sin: torch.Tensor,  # [P, d/2] fp32
-    slots: torch.Tensor,  # [T] int64
+    slots: torch.Tensor,  # [T] int64; < 0: a padding row, not written
     k_cache: torch.Tensor,  # [num_slots, nkv, d]
     v_cache: torch.Tensor,  # [num_slots, nkv, d]
     nq: int,
@@ -57,9 +57,13 @@ def rotary_kv_write_reference(
         qk[:, :nq] = norm_reference(qk[:, :nq].reshape(T * nq, d), q_norm, eps).view(T, nq, d)
         qk[:, nq:] = norm_reference(qk[:, nq:].reshape(T * nkv, d), k_norm, eps).view(T, nkv, d)
     qk.copy_(rotate_reference(qk, c, s))
+    k_new, v_new = qk[:, nq:], qkv[:, (nq + nkv) * d :].reshape(T, nkv, d)
+    if T and bool((slots < 0).any()):  # padding rows (a negative slot) are rotated, never written
+        keep = slots >= 0
+        slots, k_new, v_new = slots[keep], k_new[keep], v_new[keep]
     # a cache of another dtype (the quantized decoder's fp16) holds each value rounded once
-    k_cache.index_copy_(0, slots, qk[:, nq:].to(k_cache.dtype))
-    v_cache.index_copy_(0, slots, qkv[:, (nq + nkv) * d :].reshape(T, nkv, d).to(v_cache.dtype))
+    k_cache.index_copy_(0, slots, k_new.to(k_cache.dtype))
+    v_cache.index_copy_(0, slots, v_new.to(v_cache.dtype))
 
 
 def rotary_kv_write(qkv, positions, cos, sin, slots, k_cache, v_cache, nq: int, q_norm=None, k_norm=None,

@@ -140,3 +140,52 @@ def test_the_interpreter_runs_the_kernels_when_torch_imported_triton_first():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                          env={k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"})
     assert out.returncode == 0 and out.stdout.strip().endswith("ok"), out.stderr[-2000:]
+
+
+# ---- steps replayed from captured graphs (engine/models/step_graphs.py) ------------------------
+# On CPU a replay reruns the forward on the bucket's buffers: the buckets, the padding and the
+# copies are what these tests prove; on a GPU (scripts/gpu_check.sh) the same tests capture and
+# replay CUDA graphs.
+
+@pytest.mark.parametrize("drafter", ["none", "suffix"])
+def test_steps_replayed_from_graphs_give_the_pytorch_path_s_tokens(triton_llama, torch_llama, make_engine, drafter):
+    params = SamplingParams(max_tokens=10, temperature=0, ignore_eos=True)
+    chats = CHATS + [[{"role": "user", "content": "one more: a b c a b c"}]]  # 3 sequences: the 4-wide bucket pads one
+    want = _generate(make_engine(torch_llama, kv_cache_tokens=512, device=DEVICE), chats, params)
+    engine = make_engine(triton_llama, kv_cache_tokens=512, device=DEVICE, cuda_graphs=True,
+                         spec=SpecConfig(drafter=drafter, k=3))
+    assert _generate(engine, chats, params) == want
+    graphs = engine.step_graphs
+    assert graphs.replays > 0 and all(b.batch >= 1 for b in graphs.graphs)
+    assert any(b.batch == 4 for b in graphs.graphs)  # three sequences decoding together, one padded
+    if drafter == "suffix":
+        assert any(b.rows > 1 for b in graphs.graphs)  # verification runs of k + 1 rows, ragged within the bucket
+
+
+def test_a_step_fits_the_smallest_bucket_or_none(triton_llama, make_engine):
+    from agentrt.engine.models.attention import build_attention_metadata
+    from agentrt.engine.models.batch import ForwardBatch
+    from agentrt.engine.models.step_graphs import Bucket
+
+    engine = make_engine(triton_llama, kv_cache_tokens=512, device=DEVICE, cuda_graphs=True, max_num_seqs=16)
+    graphs = engine.step_graphs
+    assert graphs.batch_buckets == (1, 2, 4, 8, 16)  # none past max_num_seqs
+
+    def batch(num_new: list[int]) -> ForwardBatch:
+        T = sum(num_new)
+        pos = torch.arange(T)
+        meta = build_attention_metadata(num_new, [40] * len(num_new), pos, [[1, 2, 3]] * len(num_new), 16,
+                                        torch.device(DEVICE))
+        return ForwardBatch(pos, pos, pos, meta, logits_indices=pos)
+
+    assert graphs.bucket_for(batch([1])) == Bucket(1, 1)
+    assert graphs.bucket_for(batch([1, 4, 2])) == Bucket(4, 4)  # 3 sequences, at most 4 rows
+    assert graphs.bucket_for(batch([9] * 5)) == Bucket(8, 16)
+    assert graphs.bucket_for(batch([17])) is None  # a prefill chunk runs eagerly
+    assert graphs.bucket_for(batch([1] * 17)) is None  # more sequences than the largest bucket
+
+
+def test_graphs_refuse_a_model_off_the_triton_path(torch_llama, make_engine):
+    with pytest.raises(ValueError, match="Triton"):
+        make_engine(torch_llama, kv_cache_tokens=512, device=DEVICE, cuda_graphs=True)
+    assert make_engine(torch_llama, kv_cache_tokens=512, device=DEVICE).step_graphs is None  # the default: off there

@@ -198,8 +198,8 @@ def paged_attention(
     T, nq, d = q.shape
     nkv = k_cache.shape[1]
     B = block_tables.shape[0]
-    if out is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if out is None:  # zeros: a row of no sequence (a replayed step's padding, past cu_q[-1]) is never written
+        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
     if T == 0 or B == 0:
         return out
     group = nq // nkv

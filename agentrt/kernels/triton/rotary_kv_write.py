@@ -5,7 +5,8 @@ Layout: qkv [T, (nq + 2 nkv) d] holds each token's q heads, then its k heads, th
 each d wide. Rotate-half rotary: a head's first half x1 and second half x2 become
 x1 cos - x2 sin and x2 cos + x1 sin, with cos/sin [P, d/2] indexed by the token's position.
 q and k are rotated in place in qkv; the rotated k and the v of token t are copied into row
-slots[t] of the caches [num_slots, nkv, d].
+slots[t] of the caches [num_slots, nkv, d], unless slots[t] is negative (a padding row: the
+engine's replayed steps pad their batch to a captured shape, engine/models/step_graphs.py).
 
 The arithmetic repeats the reference's roundings op by op (cos and sin rounded to qkv's dtype,
 each product rounded, then the sum), so the result is bit-identical to it: an fp32 intermediate
@@ -50,13 +51,15 @@ def _rotary_kv_write_kernel(
     tl.store(first, y1, mask=h_ok[:, None])
     tl.store(first + HEAD_DIM // 2, y2, mask=h_ok[:, None])
 
-    is_k = h_ok & (h >= NQ)
+    # a negative slot (a padded row of a replayed step) is rotated, never written (as vectors: the
+    # interpreter takes no scalar in a mask)
+    is_k = h_ok & (h >= NQ) & (h * 0 + slot >= 0)
     k_dst = k_cache_ptr + slot * stride_kt + tl.where(is_k, h - NQ, 0)[:, None] * stride_kh + half[None, :]
     tl.store(k_dst, y1, mask=is_k[:, None])
     tl.store(k_dst + HEAD_DIM // 2, y2, mask=is_k[:, None])
 
     kv = tl.arange(0, KV_HEADS_P)
-    kv_ok = kv < NKV
+    kv_ok = (kv < NKV) & (kv * 0 + slot >= 0)
     d = tl.arange(0, HEAD_DIM)
     v = tl.load(qkv_ptr + t * stride_qkv + (NQ + NKV) * HEAD_DIM + kv[:, None] * HEAD_DIM + d[None, :],
                 mask=kv_ok[:, None], other=0.0)
@@ -68,7 +71,7 @@ def rotary_kv_write(
     positions: torch.Tensor,  # [T] int64
     cos: torch.Tensor,  # [P, d/2] fp32, P > max position
     sin: torch.Tensor,  # [P, d/2] fp32
-    slots: torch.Tensor,  # [T] int64: the cache row each token's k and v go to
+    slots: torch.Tensor,  # [T] int64: the cache row each token's k and v go to; < 0: none
     k_cache: torch.Tensor,  # [num_slots, nkv, d], qkv's dtype
     v_cache: torch.Tensor,  # [num_slots, nkv, d]
     nq: int,

@@ -54,6 +54,26 @@ def test_rotary_kv_write_leaves_other_slots_and_the_padding_columns_alone():
     assert torch.equal(k_cache[17], wide[0, nq * d:(nq + nkv) * d].view(nkv, d))  # the rotated k
 
 
+def test_a_negative_slot_is_rotated_and_never_written():
+    """Padding rows of a replayed step carry slot -1: their q and k are rotated like any row's (the
+    rows are dropped later), no cache row changes, and the other rows' writes are the reference's."""
+    g = torch.Generator().manual_seed(3)
+    nq, nkv, d = 9, 3, 64
+    cos, sin = torch.randn(40, d // 2, generator=g), torch.randn(40, d // 2, generator=g)
+    qkv = torch.randn(4, (nq + 2 * nkv) * d, generator=g)
+    slots, positions = torch.tensor([5, -1, 2, -1]), torch.tensor([7, 0, 3, 0])
+    caches = [torch.randn(8, nkv, d, generator=g) for _ in range(2)]
+    before = [c.clone() for c in caches]
+    ref = [c.clone() for c in caches]
+    ref_qkv = qkv.clone()
+    rotary_kv_write_reference(ref_qkv, positions, cos, sin, slots, ref[0], ref[1], nq)
+    rotary_kv_write(qkv, positions, cos, sin, slots, caches[0], caches[1], nq)
+    assert torch.equal(qkv, ref_qkv) and torch.equal(caches[0], ref[0]) and torch.equal(caches[1], ref[1])
+    untouched = torch.tensor([i not in (5, 2) for i in range(8)])
+    assert torch.equal(caches[0][untouched], before[0][untouched]) and torch.equal(caches[1][untouched], before[1][untouched])
+    assert not torch.equal(caches[0][5], before[0][5]) and not torch.equal(caches[1][2], before[1][2])
+
+
 def test_bad_inputs_name_what_is_wrong():
     nq, nkv, d = 4, 2, 64
     qkv = torch.zeros(3, (nq + 2 * nkv) * d)
