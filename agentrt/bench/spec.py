@@ -278,7 +278,7 @@ def encode_prompts(loaded, chats: dict[str, list[dict]]) -> dict[str, list[int]]
 def shared_cost_model(loaded):
     """The cost model the adaptive rows use: what `agentrt run` and `serve` would use. The cached
     calibration for this model, dtype, machine (and quantized kernels) when there is one; else,
-    on the quantized path, the warm-up fit on five forwards (made and cached here, as they make
+    on the quantized path, the warm-up fit on quick_grid's forwards (made and cached here, as they make
     it); else the analytic roofline."""
     from agentrt.engine.calibration import load_or_estimate_cost_model, model_cost_path, quick_cost_model
     from agentrt.engine.step.spec_runner import SpecConfig

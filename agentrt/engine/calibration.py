@@ -65,25 +65,38 @@ def load_or_estimate_cost_model(engine) -> StepCostModel:
 
 QUICK_FIT_TOKENS = (1, 2, 4, 8, 16)  # new tokens per timed forward: k + 1 of a verify step up to k = 15
 QUICK_FIT_BATCHES = ((16, 1), (16, 2))  # (sequences, new tokens each): a full batch decoding, and drafting one
+QUICK_FIT_LONG_TOKENS = (1, 16)  # new tokens on a context QUICK_FIT_LONG_FACTOR times longer
+QUICK_FIT_LONG_FACTOR = 8
 QUICK_FIT_MAX_RMSE = 0.15  # quiet machines fit their forwards within ~5%
 
 
-def quick_grid(kv_tokens: int, room: int, block_size: int) -> list[tuple[int, int, int]]:
+def quick_grid(kv_tokens: int, room: int, block_size: int, max_len: int | None = None) -> list[tuple[int, int, int]]:
     """One sequence feeding QUICK_FIT_TOKENS on a kv_tokens context, then the batches of
-    QUICK_FIT_BATCHES each on such a context, where the KV cache has room for them."""
+    QUICK_FIT_BATCHES each on such a context, then QUICK_FIT_LONG_TOKENS on a context
+    QUICK_FIT_LONG_FACTOR times longer (or as long as max_len, the engine's longest sequence,
+    allows), where the KV cache has room for them. On one context
+    length every sample's attention pairs are that length times its new tokens, so the fit
+    cannot tell a row's linear cost from its attention cost; it once gave all of it to attention
+    (10x the arithmetic's FLOPs per pair), which extrapolated to a 17-row verify at 800 cached
+    tokens costing 8x a step, and adaptive k drafted shallow on long contexts."""
     grid = [(n, kv_tokens, 1) for n in QUICK_FIT_TOKENS]
-    return grid + [(b * t, b * kv_tokens, b) for b, t in QUICK_FIT_BATCHES if b * (kv_tokens + t + block_size) <= room]
+    grid += [(b * t, b * kv_tokens, b) for b, t in QUICK_FIT_BATCHES if b * (kv_tokens + t + block_size) <= room]
+    longest = max(QUICK_FIT_LONG_TOKENS)
+    long_kv = min(QUICK_FIT_LONG_FACTOR * kv_tokens, (max_len or room) - longest, room - longest - block_size)
+    if long_kv < 2 * kv_tokens:  # too close to the first context to tell anything apart
+        return grid
+    return grid + [(n, long_kv, 1) for n in QUICK_FIT_LONG_TOKENS]
 
 
 def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 3) -> StepCostModel:
-    """A fit on quick_grid's 5-7 points, each the fastest of `fastest_of` forwards, the analytic
+    """A fit on quick_grid's 5-9 points, each the fastest of `fastest_of` forwards, the analytic
     roofline as the prior for what so few points cannot tell. For the quantized path, whose
     forwards are short (~0.5 s in all) and where the analytic roofline is furthest off: it prices
     the int8 kernels at torch's fp32 matmul rate, and it cannot know that a batch of one-token rows
     reads one context per sequence where a verify reads one (at 16 sequences the quantized path's
     K/V read costs about as much as its linears). The engine must be idle (the forwards run on
     scratch sequences' blocks)."""
-    grid = quick_grid(kv_tokens, engine.blocks.num_slots, engine.blocks.block_size)
+    grid = quick_grid(kv_tokens, engine.blocks.num_slots, engine.blocks.block_size, engine.max_model_len)
     model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=1, progress=False,
                             prior=analytic_cost_model(engine))
     return model

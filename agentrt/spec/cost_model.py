@@ -30,7 +30,8 @@ import numpy as np
 from agentrt.errors import CalibrationError, SpecConfigError
 from agentrt.kernels.machine import MachineRates, _write_json_atomic, dtype_name
 
-FORMAT_VERSION = 2  # 1: one roofline over weights and KV together (cached fits of it are not read)
+FORMAT_VERSION = 3  # 1: one roofline over weights and KV together; 2: warm-up fits on one context length, which
+# could not tell a row's linear cost from its attention cost (cached fits of either are not read)
 
 
 @dataclass(frozen=True)

@@ -168,7 +168,7 @@ def test_json_round_trip_save_load_and_path(tmp_path):
     path = cost_model_path(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", "bf16", "cpu-xeon-2c-2t")
     assert path.parent == tmp_path / "cost_models"
     # the format in the name: a fit of an older model form is not read as this one
-    assert path.name == "HuggingFaceTB-SmolLM2-135M-Instruct--bfloat16--cpu-xeon-2c-2t--v2.json"
+    assert path.name == "HuggingFaceTB-SmolLM2-135M-Instruct--bfloat16--cpu-xeon-2c-2t--v3.json"
     m.save(path)
     assert StepCostModel.load(path) == m
     path.write_text("{not json")
