@@ -69,7 +69,8 @@ def rotary_kv_write_reference(
 def rotary_kv_write(qkv, positions, cos, sin, slots, k_cache, v_cache, nq: int, q_norm=None, k_norm=None,
                     eps: float = 0.0, num_threads: int | None = None) -> None:
     """The kernel of rotary_kv_write_reference (same arguments, all contiguous, bf16 qkv/caches;
-    q_norm and k_norm both bf16 (Llama's norm) or both fp32 (Gemma's 1 + w))."""
+    q_norm and k_norm both bf16 (Llama's norm) or both fp32 (Gemma's 1 + w)); every slot >= 0
+    (padding rows of slot -1 are the replayed steps', on the Triton path only)."""
     nkv, d = k_cache.shape[1], k_cache.shape[2]
     if (q_norm is None) != (k_norm is None) or (q_norm is not None and q_norm.dtype != k_norm.dtype):
         raise ValueError("rotary_kv_write: q_norm and k_norm come together, of one dtype")

@@ -156,7 +156,7 @@ def test_steps_replayed_from_graphs_give_the_pytorch_path_s_tokens(triton_llama,
                          spec=SpecConfig(drafter=drafter, k=3))
     assert _generate(engine, chats, params) == want
     graphs = engine.step_graphs
-    assert graphs.replays > 0 and all(b.batch >= 1 for b in graphs.graphs)
+    assert graphs.replays > 0
     assert any(b.batch == 4 for b in graphs.graphs)  # three sequences decoding together, one padded
     if drafter == "suffix":
         assert any(b.rows > 1 for b in graphs.graphs)  # verification runs of k + 1 rows, ragged within the bucket

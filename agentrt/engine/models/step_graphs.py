@@ -90,6 +90,9 @@ class StepGraphs:
         self.max_blocks = -(-max_context // self.block_size)  # a block table row of the whole context
         self.batch_buckets = tuple(sorted(b for b in set(batch_buckets) if b <= max_seqs)) or (1,)
         self.row_buckets = tuple(sorted(set(row_buckets)))
+        # the smallest first: fewest rows, then fewest sequences
+        self._buckets = sorted((Bucket(b, r) for b in self.batch_buckets for r in self.row_buckets),
+                               key=lambda x: (x.tokens, x.batch))
         device = kv.k[0].device
         self._capture = _capture_cuda if device.type == "cuda" else _capture_eager
         self._pool = torch.cuda.graph_pool_handle() if device.type == "cuda" else None
@@ -106,9 +109,7 @@ class StepGraphs:
         meta = batch.attn
         if meta.tree is not None or batch.logits_indices is None or meta.block_tables.shape[1] > self.max_blocks:
             return None
-        fits = [Bucket(b, r) for b in self.batch_buckets for r in self.row_buckets
-                if b >= meta.num_seqs and r >= meta.q_max]
-        return min(fits, key=lambda x: (x.tokens, x.batch), default=None)
+        return next((x for x in self._buckets if x.batch >= meta.num_seqs and x.rows >= meta.q_max), None)
 
     @torch.inference_mode()  # as the model's forward: its logits are inference tensors, updated in place here
     def forward(self, batch: ForwardBatch) -> ForwardOutput:
