@@ -21,8 +21,7 @@ import torch
 from agentrt.bench.decode import step_bytes
 from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
 from agentrt.engine.loading.model_loader import load_model
-from agentrt.engine.models.attention import build_attention_metadata
-from agentrt.engine.models.batch import ForwardBatch
+from agentrt.engine.calibration import forward_timer
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
                                             "parameters": {"type": "object", "required": ["city"],
@@ -57,19 +56,15 @@ def _median_s(fn, device: str, reps: int) -> float:
 
 
 def verify_cost(engine: LLMEngine, reps: int, ctx: int = 300) -> dict:
-    """Forward ms of one sequence at ctx cached positions fed n rows (its blocks 0, 1, ... of the
-    cache, so slot = position; timing only, the cache's values do not matter), through the engine's
-    step graphs where it has them."""
-    dev, bs = engine.kv.k[0].device, engine.kv.block_size
-    forward = (engine.step_graphs.forward if engine.step_graphs is not None
-               else lambda b: engine.model.forward(b, engine.kv))
+    """Forward ms of one sequence at ctx cached positions fed n rows (median of reps, each timed
+    as the warm-up cost fit times it: calibration.forward_timer, through the engine's step graphs
+    where it has them), over the one-row forward's."""
+    timer = forward_timer(engine)
     ms = {}
     for n in (1, 2, 4, 8, 16):
-        pos = torch.arange(ctx, ctx + n)
-        meta = build_attention_metadata([n], [ctx + n], pos, [list(range(-(-(ctx + n) // bs)))], bs, dev)
-        batch = ForwardBatch(torch.full((n,), 7, device=dev), pos.to(dev), pos.to(dev), meta,
-                             torch.arange(n, device=dev))
-        ms[n] = 1e3 * _median_s(lambda: forward(batch), engine.config.device, reps)
+        for _ in range(3):  # a bucket's first forward captures it
+            timer(n, ctx)
+        ms[n] = 1e3 * sorted(timer(n, ctx) for _ in range(reps))[reps // 2]
     return {"step_ms": round(ms[1], 4), **{f"verify{n}_over_step1": round(ms[n] / ms[1], 3) for n in ms if n > 1}}
 
 

@@ -138,7 +138,7 @@ def forward_timer(engine):
     kv_tokens / num_seqs-long cached context (logits for every position). Through the engine's
     step graphs where it has them: a step that fits a bucket is timed as the engine runs it, replayed."""
     blocks, model = engine.blocks, engine.model
-    graphs = getattr(engine, "step_graphs", None)
+    graphs = engine.step_graphs
     forward = graphs.forward if graphs is not None else lambda batch: model.forward(batch, engine.kv)
 
     def step_fn(num_tokens: int, kv_tokens: int, num_seqs: int = 1) -> float:

@@ -19,7 +19,7 @@ inputs only, the padding reads nothing of theirs and writes nothing they read. T
 back are a copy: the buffers are overwritten by the next replay.
 
 Without CUDA (Triton's interpreter on CPU tensors, `cuda_graphs=True`) a "capture" keeps the
-forward and a replay runs it again on the same buffers: the buckets, the padding and the copies
+forward and a replay runs it on the same buffers: the buckets, the padding and the copies
 are what runs, so the tests prove them there; capturing a CUDA graph waits for a GPU.
 """
 from __future__ import annotations
@@ -49,15 +49,12 @@ class Bucket:
         return self.batch * self.rows
 
 
-@dataclass
-class _Captured:
-    replay: Callable[[], None]
-    logits: torch.Tensor  # [bucket tokens, vocab]: what a replay writes
+Replay = Callable[[], torch.Tensor]  # runs the captured step on the buffers: [bucket tokens, vocab] logits
 
 
-def _capture_cuda(forward: Callable[[], torch.Tensor], pool: object) -> _Captured:
+def _capture_cuda(forward: Replay, pool: object) -> Replay:
     """A CUDA graph of `forward`, warmed up first on a side stream (Triton compiles its kernels and
-    cuBLAS picks its algorithms outside the capture)."""
+    cuBLAS picks its algorithms outside the capture); a replay rewrites the logits captured."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -66,13 +63,17 @@ def _capture_cuda(forward: Callable[[], torch.Tensor], pool: object) -> _Capture
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph, pool=pool):
         logits = forward()
-    return _Captured(graph.replay, logits)
+
+    def replay() -> torch.Tensor:
+        graph.replay()
+        return logits
+
+    return replay
 
 
-def _capture_eager(forward: Callable[[], torch.Tensor], pool: object) -> _Captured:
-    """No CUDA: a replay runs the forward again on the same buffers into the same logits tensor."""
-    logits = forward()
-    return _Captured(lambda: logits.copy_(forward()), logits)
+def _capture_eager(forward: Replay, pool: object) -> Replay:
+    """No CUDA: a replay runs the forward on the same buffers."""
+    return forward
 
 
 class StepGraphs:
@@ -101,7 +102,7 @@ class StepGraphs:
         self.input_ids, self.positions = torch.zeros(n, **long), torch.zeros(n, **long)
         self.slots, self.logits_indices = torch.full((n,), -1, **long), torch.zeros(n, **long)
         self.cu_q, self.block_tables = torch.zeros(b + 1, **long), torch.zeros(b, self.max_blocks, **long)
-        self.graphs: dict[Bucket, _Captured] = {}
+        self.graphs: dict[Bucket, Replay] = {}
         self.replays = 0  # steps served by a replay (a figure for benches and tests)
 
     def bucket_for(self, batch: ForwardBatch) -> Bucket | None:
@@ -117,13 +118,12 @@ class StepGraphs:
         if bucket is None:
             return self.model.forward(batch, self.kv)
         self._copy_in(batch, bucket)
-        captured = self.graphs.get(bucket)
-        if captured is None:  # a capture records the forward without running it: the replay below runs it
-            captured = self.graphs[bucket] = self._capture(lambda: self._forward(bucket), self._pool)
+        replay = self.graphs.get(bucket)
+        if replay is None:  # a capture records the forward without running it: the replay below runs it
+            replay = self.graphs[bucket] = self._capture(lambda: self._forward(bucket), self._pool)
             log.info("captured the step graph of %d sequences x %d rows", bucket.batch, bucket.rows)
-        captured.replay()
         self.replays += 1
-        return ForwardOutput(logits=captured.logits[: batch.logits_indices.numel()].clone())
+        return ForwardOutput(logits=replay()[: batch.logits_indices.numel()].clone())
 
     def _forward(self, bucket: Bucket) -> torch.Tensor:
         """The model's forward over the bucket's buffers: [bucket tokens, vocab] logits."""
