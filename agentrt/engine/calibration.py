@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -37,6 +38,15 @@ def model_cost_path(engine) -> Path:
     return cost_model_path(cache_root(), name, engine.model.dtype, machine_id(engine.config.device))
 
 
+def row_tile(engine) -> int:
+    """Rows the engine's linears multiply at once, where their cost steps (StepCostModel.row_tile)."""
+    if not engine.model.quantized:
+        return 1
+    from agentrt.kernels.quant_build import row_tile as quant_row_tile
+
+    return quant_row_tile()
+
+
 def weight_bytes_per_param(model) -> float:
     """Bytes a forward reads per parameter: the dtype's size, or for a quantized model the
     blocks' bytes (projections and output head) per parameter."""
@@ -50,10 +60,10 @@ def weight_bytes_per_param(model) -> float:
 def analytic_cost_model(engine, seconds_budget: float = 1.0) -> StepCostModel:
     cfg = engine.model.cfg
     rates = measure_machine(engine.model.dtype, seconds_budget, cache_root() / "machine.json", device=engine.config.device)
-    return analytic(
+    return replace(analytic(
         cfg.num_params(), cfg.num_hidden_layers, KVCache.bytes_per_token(cfg, engine.model.kv_dtype),
         weight_bytes_per_param(engine.model), rates, q_size=cfg.q_size,
-    )
+    ), row_tile=row_tile(engine))  # its steps unknown (tile_s 0) until timed
 
 
 def load_or_estimate_cost_model(engine) -> StepCostModel:
@@ -64,13 +74,16 @@ def load_or_estimate_cost_model(engine) -> StepCostModel:
 
 
 QUICK_FIT_TOKENS = (1, 2, 4, 8, 16)  # new tokens per timed forward: k + 1 of a verify step up to k = 15
+# (and one row past the kernels' row tile, where they have one: the step a 16-sequence batch pays
+# for its first draft)
 QUICK_FIT_BATCHES = ((16, 1), (16, 2))  # (sequences, new tokens each): a full batch decoding, and drafting one
 QUICK_FIT_LONG_TOKENS = (1, 16)  # new tokens on a context QUICK_FIT_LONG_FACTOR times longer
 QUICK_FIT_LONG_FACTOR = 8
 QUICK_FIT_MAX_RMSE = 0.15  # quiet machines fit their forwards within ~5%
 
 
-def quick_grid(kv_tokens: int, room: int, block_size: int, max_len: int | None = None) -> list[tuple[int, int, int]]:
+def quick_grid(kv_tokens: int, room: int, block_size: int, max_len: int | None = None,
+               row_tile: int = 1) -> list[tuple[int, int, int]]:
     """One sequence feeding QUICK_FIT_TOKENS on a kv_tokens context, then the batches of
     QUICK_FIT_BATCHES each on such a context, then QUICK_FIT_LONG_TOKENS on a context
     QUICK_FIT_LONG_FACTOR times longer (or as long as max_len, the engine's longest sequence,
@@ -79,7 +92,8 @@ def quick_grid(kv_tokens: int, room: int, block_size: int, max_len: int | None =
     cannot tell a row's linear cost from its attention cost; it once gave all of it to attention
     (10x the arithmetic's FLOPs per pair), which extrapolated to a 17-row verify at 800 cached
     tokens costing 8x a step, and adaptive k drafted shallow on long contexts."""
-    grid = [(n, kv_tokens, 1) for n in QUICK_FIT_TOKENS]
+    grid = [(n, kv_tokens, 1) for n in QUICK_FIT_TOKENS + ((row_tile + 1,) if row_tile > 1 else ())
+            if kv_tokens + n + block_size <= room]
     grid += [(b * t, b * kv_tokens, b) for b, t in QUICK_FIT_BATCHES if b * (kv_tokens + t + block_size) <= room]
     longest = max(QUICK_FIT_LONG_TOKENS)
     long_kv = min(QUICK_FIT_LONG_FACTOR * kv_tokens, (max_len or room) - longest, room - longest - block_size)
@@ -96,9 +110,10 @@ def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 3) -> StepC
     reads one context per sequence where a verify reads one (at 16 sequences the quantized path's
     K/V read costs about as much as its linears). The engine must be idle (the forwards run on
     scratch sequences' blocks)."""
-    grid = quick_grid(kv_tokens, engine.blocks.num_slots, engine.blocks.block_size, engine.max_model_len)
+    tile = row_tile(engine)
+    grid = quick_grid(kv_tokens, engine.blocks.num_slots, engine.blocks.block_size, engine.max_model_len, tile)
     model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=1, progress=False,
-                            prior=analytic_cost_model(engine))
+                            prior=analytic_cost_model(engine), row_tile=tile)
     return model
 
 
@@ -192,11 +207,12 @@ def calibrate_engine(engine, max_tokens: int = 256, kv_values=(128, 512, 2048), 
     any batch size and keeps the controller drafting into a full batch."""
     room = engine.blocks.num_slots
     kv_values = [kv for kv in kv_values if kv + max_tokens <= room]
-    grid = [(n, kv, seqs) for n, kv, seqs in default_grid(max_tokens, kv_values)
+    tile = row_tile(engine)
+    grid = [(n, kv, seqs) for n, kv, seqs in default_grid(max_tokens, kv_values, row_tile=tile)
             if kv + n + seqs * engine.blocks.block_size <= room]  # a block of slack per sequence
     prior = analytic_cost_model(engine)
     model, _, report = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=repeats, progress=progress,
-                                 prior=prior)
+                                 prior=prior, row_tile=tile)
     path = model_cost_path(engine)
     model.save(path)
     engine.spec.cost_model = model

@@ -55,6 +55,11 @@ ISA_CPU_FLAGS = {
     "amx-int8": FAST_PATH_CPU_FLAGS + ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"),
 }
 ISA_ENV = "AGENTRT_QUANT_ISA"
+# Activation rows a linear multiplies at once, per instruction set: AMX takes 16 per tile multiply
+# and runs up to 16 rows as one pipelined tile, so a step's cost jumps each time its rows pass a
+# multiple of 16 (measured on a 2-core Xeon, SmolLM2 Q4_1: 14.6 ms at 16 rows, 18.1 ms at 17). The
+# vector paths' steps (a block unpacked per 4 or 8 rows) are small enough to price as a slope.
+ISA_ROW_TILE = {"amx-int8": 16}
 SCALAR_DEFINE = "-DAGENTRT_QUANT_SCALAR"  # forces the scalar path (tests of the fallback)
 
 _I64, _I32, _P = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
@@ -111,6 +116,13 @@ def isa(lib: ctypes.CDLL) -> str:
     fewer than 8 rows, 5 for Q8_0, run on avx512-vnni: a tile multiply's fixed cost buys little
     there)."""
     return ISAS[lib.agentrt_quant_isa()]
+
+
+def row_tile() -> int:
+    """The row tile of the instruction set the quantized linears run on now (1: no tiles, or no
+    quantized kernels here)."""
+    lib = quant_kernels()
+    return 1 if lib is None else ISA_ROW_TILE.get(isa(lib), 1)
 
 
 def cap_isa(lib: ctypes.CDLL, name: str) -> str:

@@ -11,7 +11,14 @@ chunk, whose step is slow anyway, a likely draft still pays).
 Greedy marginal allocation (SmartSpec-like). Why adding the best token until none improves is
 enough: a sequence's marginal gains prod_{i<=j} a_i never increase (every a_i <= 1), and the
 target time is convex in the tokens added (overhead + a sum of maxes of affine terms), so a later token
-of a sequence never has a better gain per second than an earlier one.
+of a sequence never has a better gain per second than an earlier one. Kernels that multiply rows
+in tiles add a step each time the rows pass a multiple of the tile (StepCostModel.row_tile), which
+is not convex: the greedy runs within each count of tiles (a constant there), from the count the
+step fills without drafts up, and the best of those allocations wins. It stops at the first count
+the greedy does not fill: its last token already failed to pay at that count's goodput, and more
+tiles only add their step. Where the tiles' rows run out, gain per second decides who gets the
+last ones; that equals the best choice when every sequence's drafts cost the same per token (one
+drafter per step, as the engine runs), checked against brute force in the tests.
 """
 from __future__ import annotations
 
@@ -65,8 +72,10 @@ class Allocation:
 class _Step:
     """Running totals of a candidate allocation; goodput() is exact for the totals."""
 
-    def __init__(self, model: StepCostModel, seqs: Sequence[SeqDraftState], prefill: StepPrefill) -> None:
+    def __init__(self, model: StepCostModel, seqs: Sequence[SeqDraftState], prefill: StepPrefill,
+                 row_tiles: int | None = None) -> None:
         self.model = model
+        self.row_tiles = row_tiles  # price the step as this many row tiles (None: those its tokens fill)
         # every sequence verifies at least its own next token; prompt chunks ride along
         self.tokens = len(seqs) + prefill.tokens
         self.kv = sum(s.context_len for s in seqs)
@@ -75,7 +84,7 @@ class _Step:
         self.emitted = float(len(seqs))
 
     def target_s(self, d_tokens: int = 0, d_pairs: int = 0) -> float:
-        return self.model.predict(self.tokens + d_tokens, self.kv, self.pairs + d_pairs)
+        return self.model.predict(self.tokens + d_tokens, self.kv, self.pairs + d_pairs, self.row_tiles)
 
     def goodput(self, d_emitted=0.0, d_tokens=0, d_pairs=0, d_draft=0.0) -> float:
         seconds = self.target_s(d_tokens, d_pairs) + self.draft_s + d_draft
@@ -145,10 +154,31 @@ class KController:
         )
 
     def _greedy(self, seqs: Sequence[SeqDraftState], gains: list[list[float]], prefill: StepPrefill) -> list[int]:
+        """The greedy allocation, within each count of row tiles where the step has them (see the
+        module docstring)."""
+        model = self.cost_model
+        if not seqs or model.row_tile == 1 or model.tile_s == 0.0:
+            return self._greedy_within(seqs, gains, prefill, None)
+        base = len(seqs) + prefill.tokens
+        best, best_goodput = [0] * len(seqs), -math.inf
+        for tiles in range(model.row_tiles(base), model.row_tiles(base + sum(map(len, gains))) + 1):
+            ks = self._greedy_within(seqs, gains, prefill, tiles)
+            goodput = self._allocation(seqs, ks, prefill).predicted_goodput
+            if goodput > best_goodput:
+                best, best_goodput = ks, goodput
+            if base + sum(ks) < tiles * model.row_tile:
+                break
+        return best
+
+    def _greedy_within(self, seqs: Sequence[SeqDraftState], gains: list[list[float]], prefill: StepPrefill,
+                       row_tiles: int | None) -> list[int]:
+        """Greedy marginal allocation with the step priced as row_tiles tiles and its tokens kept
+        within them (None: any tokens, priced as they fall)."""
         ks = [0] * len(seqs)
         if not seqs:
             return ks
-        model, step = self.cost_model, _Step(self.cost_model, seqs, prefill)
+        model, step = self.cost_model, _Step(self.cost_model, seqs, prefill, row_tiles)
+        cap = math.inf if row_tiles is None else row_tiles * model.row_tile
         compute_regime = model.is_compute_bound(step.tokens, step.kv, step.pairs)
 
         def move(i: int) -> tuple[int, float, float] | None:
@@ -170,6 +200,8 @@ class KController:
         goodput = step.goodput()
         while heap:
             _, _, i, j, gain = heapq.heappop(heap)
+            if step.tokens + j > cap:
+                break  # every move is one token: the tiles are full
             s = seqs[i]
             d_pairs, d_draft = j * s.context_len, _draft_s(s, ks[i] + j) - _draft_s(s, ks[i])
             if not compute_regime and model.is_compute_bound(step.tokens + j, step.kv, step.pairs + d_pairs):

@@ -4,12 +4,16 @@ attention one after the other, each bound by memory or by arithmetic, so the ste
 rooflines plus a fixed overhead:
 
     T(n, kv, pairs) = overhead + max(bytes_fixed / read_bw, n * flops_per_token / flop_rate)
+                               + tile_s * (ceil(n / row_tile) - 1)
                                + max(bytes_per_kv_token * kv / read_bw, pairs * attn_flops_per_pair / flop_rate)
 
 Verifying drafts is nearly free while the linears read weights slower than they multiply, and
 costs its full share once they do; the KV a batch of sequences reads is paid on top (on the CPU
 paths one sequence's K/V rows are read once for all its queries, so a batch of one-token rows
-reads B contexts where a verify of the same width reads one). The model is fitted to timings of
+reads B contexts where a verify of the same width reads one). Kernels that multiply rows in
+tiles (AMX: 16 activation rows per tile) pay a step each time the rows spill into another tile:
+on the quantized AMX path a 17-row forward costs ~3 ms more than a 16-row one (~25%), where the
+16th row cost 0.3 ms; tile_s is that step, row_tile its period (1: no steps). The model is fitted to timings of
 the running engine (`calibrate`, via a callback, so this module never imports the engine), or,
 uncalibrated, derived from the model size and machine rates.
 """
@@ -30,8 +34,8 @@ import numpy as np
 from agentrt.errors import CalibrationError, SpecConfigError
 from agentrt.kernels.machine import MachineRates, _write_json_atomic, dtype_name
 
-FORMAT_VERSION = 3  # 1: one roofline over weights and KV together; 2: warm-up fits on one context length, which
-# could not tell a row's linear cost from its attention cost (cached fits of either are not read)
+FORMAT_VERSION = 4  # 1: one roofline over weights and KV together; 2: warm-up fits on one context length, which
+# could not tell a row's linear cost from its attention cost; 3: no row tiles (cached fits of these are not read)
 
 
 @dataclass(frozen=True)
@@ -61,9 +65,14 @@ class StepCostModel:
     source: str = "analytic"  # "analytic" | "fit"
     fit_rel_rmse: float | None = None  # root-mean-square relative error on the fitted samples
     num_samples: int = 0
+    row_tile: int = 1  # rows the linears multiply at once (1: their cost has no steps)
+    tile_s: float = 0.0  # seconds each row tile past the first adds
 
     def __post_init__(self) -> None:
-        for name in ("overhead_s", "bytes_fixed", "bytes_per_kv_token", "flops_per_token", "attn_flops_per_pair"):
+        if isinstance(self.row_tile, bool) or not isinstance(self.row_tile, int) or self.row_tile < 1:
+            raise SpecConfigError(f"StepCostModel.row_tile must be an integer >= 1, got {self.row_tile!r}")
+        for name in ("overhead_s", "bytes_fixed", "bytes_per_kv_token", "flops_per_token", "attn_flops_per_pair",
+                     "tile_s"):
             v = getattr(self, name)
             if not (v >= 0.0) or math.isinf(v):
                 raise SpecConfigError(f"StepCostModel.{name} must be finite and >= 0, got {v!r}")
@@ -76,6 +85,14 @@ class StepCostModel:
         """The linear layers: the weights' read or the tokens' FLOPs, the slower."""
         return max(self.bytes_fixed / self.read_bw, num_tokens * self.flops_per_token / self.flop_rate)
 
+    def row_tiles(self, num_tokens: int) -> int:
+        """The row tiles num_tokens rows fill."""
+        return max(1, -(-num_tokens // self.row_tile))
+
+    def tiles_s(self, row_tiles: int) -> float:
+        """What the tiles past the first add."""
+        return self.tile_s * (row_tiles - 1)
+
     def attention_s(self, kv_tokens: int, query_kv_pairs: int) -> float:
         """Attention: the cached K/V's read or the query-key pairs' FLOPs, the slower."""
         return max(self.bytes_per_kv_token * kv_tokens / self.read_bw,
@@ -85,9 +102,12 @@ class StepCostModel:
         """The FLOP time of num_tokens tokens and their pairs (what one more token costs past the ridge)."""
         return (num_tokens * self.flops_per_token + query_kv_pairs * self.attn_flops_per_pair) / self.flop_rate
 
-    def predict(self, num_tokens: int, kv_tokens: int, query_kv_pairs: int = 0) -> float:
-        """Seconds for one forward of num_tokens new tokens reading kv_tokens cached tokens."""
-        return self.overhead_s + self.linear_s(num_tokens) + self.attention_s(kv_tokens, query_kv_pairs)
+    def predict(self, num_tokens: int, kv_tokens: int, query_kv_pairs: int = 0, row_tiles: int | None = None) -> float:
+        """Seconds for one forward of num_tokens new tokens reading kv_tokens cached tokens;
+        row_tiles: price the step as that many row tiles (default: those num_tokens fill)."""
+        tiles = self.row_tiles(num_tokens) if row_tiles is None else row_tiles
+        return (self.overhead_s + self.linear_s(num_tokens) + self.tiles_s(tiles)
+                + self.attention_s(kv_tokens, query_kv_pairs))
 
     def is_compute_bound(self, num_tokens: int, kv_tokens: int, query_kv_pairs: int = 0) -> bool:
         """Whether one more token costs target time: the linears or attention are past their ridge."""
@@ -168,24 +188,24 @@ def analytic(
 
 
 # ---- fitting ----------------------------------------------------------------------------------
-# Unknowns, all >= 0: theta = [overhead, mem0, mem_per_kv, comp_per_token, comp_per_pair] (seconds).
-# For a fixed split of the samples into linears memory- or compute-bound, and attention KV- or
-# pair-bound, the model is linear, so: try every pair of thresholds (new tokens for the linears,
-# queries per cached token for attention), refine each by re-assigning samples to the larger
-# fitted term of each roofline, keep the split with the lowest loss, then down-weight outliers
-# (Huber) and refit. Columns a split cannot identify (no compute-bound sample, no KV variation,
-# pairs that move with tokens) take the prior's value.
+# Unknowns, all >= 0: theta = [overhead, mem0, mem_per_kv, comp_per_token, comp_per_pair, per_extra_tile]
+# (seconds). For a fixed split of the samples into linears memory- or compute-bound, and attention
+# KV- or pair-bound, the model is linear, so: try every pair of thresholds (new tokens for the
+# linears, queries per cached token for attention), refine each by re-assigning samples to the
+# larger fitted term of each roofline, keep the split with the lowest loss, then down-weight
+# outliers (Huber) and refit. Columns a split cannot identify (no compute-bound sample, no KV
+# variation, pairs that move with tokens, no sample past the first row tile) take the prior's value.
 
-_DROP_ORDER = (4, 2, 0, 3, 1)  # which unidentifiable column takes the prior's value first
+_DROP_ORDER = (5, 4, 2, 0, 3, 1)  # which unidentifiable column takes the prior's value first
 
 
-def _design(lin_mem: np.ndarray, att_mem: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
+def _design(lin_mem, att_mem, kv, n, p, tiles) -> np.ndarray:
     one = np.ones_like(kv)
-    return np.stack([one, lin_mem * one, att_mem * kv, ~lin_mem * n, ~att_mem * p], axis=1)  # [samples, 5]
+    return np.stack([one, lin_mem * one, att_mem * kv, ~lin_mem * n, ~att_mem * p, tiles], axis=1)  # [samples, 6]
 
 
-def _predict_theta(theta: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> np.ndarray:
-    return theta[0] + np.maximum(theta[1], theta[3] * n) + np.maximum(theta[2] * kv, theta[4] * p)
+def _predict_theta(theta: np.ndarray, kv, n, p, tiles) -> np.ndarray:
+    return theta[0] + np.maximum(theta[1], theta[3] * n) + np.maximum(theta[2] * kv, theta[4] * p) + theta[5] * tiles
 
 
 def _regimes(theta: np.ndarray, kv: np.ndarray, n: np.ndarray, p: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -217,12 +237,12 @@ def _nonneg_lstsq(X: np.ndarray, y: np.ndarray, free: list[int]) -> np.ndarray:
     return theta
 
 
-def _fit_split(lin_mem, att_mem, kv, n, p, t, w, prior_theta: list[float] | None) -> np.ndarray:
+def _fit_split(lin_mem, att_mem, kv, n, p, tiles, t, w, prior_theta: list[float] | None) -> np.ndarray:
     """Fit theta for one split; columns the split cannot identify take the prior's value (or 0)."""
-    X = _design(lin_mem, att_mem, kv, n, p)
+    X = _design(lin_mem, att_mem, kv, n, p, tiles)
     free = _identifiable(X)
-    known = np.zeros(5)
-    for j in range(5):
+    known = np.zeros(X.shape[1])
+    for j in range(X.shape[1]):
         if j not in free and prior_theta is not None:
             known[j] = prior_theta[j]
     sw = np.sqrt(w) / t  # relative errors: timing noise is multiplicative
@@ -233,17 +253,21 @@ def fit(
     samples: Sequence[StepSample],
     rates: MachineRates | None = None,
     prior: StepCostModel | None = None,
+    row_tile: int = 1,
 ) -> StepCostModel:
     """Fit the model to measured steps. Rates (or the prior's) convert fitted seconds back into
     bytes and FLOPs; without either, read_bw = flop_rate = 1 and bytes/FLOPs are in seconds.
     Terms the samples cannot identify (no compute-bound sample, say) come from `prior`; without a
-    prior the compute slope is set so the ridge sits just past the largest measured step."""
+    prior the compute slope is set so the ridge sits just past the largest measured step.
+    row_tile: the kernels' row tile (the fit's tile_s is the step past each; 1: none)."""
     if len(samples) < 4:
         raise CalibrationError(f"fit needs at least 4 timed steps, got {len(samples)}")
     n = np.array([s.num_tokens for s in samples], dtype=float)
     kv = np.array([s.kv_tokens for s in samples], dtype=float)
     p = np.array([s.pairs for s in samples], dtype=float)
     t = np.array([s.seconds for s in samples], dtype=float)
+    shape = StepCostModel(0.0, 0.0, 0.0, 0.0, 1.0, 1.0, row_tile=row_tile)  # validates row_tile
+    tiles = np.array([shape.row_tiles(s.num_tokens) - 1 for s in samples], dtype=float)
     if not np.isfinite(t).all() or (t <= 0).any() or (n < 1).any() or (kv < 0).any() or (p < 0).any():
         raise CalibrationError("fit needs positive finite step times, num_tokens >= 1 and kv_tokens, pairs >= 0")
     read_bw = rates.read_bw_bytes_per_s if rates else (prior.read_bw if prior else 1.0)
@@ -251,11 +275,12 @@ def fit(
     prior_theta = None
     if prior is not None:
         prior_theta = [prior.overhead_s, prior.bytes_fixed / prior.read_bw, prior.bytes_per_kv_token / prior.read_bw,
-                       prior.flops_per_token / prior.flop_rate, prior.attn_flops_per_pair / prior.flop_rate]
+                       prior.flops_per_token / prior.flop_rate, prior.attn_flops_per_pair / prior.flop_rate,
+                       prior.tile_s if prior.row_tile == row_tile else 0.0]
     queries = np.divide(p, kv, out=np.zeros_like(p), where=kv > 0)  # new tokens per cached token read
 
     def loss(theta: np.ndarray, w: np.ndarray) -> float:
-        return float(np.sum(w * ((_predict_theta(theta, kv, n, p) - t) / t) ** 2))
+        return float(np.sum(w * ((_predict_theta(theta, kv, n, p, tiles) - t) / t) ** 2))
 
     def fit_weighted(w: np.ndarray) -> np.ndarray:
         best, best_loss = None, math.inf
@@ -263,7 +288,7 @@ def fit(
             for att_threshold in [0.0, *np.unique(queries)]:
                 lin_mem, att_mem = n <= lin_threshold, queries <= att_threshold
                 for _ in range(20):
-                    theta = _fit_split(lin_mem, att_mem, kv, n, p, t, w, prior_theta)
+                    theta = _fit_split(lin_mem, att_mem, kv, n, p, tiles, t, w, prior_theta)
                     new_lin, new_att = _regimes(theta, kv, n, p)
                     if (new_lin == lin_mem).all() and (new_att == att_mem).all():
                         break
@@ -278,11 +303,11 @@ def fit(
     w = np.ones_like(t)
     theta = fit_weighted(w)
     for _ in range(2):  # Huber re-weighting: a few slow outliers (a GC pause) must not tilt the fit
-        r = (_predict_theta(theta, kv, n, p) - t) / t
+        r = (_predict_theta(theta, kv, n, p, tiles) - t) / t
         scale = 1.4826 * float(np.median(np.abs(r - np.median(r)))) + 1e-9
         w = np.minimum(1.0, 1.5 * scale / np.maximum(np.abs(r), 1e-12))
         theta = fit_weighted(w)
-    rel = (_predict_theta(theta, kv, n, p) - t) / t
+    rel = (_predict_theta(theta, kv, n, p, tiles) - t) / t
     return StepCostModel(
         overhead_s=float(theta[0]),
         bytes_fixed=float(theta[1] * read_bw),
@@ -294,6 +319,8 @@ def fit(
         source="fit",
         fit_rel_rmse=float(np.sqrt(np.mean(rel**2))),
         num_samples=len(samples),
+        row_tile=row_tile,
+        tile_s=float(theta[5]),
     )
 
 
@@ -336,11 +363,13 @@ BATCH_POINTS = ((4, 1), (16, 1), (16, 2), (16, 4))  # (sequences, new tokens eac
 
 
 def default_grid(max_tokens: int = 64, kv_values: Sequence[int] = (128, 512, 2048),
-                 batches: Sequence[tuple[int, int]] = BATCH_POINTS) -> list[GridPoint]:
-    """One sequence's steps, dense around small steps where a CPU's ridge sits, on each context;
+                 batches: Sequence[tuple[int, int]] = BATCH_POINTS, row_tile: int = 1) -> list[GridPoint]:
+    """One sequence's steps, dense around small steps where a CPU's ridge sits, on each context
+    (with row tiles, one row past the first two tiles: where a verify spills into the next);
     then batches of sequences each on the shortest context, which read one context per sequence
     (what tells the K/V read apart from the query-key pairs)."""
-    tokens = sorted({t for t in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512)
+    past_tiles = {row_tile + 1, 2 * row_tile + 1} if row_tile > 1 else set()
+    tokens = sorted({t for t in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, *past_tiles)
                      if t <= max_tokens} | {max_tokens})
     grid = [(t, kv, 1) for kv in kv_values for t in tokens]
     if kv_values:
@@ -357,11 +386,12 @@ def calibrate(
     rates: MachineRates | None = None,
     prior: StepCostModel | None = None,
     warmup: int = 1,
+    row_tile: int = 1,
 ) -> tuple[StepCostModel, list[StepSample], list[dict[str, Any]]]:
     """Time step_fn(num_tokens, kv_tokens, num_seqs) -> seconds (num_seqs sequences, each feeding
     num_tokens / num_seqs new tokens on a kv_tokens / num_seqs-long cached context) over the grid,
-    fit on the per-point medians, and report predicted vs measured. Repeats are interleaved across
-    the grid so slow drift hits every point."""
+    fit on the per-point medians (row_tile: the kernels', see fit), and report predicted vs
+    measured. Repeats are interleaved across the grid so slow drift hits every point."""
     grid = list(grid) if grid is not None else default_grid()
     if not grid or repeats < 1:
         raise CalibrationError(f"calibrate needs a non-empty grid and repeats >= 1, got {len(grid)} points, {repeats}")
@@ -392,7 +422,7 @@ def calibrate(
             run_all(lambda: bar.advance(task))
     else:
         run_all(lambda: None)
-    model = fit(median_samples(samples), rates=rates, prior=prior)
+    model = fit(median_samples(samples), rates=rates, prior=prior, row_tile=row_tile)
     return model, samples, prediction_report(model, samples)
 
 

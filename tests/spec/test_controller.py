@@ -3,6 +3,7 @@ optimality against brute force, and the break-even and adaptive k of a 7B model 
 import itertools
 import random
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -128,17 +129,42 @@ def test_greedy_matches_brute_force_on_random_small_problems():
     rng = random.Random(0)
     for _ in range(150):
         model = rng.choice([CPU, GPU, SMALL_OVERHEAD])
-        batch = [
-            SeqDraftState(i, [rng.choice([1.0, rng.uniform(0.1, 1.0)]) for _ in range(rng.randint(0, 6))],
-                          rng.choice([0.0, 1e-4, 1e-3, 5e-3]), rng.randint(10, 5000))
-            for i in range(rng.randint(1, 3))
-        ]
-        greedy = KController(model, kmax_cap=32).choose(batch)
-        best = max(
-            _goodput(model, batch, ks)
-            for ks in itertools.product(*[range(len(s.accept_probs) + 1) for s in batch])
-        )
-        assert greedy.predicted_goodput == pytest.approx(best, rel=1e-9)
+        _assert_optimal(model, _random_batch(rng, lambda: rng.choice([0.0, 1e-4, 1e-3, 5e-3]), max_k=6))
+
+
+def test_greedy_matches_brute_force_where_rows_come_in_tiles():
+    # a step past each 4 rows: not convex in the tokens added, so one greedy pass is not enough;
+    # one draft cost per step (one drafter), as the engine runs
+    rng = random.Random(1)
+    for _ in range(150):
+        model = replace(rng.choice([CPU, GPU, SMALL_OVERHEAD]), row_tile=4)
+        model = replace(model, tile_s=rng.choice([0.1, 0.5, 2.0]) * model.predict(1, 0))
+        cost = rng.choice([0.0, 1e-4, 1e-3])
+        _assert_optimal(model, _random_batch(rng, lambda: cost, max_k=7))
+
+
+def _random_batch(rng: random.Random, cost, max_k: int) -> list[SeqDraftState]:
+    return [SeqDraftState(i, [rng.choice([1.0, rng.uniform(0.1, 1.0)]) for _ in range(rng.randint(0, max_k))],
+                          cost(), rng.randint(10, 5000))
+            for i in range(rng.randint(1, 3))]
+
+
+def _assert_optimal(model: StepCostModel, batch: list[SeqDraftState]) -> None:
+    greedy = KController(model, kmax_cap=32).choose(batch)
+    best = max(_goodput(model, batch, ks) for ks in itertools.product(*[range(len(s.accept_probs) + 1) for s in batch]))
+    assert greedy.predicted_goodput == pytest.approx(best, rel=1e-9)
+
+
+def test_a_full_row_tile_drafts_only_what_pays_for_the_next_tile():
+    # the quantized AMX path's shape: the linears' ridge past 40 rows, and a 17th row costing ~25%
+    # of a 16-row step; 16 one-token sequences
+    smooth = replace(CPU, overhead_s=0.002, flops_per_token=90e6, row_tile=16)
+    tiled = replace(smooth, tile_s=0.25 * smooth.predict(16, 16 * 200, 16 * 200))
+    assert sum(KController(smooth, kmax_cap=8).choose(seqs(16, 0.15, kmax=8)).k) > 0  # priced smooth, it drafts
+    assert sum(KController(tiled, kmax_cap=8).choose(seqs(16, 0.15, kmax=8)).k) == 0  # ~16 x 0.15 tokens: < 25%
+    assert sum(KController(tiled, kmax_cap=8).choose(seqs(16, 0.95, kmax=8)).k) > 16  # likely drafts fill the next tile
+    # 10 sequences leave 6 rows in the tile: drafts there cost no step
+    assert 0 < sum(KController(tiled, kmax_cap=8).choose(seqs(10, 0.15, kmax=8)).k) <= 6
 
 
 def _goodput(model, batch, ks):

@@ -160,6 +160,24 @@ def test_prediction_report_shows_error_of_a_wrong_model():
     assert row["error_pct"] == pytest.approx(-100.0)
 
 
+def test_the_fit_finds_the_step_each_row_tile_adds():
+    # AMX-like: 16 rows per tile, each tile past the first 3 ms on a ~15 ms step
+    truth = replace(TRUE, row_tile=16, tile_s=0.003)
+    assert truth.predict(17, 128) - truth.predict(16, 128) == pytest.approx(0.003 + 270e6 / 400e9 * 0, abs=1e-3)
+    grid = default_grid(64, (128, 1024), row_tile=16)
+    assert {(17, 128, 1), (33, 128, 1)} <= set(grid)
+    model, _, _ = calibrate(noisy_step_fn(truth, seed=3, noise=0.02), grid, repeats=3, progress=False, row_tile=16,
+                            rates=RATES)
+    assert model.row_tile == 16 and model.tile_s == pytest.approx(0.003, rel=0.3)
+    for n in (16, 17, 32, 33, 48):
+        assert model.predict(n, 128, n * 128) == pytest.approx(truth.predict(n, 128, n * 128), rel=0.08)
+    # the same timings fitted as if the rows had no tiles: the step is smeared into the slope
+    smooth, _, _ = calibrate(noisy_step_fn(truth, seed=3, noise=0.02), grid, repeats=3, progress=False, rates=RATES)
+    assert smooth.tile_s == 0.0 and smooth.predict(17, 128, 17 * 128) < truth.predict(17, 128, 17 * 128) * 0.95
+    with pytest.raises(SpecConfigError, match="row_tile"):
+        replace(truth, row_tile=0)
+
+
 def test_json_round_trip_save_load_and_path(tmp_path):
     m = fit([StepSample(n, kv, TRUE.predict(n, kv, n * kv)) for n, kv, _ in default_grid(32, (64, 640), batches=())],
             rates=RATES)
@@ -168,7 +186,7 @@ def test_json_round_trip_save_load_and_path(tmp_path):
     path = cost_model_path(tmp_path, "HuggingFaceTB/SmolLM2-135M-Instruct", "bf16", "cpu-xeon-2c-2t")
     assert path.parent == tmp_path / "cost_models"
     # the format in the name: a fit of an older model form is not read as this one
-    assert path.name == "HuggingFaceTB-SmolLM2-135M-Instruct--bfloat16--cpu-xeon-2c-2t--v3.json"
+    assert path.name == "HuggingFaceTB-SmolLM2-135M-Instruct--bfloat16--cpu-xeon-2c-2t--v4.json"
     m.save(path)
     assert StepCostModel.load(path) == m
     path.write_text("{not json")
