@@ -12,8 +12,8 @@ costs its full share once they do; the KV a batch of sequences reads is paid on 
 paths one sequence's K/V rows are read once for all its queries, so a batch of one-token rows
 reads B contexts where a verify of the same width reads one). Kernels that multiply rows in
 tiles (AMX: 16 activation rows per tile) pay a step each time the rows spill into another tile:
-on the quantized AMX path a 17-row forward costs ~3 ms more than a 16-row one (~25%), where the
-16th row cost 0.3 ms; tile_s is that step, row_tile its period (1: no steps). The model is fitted to timings of
+on the quantized AMX path a 17-row forward costs ~3.5 ms more than a 16-row one (~25%), where the
+16th row added ~0.8 ms; tile_s is that step, row_tile its period (1: no steps). The model is fitted to timings of
 the running engine (`calibrate`, via a callback, so this module never imports the engine), or,
 uncalibrated, derived from the model size and machine rates.
 """
@@ -87,7 +87,7 @@ class StepCostModel:
 
     def row_tiles(self, num_tokens: int) -> int:
         """The row tiles num_tokens rows fill."""
-        return max(1, -(-num_tokens // self.row_tile))
+        return row_tiles(num_tokens, self.row_tile)
 
     def tiles_s(self, row_tiles: int) -> float:
         """What the tiles past the first add."""
@@ -146,6 +146,11 @@ class StepCostModel:
         except (OSError, json.JSONDecodeError) as e:
             raise CalibrationError(f"cannot read step-cost model {path}: {e}") from e
         return cls.from_json(data)
+
+
+def row_tiles(num_tokens: int, row_tile: int) -> int:
+    """The tiles of row_tile rows that num_tokens rows fill (at least one)."""
+    return max(1, -(-num_tokens // row_tile))
 
 
 def cost_model_path(cache_root: str | Path, model_name: str, dtype: Any, machine_id: str) -> Path:
@@ -266,8 +271,9 @@ def fit(
     kv = np.array([s.kv_tokens for s in samples], dtype=float)
     p = np.array([s.pairs for s in samples], dtype=float)
     t = np.array([s.seconds for s in samples], dtype=float)
-    shape = StepCostModel(0.0, 0.0, 0.0, 0.0, 1.0, 1.0, row_tile=row_tile)  # validates row_tile
-    tiles = np.array([shape.row_tiles(s.num_tokens) - 1 for s in samples], dtype=float)
+    if isinstance(row_tile, bool) or not isinstance(row_tile, int) or row_tile < 1:
+        raise CalibrationError(f"fit needs row_tile, the kernels' row tile, as an integer >= 1, got {row_tile!r}")
+    tiles = np.array([row_tiles(s.num_tokens, row_tile) - 1 for s in samples], dtype=float)
     if not np.isfinite(t).all() or (t <= 0).any() or (n < 1).any() or (kv < 0).any() or (p < 0).any():
         raise CalibrationError("fit needs positive finite step times, num_tokens >= 1 and kv_tokens, pairs >= 0")
     read_bw = rates.read_bw_bytes_per_s if rates else (prior.read_bw if prior else 1.0)

@@ -163,7 +163,7 @@ def test_prediction_report_shows_error_of_a_wrong_model():
 def test_the_fit_finds_the_step_each_row_tile_adds():
     # AMX-like: 16 rows per tile, each tile past the first 3 ms on a ~15 ms step
     truth = replace(TRUE, row_tile=16, tile_s=0.003)
-    assert truth.predict(17, 128) - truth.predict(16, 128) == pytest.approx(0.003 + 270e6 / 400e9 * 0, abs=1e-3)
+    assert truth.predict(17, 128) - truth.predict(16, 128) == pytest.approx(0.003 + 270e6 / 400e9)  # the tile, a row's FLOPs
     grid = default_grid(64, (128, 1024), row_tile=16)
     assert {(17, 128, 1), (33, 128, 1)} <= set(grid)
     model, _, _ = calibrate(noisy_step_fn(truth, seed=3, noise=0.02), grid, repeats=3, progress=False, row_tile=16,
@@ -176,6 +176,8 @@ def test_the_fit_finds_the_step_each_row_tile_adds():
     assert smooth.tile_s == 0.0 and smooth.predict(17, 128, 17 * 128) < truth.predict(17, 128, 17 * 128) * 0.95
     with pytest.raises(SpecConfigError, match="row_tile"):
         replace(truth, row_tile=0)
+    with pytest.raises(CalibrationError, match="row_tile"):
+        fit([StepSample(n, 128, truth.predict(n, 128)) for n in (1, 2, 4, 8)], row_tile=0)
 
 
 def test_json_round_trip_save_load_and_path(tmp_path):
