@@ -32,6 +32,7 @@
 #define OFF_ENTRIES (ATTN_CHUNK + 8) /* a chunk's row offsets, padded for the last batch of 8 */
 #define GROUP_ROWS 8           /* rows of one sequence sharing each key and value row read */
 #define PV_QUERIES 6           /* queries sharing a value row: 4 accumulators each in registers */
+#define CONVERT_QUERIES 4      /* queries sharing a chunk's rows from which they are converted once */
 #define MAX_SPLIT_CHUNKS 4096  /* split into chunk tasks: this many partials at most */
 #define SERIAL_ATTN_MACS 32768 /* less work runs on the caller: cheaper than a join (~5 us) */
 #define PART_STRIDE(d) ((d) + 8) /* a partial: acc[d], m, s, padding */
@@ -200,7 +201,8 @@ static inline void store_half(const query *q, int64_t j, __m512 v, int half) {
  * of their ranges, eight positions at a time, each lane and reduction as scores(): the same
  * bits. A key row read serves all of them. qp: d / 8 pairs of q vectors, 16 floats each. */
 static inline __attribute__((always_inline)) void scores_pairs(const query *qs, const int NP, const kv_t *K,
-                                                               const int64_t *off, float scale, int d, float *qp) {
+                                                               const int64_t *off, const float *kf, float scale, int d,
+                                                               float *qp) {
   int64_t j0 = qs[0].lo, j1 = 0;
   for (int i = 0; i < 2 * NP; i++) {
     j0 = qs[i].lo < j0 ? qs[i].lo : j0;
@@ -217,6 +219,7 @@ static inline __attribute__((always_inline)) void scores_pairs(const query *qs, 
   for (int64_t j = j0; j < j1; j += 8) {
     const kv_t *row[8];
     for (int r = 0; r < 8; r++) row[r] = K + off[j + r];
+    const float *rowf = kf + j * d;
     __m512 acc[2][8];
     for (int i = 0; i < NP; i++)
       for (int r = 0; r < 8; r++) acc[i][r] = _mm512_setzero_ps();
@@ -224,7 +227,8 @@ static inline __attribute__((always_inline)) void scores_pairs(const query *qs, 
       __m512 qv[2];
       for (int i = 0; i < NP; i++) qv[i] = _mm512_load_ps(qp + (int64_t)(i * d + c) * 2);
       for (int r = 0; r < 8; r++) {
-        const __m512 k = _mm512_broadcast_f32x8(kv_load8(row[r] + c));
+        const __m512 k = kf ? _mm512_broadcast_f32x8(_mm256_loadu_ps(rowf + r * d + c))
+                            : _mm512_broadcast_f32x8(kv_load8(row[r] + c));
         for (int i = 0; i < NP; i++) acc[i][r] = _mm512_fmadd_ps(qv[i], k, acc[i][r]);
       }
     }
@@ -239,11 +243,18 @@ static inline __attribute__((always_inline)) void scores_pairs(const query *qs, 
   }
 }
 
+/* Values c .. c+15 of position j's value row: from the chunk's rows converted to fp32 (vf, row
+ * stride d) where the group has them, else from the cache (the same numbers: the conversion is exact) */
+static inline __attribute__((always_inline)) __m512 value16(const kv_t *V, const int64_t *off, const float *vf,
+                                                            int d, int64_t j, int c) {
+  return vf ? _mm512_loadu_ps(vf + j * d + c) : kv_load16(V + off[j] + c);
+}
+
 /* out_q[c] = sum_j p_q[j] V_j[c] for the K queries qs (p_q = s_q[lo_q ..]), columns c0 .. c0+63:
  * each query's positions in order (its own first, then those all K share, then its own last),
  * one value row read for all of them on the shared positions. */
 static inline __attribute__((always_inline)) void pv_queries(const query *qs, const int K, const kv_t *V,
-                                                             const int64_t *off, int c0) {
+                                                             const int64_t *off, const float *vf, int d, int c0) {
   __m512 acc[PV_QUERIES][4];
   int64_t lo = qs[0].lo, hi = qs[0].lo + qs[0].n;
 #pragma GCC unroll 6
@@ -257,12 +268,11 @@ static inline __attribute__((always_inline)) void pv_queries(const query *qs, co
   for (int q = 0; q < K; q++) /* the positions before the shared ones */
     for (int64_t j = qs[q].lo; j < lo && j < qs[q].lo + qs[q].n; j++) {
       const __m512 e = _mm512_set1_ps(qs[q].s[j]);
-      const kv_t *vr = V + off[j] + c0;
-      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, kv_load16(vr + 16 * v), acc[q][v]);
+      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, value16(V, off, vf, d, j, c0 + 16 * v), acc[q][v]);
     }
   for (int64_t j = lo; j < hi; j++) {
-    const kv_t *vr = V + off[j] + c0;
-    const __m512 v0 = kv_load16(vr), v1 = kv_load16(vr + 16), v2 = kv_load16(vr + 32), v3 = kv_load16(vr + 48);
+    const __m512 v0 = value16(V, off, vf, d, j, c0), v1 = value16(V, off, vf, d, j, c0 + 16);
+    const __m512 v2 = value16(V, off, vf, d, j, c0 + 32), v3 = value16(V, off, vf, d, j, c0 + 48);
 #pragma GCC unroll 6
     for (int q = 0; q < K; q++) {
       const __m512 e = _mm512_set1_ps(qs[q].s[j]);
@@ -276,8 +286,7 @@ static inline __attribute__((always_inline)) void pv_queries(const query *qs, co
   for (int q = 0; q < K; q++) { /* the positions after */
     for (int64_t j = hi > qs[q].lo ? hi : qs[q].lo; j < qs[q].lo + qs[q].n; j++) {
       const __m512 e = _mm512_set1_ps(qs[q].s[j]);
-      const kv_t *vr = V + off[j] + c0;
-      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, kv_load16(vr + 16 * v), acc[q][v]);
+      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, value16(V, off, vf, d, j, c0 + 16 * v), acc[q][v]);
     }
     for (int v = 0; v < 4; v++) _mm512_storeu_ps(qs[q].out + c0 + 16 * v, acc[q][v]);
   }
@@ -287,27 +296,43 @@ static inline __attribute__((always_inline)) void pv_queries(const query *qs, co
 
 /* Scores and P.V of queries sharing one KV head's key and value rows (K, V: that head's column).
  * qp: 4 d floats, 64-byte aligned. */
-static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off, float scale, int d, float *qp) {
+static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off, const float *kf, float scale,
+                       int d, float *qp) {
   int i = 0;
 #if QUANT_AVX512
-  for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, scale, d, qp);
-  for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, scale, d, qp);
+  if (kf) {
+    for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, kf, scale, d, qp);
+    for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, kf, scale, d, qp);
+  } else {
+    for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, NULL, scale, d, qp);
+    for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, NULL, scale, d, qp);
+  }
 #else
-  (void)qp;
+  (void)qp, (void)kf;
 #endif
   for (; i < n; i++) scores(qs[i].q, K, off + qs[i].lo, qs[i].n, scale, qs[i].s + qs[i].lo, d);
 }
 
-static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, int d) {
+static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, const float *vf, int d) {
   int i = 0;
 #if QUANT_AVX512
   if (d % 64 == 0)
     for (; i < n; i += PV_QUERIES)
-      for (int c0 = 0; c0 < d; c0 += 64) switch (n - i < PV_QUERIES ? n - i : PV_QUERIES) {
-#define PVQ(K) case K: pv_queries(qs + i, K, V, off, c0); break;
-          PVQ(1) PVQ(2) PVQ(3) PVQ(4) PVQ(5) default: pv_queries(qs + i, PV_QUERIES, V, off, c0);
+      for (int c0 = 0; c0 < d; c0 += 64) {
+        const int K = n - i < PV_QUERIES ? n - i : PV_QUERIES;
+        if (vf) switch (K) { /* literal K and vf (NULL or not) in each call: its loops unrolled for them */
+#define PVQ(K) case K: pv_queries(qs + i, K, V, off, vf, d, c0); break;
+            PVQ(1) PVQ(2) PVQ(3) PVQ(4) PVQ(5) default: pv_queries(qs + i, PV_QUERIES, V, off, vf, d, c0);
 #undef PVQ
-        }
+          }
+        else switch (K) {
+#define PVQ(K) case K: pv_queries(qs + i, K, V, off, NULL, d, c0); break;
+            PVQ(1) PVQ(2) PVQ(3) PVQ(4) PVQ(5) default: pv_queries(qs + i, PV_QUERIES, V, off, NULL, d, c0);
+#undef PVQ
+          }
+      }
+#else
+  (void)vf;
 #endif
   for (; i < n; i++) pv(qs[i].s + qs[i].lo, qs[i].n, V, off + qs[i].lo, qs[i].out, d);
 }
@@ -371,8 +396,25 @@ static float *query_dst(const actx *X, const dst_spec *D, int64_t t, int h, int6
   return D->run + (2 * i + (c == first_chunk(A, t) ? 0 : 1)) * PART_STRIDE(A->d);
 }
 
+/* dst[j d ..] = the fp16 row at src + off[j], as fp32, for j in [j0, j1) (exact) */
+static void rows_to_f32(const kv_t *src, const int64_t *off, int64_t j0, int64_t j1, int d, float *dst) {
+#if QUANT_AVX512
+  for (int64_t j = j0; j < j1; j++) {
+    int c = 0;
+    for (; c + 16 <= d; c += 16) _mm512_storeu_ps(dst + j * d + c, kv_load16(src + off[j] + c));
+    for (; c < d; c += 8) _mm256_storeu_ps(dst + j * d + c, kv_load8(src + off[j] + c));
+  }
+#else
+  (void)src, (void)off, (void)j0, (void)j1, (void)d, (void)dst;
+#endif
+}
+
 /* Chunk c's partials of rows t0..t1-1 (one group) for KV heads k0..k1-1. work: OFF_ENTRIES
- * int64, then GROUP_ROWS g ATTN_CHUNK scores, 4 d floats of query pairs, GROUP_ROWS g queries. */
+ * int64, then GROUP_ROWS g ATTN_CHUNK scores, 4 d floats of query pairs, the chunk's key and
+ * value rows as fp32 (OFF_ENTRIES d floats each), GROUP_ROWS g queries. Where CONVERT_QUERIES
+ * or more queries share the rows, each is converted from fp16 once for all of them: the inner
+ * loops then read fp32 from the L1 cache instead of converting every row for every few queries
+ * (the same numbers, so the same bits). */
 static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, int64_t c, const dst_spec *D,
                         float *work) {
   const qattn *A = X->A;
@@ -380,7 +422,8 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
   int64_t *off = (int64_t *)work;
   float *sc = work + 2 * OFF_ENTRIES;
   float *qp = sc + (int64_t)GROUP_ROWS * g * ATTN_CHUNK; /* 64-byte aligned: see quant_attention */
-  query *qs = (query *)(qp + 4 * d);
+  float *kf = qp + 4 * d, *vf = kf + (int64_t)OFF_ENTRIES * d;
+  query *qs = (query *)(vf + (int64_t)OFF_ENTRIES * d);
   int64_t lo = ATTN_CHUNK, hi = 0, first = -1;
   for (int64_t t = t0; t < t1; t++) {
     int64_t l;
@@ -403,13 +446,18 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
                           query_dst(X, D, t, h, c), l, n};
     }
     const int64_t kv = (int64_t)k * d;
-    scores_set(qs, nqs, A->kc + kv, off, A->scale, d, qp);
+    const int convert = QUANT_AVX512 && nqs >= CONVERT_QUERIES;
+    if (convert) {
+      rows_to_f32(A->kc + kv, off, lo, hi + 8 < OFF_ENTRIES ? hi + 8 : OFF_ENTRIES, d, kf); /* the reads past hi */
+      rows_to_f32(A->vc + kv, off, lo, hi, d, vf);
+    }
+    scores_set(qs, nqs, A->kc + kv, off, convert ? kf : NULL, A->scale, d, qp);
     for (int i = 0; i < nqs; i++) {
       const float m = max_row(qs[i].s + qs[i].lo, qs[i].n), sum = exp_shift(qs[i].s + qs[i].lo, qs[i].n, m);
       qs[i].out[d] = m;
       qs[i].out[d + 1] = sum;
     }
-    pv_set(qs, nqs, A->vc + kv, off, d);
+    pv_set(qs, nqs, A->vc + kv, off, convert ? vf : NULL, d);
   }
 }
 
@@ -507,12 +555,15 @@ int quant_attention(const qattn *A, int threads) {
     n_parts += last_chunk(A, t) + 1;
   }
   if (macs < SERIAL_ATTN_MACS) threads = 1;
-  /* Groups: each run of rows of one sequence (a token-tree node alone: its keys are its own),
-   * cut into near-equal groups of at most `rows`, small enough to give each thread two tasks. */
-  int64_t rows = T * A->nkv / (2 * threads);
+  /* Few rows over many chunks: tasks are (group, chunk, KV head), merged per token afterwards.
+   * Groups: each run of rows of one sequence (a token-tree node alone: its keys are its own), cut
+   * into near-equal groups of at most `rows`: as many as share a key read, split; else small
+   * enough to give each thread two tasks. */
+  const int split = threads > 1 && T <= 8 * threads && n_parts > T && n_parts <= MAX_SPLIT_CHUNKS;
+  int64_t rows = split ? GROUP_ROWS : T * A->nkv / (2 * threads);
   rows = rows < 1 ? 1 : rows > GROUP_ROWS ? GROUP_ROWS : rows;
-  const int split = threads > 1 && T < 4 * threads && n_parts > T && n_parts <= MAX_SPLIT_CHUNKS;
   const int64_t work_floats = up16(2 * OFF_ENTRIES + (int64_t)GROUP_ROWS * g * ATTN_CHUNK + 4 * (int64_t)A->d +
+                                   2 * (int64_t)OFF_ENTRIES * A->d +
                                    (int64_t)GROUP_ROWS * g * (sizeof(query) / sizeof(float) + 1) +
                                    2 * (int64_t)GROUP_ROWS * g * PART_STRIDE(A->d));
   const int64_t n_part_floats = split ? n_parts * A->nq * PART_STRIDE(A->d) : 0;
