@@ -283,7 +283,7 @@ def shared_cost_model(loaded):
     from agentrt.engine.calibration import load_or_estimate_cost_model, model_cost_path, quick_cost_model
     from agentrt.engine.step.spec_runner import SpecConfig
 
-    engine = new_engine(loaded, SpecConfig(), 256)
+    engine = new_engine(loaded, SpecConfig(), 2048)  # KV room for every point of the warm-up fit's grid
     path = model_cost_path(engine)
     if engine.model.quantized and not path.exists():
         model = quick_cost_model(engine)

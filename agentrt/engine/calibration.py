@@ -80,6 +80,7 @@ QUICK_FIT_BATCHES = ((16, 1), (16, 2))  # (sequences, new tokens each): a full b
 QUICK_FIT_LONG_TOKENS = (1, 16)  # new tokens on a context QUICK_FIT_LONG_FACTOR times longer
 QUICK_FIT_LONG_FACTOR = 8
 QUICK_FIT_MAX_RMSE = 0.15  # quiet machines fit their forwards within ~5%
+WARMUP_S = 0.5  # untimed forwards before a fit's timings (see calibrate)
 
 
 def quick_grid(kv_tokens: int, room: int, block_size: int, max_len: int | None = None,
@@ -102,18 +103,20 @@ def quick_grid(kv_tokens: int, room: int, block_size: int, max_len: int | None =
     return grid + [(n, long_kv, 1) for n in QUICK_FIT_LONG_TOKENS]
 
 
-def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 3) -> StepCostModel:
-    """A fit on quick_grid's 5-9 points, each the fastest of `fastest_of` forwards, the analytic
-    roofline as the prior for what so few points cannot tell. For the quantized path, whose
-    forwards are short (~0.5 s in all) and where the analytic roofline is furthest off: it prices
-    the int8 kernels at torch's fp32 matmul rate, and it cannot know that a batch of one-token rows
-    reads one context per sequence where a verify reads one (at 16 sequences the quantized path's
-    K/V read costs about as much as its linears). The engine must be idle (the forwards run on
-    scratch sequences' blocks)."""
+def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 5, repeats: int = 2) -> StepCostModel:
+    """A fit on quick_grid's 5-10 points, each the median over `repeats` passes of the fastest of
+    `fastest_of` forwards (~1.2 s in all with the warm-up), the analytic roofline as the prior for
+    what so few points cannot tell. For the quantized path, where the analytic roofline is
+    furthest off: it prices the int8 kernels at torch's fp32 matmul rate, and it cannot know that a
+    batch of one-token rows reads one context per sequence where a verify reads one (at 16
+    sequences the quantized path's K/V read costs about as much as its linears). One pass of the
+    fastest of 3 put the linears' ridge anywhere from 0.6 to 2.5 rows on a 2-core Xeon, where a
+    row costs ~10% of a one-row step; two passes of the fastest of 5 kept it within 1.2-1.6. The
+    engine must be idle (the forwards run on scratch sequences' blocks)."""
     tile = row_tile(engine)
     grid = quick_grid(kv_tokens, engine.blocks.num_slots, engine.blocks.block_size, engine.max_model_len, tile)
-    model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=1, progress=False,
-                            prior=analytic_cost_model(engine), row_tile=tile)
+    model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=repeats, progress=False,
+                            prior=analytic_cost_model(engine), warmup_s=WARMUP_S, row_tile=tile)
     return model
 
 
@@ -212,7 +215,7 @@ def calibrate_engine(engine, max_tokens: int = 256, kv_values=(128, 512, 2048), 
             if kv + n + seqs * engine.blocks.block_size <= room]  # a block of slack per sequence
     prior = analytic_cost_model(engine)
     model, _, report = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=repeats, progress=progress,
-                                 prior=prior, row_tile=tile)
+                                 prior=prior, warmup_s=WARMUP_S, row_tile=tile)
     path = model_cost_path(engine)
     model.save(path)
     engine.spec.cost_model = model

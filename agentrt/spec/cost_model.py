@@ -23,6 +23,7 @@ import json
 import math
 import re
 import statistics
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
@@ -392,24 +393,32 @@ def calibrate(
     rates: MachineRates | None = None,
     prior: StepCostModel | None = None,
     warmup: int = 1,
+    warmup_s: float = 0.0,
     row_tile: int = 1,
 ) -> tuple[StepCostModel, list[StepSample], list[dict[str, Any]]]:
     """Time step_fn(num_tokens, kv_tokens, num_seqs) -> seconds (num_seqs sequences, each feeding
     num_tokens / num_seqs new tokens on a kv_tokens / num_seqs-long cached context) over the grid,
     fit on the per-point medians (row_tile: the kernels', see fit), and report predicted vs
-    measured. Repeats are interleaved across the grid so slow drift hits every point."""
+    measured. Repeats are interleaved across the grid so slow drift hits every point. Untimed
+    first: `warmup` steps, and the grid's points in turn for at least warmup_s seconds (a fresh
+    engine's first forwards run slow: on a 2-core Xeon one row took 5.0 ms at first and 3.7 ms
+    after ~0.3 s of forwards, which a fit on the early timings would take for the step's cost)."""
     grid = list(grid) if grid is not None else default_grid()
-    if not grid or repeats < 1:
-        raise CalibrationError(f"calibrate needs a non-empty grid and repeats >= 1, got {len(grid)} points, {repeats}")
+    if not grid or repeats < 1 or warmup < 0 or not warmup_s >= 0:
+        raise CalibrationError(f"calibrate needs a non-empty grid, repeats >= 1 and warm-ups >= 0, got {len(grid)} "
+                               f"points, repeats={repeats}, warmup={warmup}, warmup_s={warmup_s}")
     if any(seqs < 1 or n % seqs or kv % seqs for n, kv, seqs in grid):
         raise CalibrationError("calibrate's grid points (tokens, kv_tokens, seqs) need tokens and kv_tokens "
                                "divisible by seqs >= 1")
     samples: list[StepSample] = []
 
     def run_all(advance: Callable[[], None]) -> None:
-        for _ in range(warmup):  # untimed: first-call allocation and kernel selection
-            step_fn(*grid[0])
-            advance()
+        deadline, i = time.perf_counter() + warmup_s, 0
+        while i < warmup or time.perf_counter() < deadline:  # first-call allocation, kernel selection, clocks
+            step_fn(*grid[i % len(grid)])
+            i += 1
+            if i <= warmup:
+                advance()
         for _ in range(repeats):
             for num_tokens, kv_tokens, num_seqs in grid:
                 seconds = float(step_fn(num_tokens, kv_tokens, num_seqs))

@@ -2,9 +2,11 @@
 calibration through a timing callback, persistence, and the machine micro-benchmarks."""
 import json
 import math
+import time
 from dataclasses import replace
 
 import numpy as np
+
 import pytest
 
 from agentrt.errors import CalibrationError, SpecConfigError
@@ -150,6 +152,24 @@ def test_calibrate_interleaves_repeats_reports_predicted_vs_measured_and_shows_p
         calibrate(lambda n, kv, seqs: float("nan"), grid, repeats=1, progress=False)
     with pytest.raises(CalibrationError, match="divisible"):
         calibrate(step, [(3, 100, 2)], repeats=1, progress=False)
+
+
+def test_calibrate_warms_up_for_warmup_s_before_timing_so_slow_first_forwards_are_not_fitted():
+    calls, t0 = [], time.perf_counter()
+
+    def step(n, kv, seqs):  # a fresh engine: forwards in the first 0.05 s take 3x as long
+        calls.append((n, kv, seqs))
+        slow = 3.0 if time.perf_counter() - t0 < 0.05 else 1.0
+        return slow * TRUE.predict(n, kv, n * kv // seqs)
+
+    grid = [(1, 100, 1), (4, 100, 1), (16, 100, 1), (32, 100, 1), (1, 1000, 1), (16, 1000, 1)]
+    model, samples, report = calibrate(step, grid, repeats=1, progress=False, warmup=0, warmup_s=0.08)
+    untimed = calls[:len(calls) - len(grid)]
+    assert len(untimed) > len(grid) and untimed[:len(grid)] == grid  # the grid's points in turn
+    assert all(abs(r["error_pct"]) < 1e-4 for r in report)
+    assert model.predict(1, 100) == pytest.approx(TRUE.predict(1, 100), rel=1e-6)
+    with pytest.raises(CalibrationError, match="warmup_s=-1"):
+        calibrate(step, grid, repeats=1, progress=False, warmup_s=-1)
 
 
 def test_prediction_report_shows_error_of_a_wrong_model():
