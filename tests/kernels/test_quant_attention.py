@@ -3,15 +3,15 @@ together (a verification's k + 1 rows, a prefill): per chunk and KV head, their 
 key and value row read, two queries per 512-bit vector. Each row's bits must still be those of
 the row computed alone: rows of two sequences at once against each row alone, with few rows
 (chunk tasks) and many (group tasks), head sizes on the 512-bit P.V path (64, 128) and off it
-(48), GQA groups of 1, 3 and 4 query heads, a sliding window, on 1 and 2 threads; and the result
-against paged_attention_reference."""
+(48), GQA groups of 1, 3 and 4 query heads, a sliding window, on 1 and 2 threads, on this CPU's
+build and the x86-64-v3 one; and the result against paged_attention_reference."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from agentrt.kernels.paged_attention import paged_attention_reference
-from agentrt.kernels.quant_build import quant_kernels, unsupported_reason
+from agentrt.kernels.quant_build import AVX2_MARCH, has_fast_path, quant_kernels, unsupported_reason
 from agentrt.kernels.quant_decoder import KV_DTYPE, quant_attention
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
@@ -33,16 +33,26 @@ def _case(nq: int, nkv: int, d: int, rows: int):
 @pytest.mark.parametrize("nq, nkv, d, window", [(6, 2, 64, None), (3, 3, 128, None), (8, 2, 64, 50), (6, 2, 48, None)],
                          ids=["gqa3-d64", "mha-d128", "gqa4-d64-window", "gqa3-d48"])
 @pytest.mark.parametrize("rows", [3, 19], ids=["chunk-tasks", "group-tasks"])
-def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, rows):
+@pytest.mark.parametrize("build", ["native", "avx2"])
+def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, rows, build):
+    """On this CPU's build and on the x86-64-v3 one (256-bit loops: up to 3 queries share a key
+    row's conversion, 2 a value row's), the same bits as each row alone and as the other build."""
+    if build == "avx2" and not has_fast_path():
+        pytest.skip("the AVX2 build needs avx2, fma and f16c")
+    lib = quant_kernels() if build == "native" else quant_kernels(march=AVX2_MARCH)
     q, k, v, cu_q, positions, tables = _case(nq, nkv, d, rows)
     scale = d**-0.5
-    together = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2)
+    together = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2, lib=lib)
     for t in range(2 * rows):
         s = t // rows
         alone = quant_attention(q[t:t + 1].contiguous(), k, v, torch.tensor([0, 1]), positions[t:t + 1],
-                                tables[s:s + 1], BS, scale, window, num_threads=2)
+                                tables[s:s + 1], BS, scale, window, num_threads=2, lib=lib)
         assert torch.equal(together[t], alone[0]), t
-    assert torch.equal(together, quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=1))
+    assert torch.equal(together, quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=1,
+                                                 lib=lib))
+    if build == "avx2":
+        native = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2)
+        assert torch.equal(together, native)
     ref = paged_attention_reference(q, k, v, cu_q, positions, tables, BS, scale, window)
     torch.testing.assert_close(together, ref, rtol=1e-5, atol=1e-5)
 

@@ -12,7 +12,8 @@
  * Groups. The rows of one sequence in a step (a verification's k + 1 rows, a prefill chunk) read
  * the same key and value rows, so up to GROUP_ROWS of them are taken together: per chunk and KV
  * head, each key row is read once for all the group's queries (g query heads x rows), two queries
- * share each 512-bit multiply-add, and each value row once for up to PV_QUERIES queries. Tasks
+ * share each 512-bit multiply-add, and each value row once for up to PV_QUERIES queries (the
+ * 256-bit loops: a key row converted once for up to 3 queries, a value row for 2). Tasks
  * are (group, KV head), or with few rows and long contexts (group, chunk, KV head), whose
  * partials a merge folds per token.
  *
@@ -182,6 +183,88 @@ static void pv(const float *p, int64_t L, const kv_t *V, const int64_t *off, flo
 
 #endif
 
+#if QUANT_AVX2 && !QUANT_AVX512
+
+/* The 256-bit loops for queries sharing key and value rows (the AVX-512 ones are below): each
+ * key row converted from fp16 once for up to 3 queries, each value row for 2. Every number is
+ * computed as scores() and pv_cols() compute it for a query alone: the same lane sums in the
+ * same order and the same reduction, each output column's sum over positions in order. */
+#define SCORE_QUERIES 3
+
+/* Query q's scores at positions j .. j+3 (v): those in its range stored */
+static inline void store4(const query *q, int64_t j, __m128 v) {
+  const int64_t e = q->lo + q->n;
+  unsigned m = j + 4 <= e ? 0xfu : e > j ? (1u << (e - j)) - 1 : 0u;
+  if (q->lo > j) m &= q->lo - j < 4 ? ~((1u << (q->lo - j)) - 1) : 0u;
+  if ((m & 0xf) == 0xf) _mm_storeu_ps(q->s + j, v);
+  else if (m & 0xf)
+    _mm_maskstore_ps(q->s + j, _mm_setr_epi32(m & 1 ? -1 : 0, m & 2 ? -1 : 0, m & 4 ? -1 : 0, m & 8 ? -1 : 0), v);
+}
+
+/* The Q queries qs (Q <= SCORE_QUERIES), scores over the union of their ranges, four positions
+ * at a time: lane l of acc[i][r] sums q_i[c] K_j+r[c] over c = l mod 8, then
+ * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) as scores() reduces them. */
+static inline __attribute__((always_inline)) void scores_queries(const query *qs, const int Q, const kv_t *K,
+                                                                 const int64_t *off, float scale, int d) {
+  int64_t j0 = qs[0].lo, j1 = 0;
+  for (int i = 0; i < Q; i++) {
+    j0 = qs[i].lo < j0 ? qs[i].lo : j0;
+    j1 = qs[i].lo + qs[i].n > j1 ? qs[i].lo + qs[i].n : j1;
+  }
+  const __m128 sv = _mm_set1_ps(scale);
+  for (int64_t j = j0; j < j1; j += 4) {
+    const kv_t *row[4];
+    for (int r = 0; r < 4; r++) row[r] = K + off[j + r];
+    __m256 acc[SCORE_QUERIES][4];
+    for (int i = 0; i < Q; i++)
+      for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int c = 0; c < d; c += 8)
+      for (int r = 0; r < 4; r++) {
+        const __m256 k = kv_load8(row[r] + c);
+        for (int i = 0; i < Q; i++) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[i].q + c), k, acc[i][r]);
+      }
+    for (int i = 0; i < Q; i++) {
+      const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]), _mm256_hadd_ps(acc[i][2], acc[i][3]));
+      store4(&qs[i], j, _mm_mul_ps(_mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)), sv));
+    }
+  }
+}
+
+/* out_q[c] = sum_j p_q[j] V_j[c] for the two queries qs, columns c0 .. c0+31: each query's
+ * positions in order (its own first, then those both have, then its own last), one value row
+ * converted for both on the shared positions */
+static inline void pv_pair(const query *qs, const kv_t *V, const int64_t *off, int c0) {
+  __m256 acc[2][4];
+  int64_t lo = qs[0].lo > qs[1].lo ? qs[0].lo : qs[1].lo;
+  int64_t hi = qs[0].lo + qs[0].n < qs[1].lo + qs[1].n ? qs[0].lo + qs[0].n : qs[1].lo + qs[1].n;
+  if (hi < lo) hi = lo;
+  for (int q = 0; q < 2; q++) {
+    for (int v = 0; v < 4; v++) acc[q][v] = _mm256_setzero_ps();
+    for (int64_t j = qs[q].lo; j < lo && j < qs[q].lo + qs[q].n; j++) {
+      const __m256 e = _mm256_set1_ps(qs[q].s[j]);
+      for (int v = 0; v < 4; v++) acc[q][v] = _mm256_fmadd_ps(e, kv_load8(V + off[j] + c0 + 8 * v), acc[q][v]);
+    }
+  }
+  for (int64_t j = lo; j < hi; j++) {
+    const kv_t *vr = V + off[j] + c0;
+    const __m256 e0 = _mm256_set1_ps(qs[0].s[j]), e1 = _mm256_set1_ps(qs[1].s[j]);
+    for (int v = 0; v < 4; v++) {
+      const __m256 x = kv_load8(vr + 8 * v);
+      acc[0][v] = _mm256_fmadd_ps(e0, x, acc[0][v]);
+      acc[1][v] = _mm256_fmadd_ps(e1, x, acc[1][v]);
+    }
+  }
+  for (int q = 0; q < 2; q++) {
+    for (int64_t j = hi > qs[q].lo ? hi : qs[q].lo; j < qs[q].lo + qs[q].n; j++) {
+      const __m256 e = _mm256_set1_ps(qs[q].s[j]);
+      for (int v = 0; v < 4; v++) acc[q][v] = _mm256_fmadd_ps(e, kv_load8(V + off[j] + c0 + 8 * v), acc[q][v]);
+    }
+    for (int v = 0; v < 4; v++) _mm256_storeu_ps(qs[q].out + c0 + 8 * v, acc[q][v]);
+  }
+}
+
+#endif
+
 #if QUANT_AVX512
 
 /* hadd_ps in each 256-bit half: per 128-bit lane [a0+a1, a2+a3, b0+b1, b2+b3] */
@@ -307,6 +390,10 @@ static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off
     for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, NULL, scale, d, qp);
     for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, NULL, scale, d, qp);
   }
+#elif QUANT_AVX2
+  (void)qp, (void)kf;
+  for (; i + SCORE_QUERIES <= n; i += SCORE_QUERIES) scores_queries(qs + i, SCORE_QUERIES, K, off, scale, d);
+  for (; i + 2 <= n; i += 2) scores_queries(qs + i, 2, K, off, scale, d);
 #else
   (void)qp, (void)kf;
 #endif
@@ -331,6 +418,11 @@ static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, co
 #undef PVQ
           }
       }
+#elif QUANT_AVX2
+  (void)vf;
+  if (d % 32 == 0)
+    for (; i + 2 <= n; i += 2)
+      for (int c0 = 0; c0 < d; c0 += 32) pv_pair(qs + i, V, off, c0);
 #else
   (void)vf;
 #endif
