@@ -110,9 +110,11 @@ def quick_cost_model(engine, kv_tokens: int = 128, fastest_of: int = 5, repeats:
     furthest off: it prices the int8 kernels at torch's fp32 matmul rate, and it cannot know that a
     batch of one-token rows reads one context per sequence where a verify reads one (at 16
     sequences the quantized path's K/V read costs about as much as its linears). One pass of the
-    fastest of 3 put the linears' ridge anywhere from 0.6 to 2.5 rows on a 2-core Xeon, where a
-    row costs ~10% of a one-row step; two passes of the fastest of 5 kept it within 1.2-1.6. The
-    engine must be idle (the forwards run on scratch sequences' blocks)."""
+    fastest of 3 fitted 2-10% rms on a 2-core Xeon, where a row costs ~10% of a one-row step; two
+    passes of the fastest of 5 fitted 2-4%. The ridge stays loosely held either way (1.2-1.6 rows
+    in four fits in a row, 2.6 in a fifth at 2.4% rms): a flat start and a slope from the first
+    row explain the few small steps about equally well. The engine must be idle (the forwards run
+    on scratch sequences' blocks)."""
     tile = row_tile(engine)
     grid = quick_grid(kv_tokens, engine.blocks.num_slots, engine.blocks.block_size, engine.max_model_len, tile)
     model, _, _ = calibrate(fastest_forward_timer(engine, fastest_of), grid, repeats=repeats, progress=False,
