@@ -220,6 +220,8 @@ static inline __attribute__((always_inline)) void amx_rows(const qjob *j, const 
                                                            int stored, const int mt, const int fmt) {
   __m512 acc[16];
   int32_t c[AMX_BLOCKS][256] __attribute__((aligned(64)));
+  /* loops over acc unrolled to the constant mt (as amx_one_tile's) */
+#pragma GCC unroll 16
   for (int r = 0; r < mt; r++) acc[r] = _mm512_setzero_ps();
   const int8_t *xa = j->xq + m0 * j->K;
   const int64_t nb = j->nb;
@@ -233,11 +235,14 @@ static inline __attribute__((always_inline)) void amx_rows(const qjob *j, const 
     for (int i = 0; i < n; i++) {
       const int64_t b = b0 + i;
       const __m512 d = _mm512_load_ps(dws + 16 * b), m = _mm512_load_ps(mws + 16 * b);
+#pragma GCC unroll 16
       for (int r = 0; r < mt; r++)
         acc[r] = fold_block(acc[r], d, m, _mm512_load_si512((const __m512i *)(c[i] + 16 * r)), j, m0 + r, b, fmt);
     }
   }
-  for (int r = 0; r < stored; r++) store_rows16(j, m0 + r, n0, nr, acc[r]);
+#pragma GCC unroll 16
+  for (int r = 0; r < mt; r++)
+    if (r < stored) store_rows16(j, m0 + r, n0, nr, acc[r]);
 }
 
 /* The one-tile case (M <= 16: decode with drafts, verification). Three stages run in one loop,
@@ -255,6 +260,9 @@ static inline __attribute__((always_inline)) void amx_one_tile(const qjob *j, co
   uint8_t bt[SLOTS][B_TILE_BYTES] __attribute__((aligned(64)));
   int32_t c[SLOTS][256] __attribute__((aligned(64)));
   float dws[SLOTS][16] __attribute__((aligned(64))), mws[SLOTS][16] __attribute__((aligned(64)));
+  /* every loop over acc runs to mt (here M, a constant of this instantiation) and is unrolled:
+   * an index known only at run time would keep the accumulators in memory */
+#pragma GCC unroll 16
   for (int r = 0; r < mt; r++) acc[r] = _mm512_setzero_ps();
   const int64_t nb = j->nb;
   for (int64_t b = 0; b < nb + TILE_LAG + FOLD_LAG; b++) {
@@ -277,11 +285,13 @@ static inline __attribute__((always_inline)) void amx_one_tile(const qjob *j, co
     if (f >= 0) {
       const int s = (int)(f % SLOTS);
       const __m512 d = _mm512_load_ps(dws[s]), m = _mm512_load_ps(mws[s]);
+#pragma GCC unroll 16
       for (int r = 0; r < mt; r++)
         acc[r] = fold_block(acc[r], d, m, _mm512_load_si512((const __m512i *)(c[s] + 16 * r)), j, r, f, fmt);
     }
   }
-  for (int r = 0; r < j->M; r++) store_rows16(j, r, n0, nr, acc[r]);
+#pragma GCC unroll 16
+  for (int r = 0; r < mt; r++) store_rows16(j, r, n0, nr, acc[r]);
 }
 
 static inline __attribute__((always_inline)) void amx_chunk_fmt(const qjob *j, int64_t n0, int64_t n1,
