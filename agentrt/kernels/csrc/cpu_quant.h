@@ -51,6 +51,10 @@ typedef struct {
   int isa;           /* QUANT_ISA_*: the path this call runs ROWS8 weights on */
   const float *xd; /* [M][nb] */
   const float *xs;  /* [M][nb8]: nb rounded up to 8, zero-padded */
+  /* AMX: copies of xd and xs by 16-row group, block and row, [M16 / 16][nb][16] (NULL on other
+   * paths): a fold reads a block's 16 rows through one pointer, where by row each row needs its
+   * own and 16 of them spill to the stack */
+  const float *xdt, *xst;
   int64_t nb8;
   int64_t M;
   float *out;

@@ -547,7 +547,7 @@ int agentrt_quant_interleave(const uint8_t *w, int fmt, int64_t N, int64_t K, ui
  * Returns 0, -3 when out of memory. */
 int quant_linear_reserve(int64_t M, int64_t K) {
   const int64_t M16 = (M + 15) / 16 * 16, nb = K / QK, nb8 = (nb + 7) / 8 * 8;
-  const size_t size = (size_t)(M16 * K) * 2 + sizeof(float) * (size_t)(M16 * (nb8 + nb));
+  const size_t size = (size_t)(M16 * K) * 2 + sizeof(float) * (size_t)(M16 * (nb8 + 3 * nb));
   void *p = scratch_get(&scratch, size);
   if (!p) return -3;
   memset(p, 0, size);
@@ -572,8 +572,10 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
   /* rows padded to 16 (AMX reads activations 16 rows at a time; the padding is zeros) */
   const int64_t M16 = (M + 15) / 16 * 16;
   /* q rows first (each K bytes: 32-byte aligned), then s (rows of nb8: 32-byte aligned), then
-   * Q8_0-on-VNNI's unsigned copy of q, then d */
-  int8_t *xq = scratch_get(&scratch, (size_t)(M16 * K) * (1 + q8u) + sizeof(float) * (size_t)(M16 * (nb8 + nb)));
+   * Q8_0-on-VNNI's unsigned copy of q, then d, then (AMX) d and s by 16-row group (qjob.xdt) */
+  const int by_group = rows8 && isa == QUANT_ISA_AMX; /* the AMX paths read xdt, xst */
+  int8_t *xq = scratch_get(&scratch, (size_t)(M16 * K) * (1 + q8u)
+                                         + sizeof(float) * (size_t)(M16 * (nb8 + nb * (by_group ? 3 : 1))));
   if (!xq) return -3;
   float *xs = (float *)(xq + M16 * K);
   uint8_t *xu = q8u ? (uint8_t *)(xs + M16 * nb8) : NULL;
@@ -586,9 +588,17 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
   }
   if (xu)
     for (int64_t i = 0; i < M * K; i++) xu[i] = (uint8_t)xq[i] ^ 0x80u;
+  float *xdt = by_group ? xd + M16 * nb : NULL, *xst = by_group ? xdt + M16 * nb : NULL;
+  if (by_group) /* the rows there are, and zeros up to a multiple of 4 (AMX folds 4 rows at a time) */
+    for (int64_t m = 0; m < (M + 3) / 4 * 4; m++)
+      for (int64_t b = 0; b < nb; b++) {
+        const int64_t at = ((m >> 4) * nb + b) * 16 + (m & 15);
+        xdt[at] = xd[m * nb + b];
+        xst[at] = xs[m * nb8 + b];
+      }
   qjob j = {.w = w, .fmt = fmt, .rows8 = rows8, .N = N, .K = K, .nb = nb, .nb8 = nb8,
             .row_bytes = K / bs * bb * (rows8 ? 8 : 1), .xq = xq, .xu = xu, .isa = isa, .xd = xd, .xs = xs,
-            .M = M, .out = out, .out_stride = out_stride};
+            .xdt = xdt, .xst = xst, .M = M, .out = out, .out_stride = out_stride};
   const int64_t chunks = (N + CHUNK_N - 1) / CHUNK_N;
   const int nt = threads < 1 ? 1 : (threads > chunks ? (int)chunks : threads);
   pool_chunks_init(&j.chunks, chunks, nt);

@@ -95,11 +95,19 @@ static inline __m512i bcast4x16(const uint8_t *p) {
   return _mm512_set1_epi32(v);
 }
 
-/* The epilogue of one block for one output row (see the top of the file): 16 outputs. */
+/* Where block b's activation scales of rows m0, m0 + 1, ... lie in xdt (xst: the same offset):
+ * rows m0 .. m0 + r of one 16-row group are consecutive */
+static inline int64_t scales_at(const qjob *j, int64_t m0, int64_t b) {
+  return ((m0 >> 4) * j->nb + b) * 16 + (m0 & 15);
+}
+
+/* The epilogue of one block for one output row (see the top of the file): 16 outputs. sd, ss:
+ * the block's scales at the row group's first row (scales_at), r: the row's place after it. */
 static inline __attribute__((always_inline)) __m512 fold_block(__m512 acc, __m512 dw, __m512 mw, __m512i isum,
-                                                               const qjob *j, int64_t m, int64_t b, const int fmt) {
-  acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(j->xd[m * j->nb + b])), _mm512_cvtepi32_ps(isum), acc);
-  if (fmt != FMT_Q8_0) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(j->xs[m * j->nb8 + b]), acc);
+                                                               const float *sd, const float *ss, int r,
+                                                               const int fmt) {
+  acc = _mm512_fmadd_ps(_mm512_mul_ps(dw, _mm512_set1_ps(sd[r])), _mm512_cvtepi32_ps(isum), acc);
+  if (fmt != FMT_Q8_0) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(ss[r]), acc);
   return acc;
 }
 
@@ -130,7 +138,7 @@ static inline __attribute__((always_inline)) void vnni_rows(const qjob *j, const
         const uint8_t *xu = j->xu + (m0 + r) * j->K + b * QK;
         __m512i s = start;
         for (int c = 0; c < 8; c++) s = _mm512_dpbusd_epi32(s, bcast4x16(xu + 4 * c), v[c]);
-        acc[r] = fold_block(acc[r], dw, mw, s, j, m0 + r, b, fmt);
+        acc[r] = fold_block(acc[r], dw, mw, s, j->xd + (m0 + r) * j->nb + b, j->xs + (m0 + r) * j->nb8 + b, 0, fmt);
       }
     } else {
       for (int r = 0; r < mr; r++) {
@@ -138,7 +146,7 @@ static inline __attribute__((always_inline)) void vnni_rows(const qjob *j, const
         __m512i s = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) s = _mm512_dpbusd_epi32(s, v[c], bcast4x16(xq + 4 * c));
         for (int c = 0; c < 4; c++) s = _mm512_dpbusd_epi32(s, v[4 + c], bcast4x16(xq + 16 + 4 * c));
-        acc[r] = fold_block(acc[r], dw, mw, s, j, m0 + r, b, fmt);
+        acc[r] = fold_block(acc[r], dw, mw, s, j->xd + (m0 + r) * j->nb + b, j->xs + (m0 + r) * j->nb8 + b, 0, fmt);
       }
     }
   }
@@ -235,9 +243,10 @@ static inline __attribute__((always_inline)) void amx_rows(const qjob *j, const 
     for (int i = 0; i < n; i++) {
       const int64_t b = b0 + i;
       const __m512 d = _mm512_load_ps(dws + 16 * b), m = _mm512_load_ps(mws + 16 * b);
+      const float *sd = j->xdt + scales_at(j, m0, b), *ss = j->xst + scales_at(j, m0, b);
 #pragma GCC unroll 16
       for (int r = 0; r < mt; r++)
-        acc[r] = fold_block(acc[r], d, m, _mm512_load_si512((const __m512i *)(c[i] + 16 * r)), j, m0 + r, b, fmt);
+        acc[r] = fold_block(acc[r], d, m, _mm512_load_si512((const __m512i *)(c[i] + 16 * r)), sd, ss, r, fmt);
     }
   }
 #pragma GCC unroll 16
@@ -285,9 +294,10 @@ static inline __attribute__((always_inline)) void amx_one_tile(const qjob *j, co
     if (f >= 0) {
       const int s = (int)(f % SLOTS);
       const __m512 d = _mm512_load_ps(dws[s]), m = _mm512_load_ps(mws[s]);
+      const float *sd = j->xdt + scales_at(j, 0, f), *ss = j->xst + scales_at(j, 0, f);
 #pragma GCC unroll 16
       for (int r = 0; r < mt; r++)
-        acc[r] = fold_block(acc[r], d, m, _mm512_load_si512((const __m512i *)(c[s] + 16 * r)), j, r, f, fmt);
+        acc[r] = fold_block(acc[r], d, m, _mm512_load_si512((const __m512i *)(c[s] + 16 * r)), sd, ss, r, fmt);
     }
   }
 #pragma GCC unroll 16
