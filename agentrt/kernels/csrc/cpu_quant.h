@@ -62,6 +62,11 @@ typedef struct {
   pool_chunks chunks;
 } qjob;
 
+/* Where row m's scale of block b lies in xdt (and xst): rows of one 16-row group consecutive */
+static inline int64_t scales_at(int64_t nb, int64_t m, int64_t b) {
+  return ((m >> 4) * nb + b) * 16 + (m & 15);
+}
+
 #if QUANT_AVX2
 /* the 8 lanes added: ((l0 + l4) + (l2 + l6)) + ((l1 + l5) + (l3 + l7)) */
 static inline float hsum8(__m256 v) {

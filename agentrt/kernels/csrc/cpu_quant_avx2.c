@@ -592,9 +592,8 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
   if (by_group) /* the rows there are, and zeros up to a multiple of 4 (AMX folds 4 rows at a time) */
     for (int64_t m = 0; m < (M + 3) / 4 * 4; m++)
       for (int64_t b = 0; b < nb; b++) {
-        const int64_t at = ((m >> 4) * nb + b) * 16 + (m & 15);
-        xdt[at] = xd[m * nb + b];
-        xst[at] = xs[m * nb8 + b];
+        xdt[scales_at(nb, m, b)] = xd[m * nb + b];
+        xst[scales_at(nb, m, b)] = xs[m * nb8 + b];
       }
   qjob j = {.w = w, .fmt = fmt, .rows8 = rows8, .N = N, .K = K, .nb = nb, .nb8 = nb8,
             .row_bytes = K / bs * bb * (rows8 ? 8 : 1), .xq = xq, .xu = xu, .isa = isa, .xd = xd, .xs = xs,

@@ -95,12 +95,6 @@ static inline __m512i bcast4x16(const uint8_t *p) {
   return _mm512_set1_epi32(v);
 }
 
-/* Where block b's activation scales of rows m0, m0 + 1, ... lie in xdt (xst: the same offset):
- * rows m0 .. m0 + r of one 16-row group are consecutive */
-static inline int64_t scales_at(const qjob *j, int64_t m0, int64_t b) {
-  return ((m0 >> 4) * j->nb + b) * 16 + (m0 & 15);
-}
-
 /* The epilogue of one block for one output row (see the top of the file): 16 outputs. sd, ss:
  * the block's scales at the row group's first row (scales_at), r: the row's place after it. */
 static inline __attribute__((always_inline)) __m512 fold_block(__m512 acc, __m512 dw, __m512 mw, __m512i isum,
@@ -243,7 +237,8 @@ static inline __attribute__((always_inline)) void amx_rows(const qjob *j, const 
     for (int i = 0; i < n; i++) {
       const int64_t b = b0 + i;
       const __m512 d = _mm512_load_ps(dws + 16 * b), m = _mm512_load_ps(mws + 16 * b);
-      const float *sd = j->xdt + scales_at(j, m0, b), *ss = j->xst + scales_at(j, m0, b);
+      const int64_t at = scales_at(j->nb, m0, b); /* rows m0 .. m0 + 15 from here */
+      const float *sd = j->xdt + at, *ss = j->xst + at;
 #pragma GCC unroll 16
       for (int r = 0; r < mt; r++)
         acc[r] = fold_block(acc[r], d, m, _mm512_load_si512((const __m512i *)(c[i] + 16 * r)), sd, ss, r, fmt);
@@ -294,7 +289,8 @@ static inline __attribute__((always_inline)) void amx_one_tile(const qjob *j, co
     if (f >= 0) {
       const int s = (int)(f % SLOTS);
       const __m512 d = _mm512_load_ps(dws[s]), m = _mm512_load_ps(mws[s]);
-      const float *sd = j->xdt + scales_at(j, 0, f), *ss = j->xst + scales_at(j, 0, f);
+      const int64_t at = scales_at(j->nb, 0, f);
+      const float *sd = j->xdt + at, *ss = j->xst + at;
 #pragma GCC unroll 16
       for (int r = 0; r < mt; r++)
         acc[r] = fold_block(acc[r], d, m, _mm512_load_si512((const __m512i *)(c[s] + 16 * r)), sd, ss, r, fmt);
