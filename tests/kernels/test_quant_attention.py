@@ -57,6 +57,18 @@ def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, ro
     torch.testing.assert_close(together, ref, rtol=1e-5, atol=1e-5)
 
 
+def test_a_verifys_rows_in_one_group_equal_rows_alone():
+    """A verify of 11 drafts: one sequence's 12 rows, few enough for chunk tasks, one group past
+    the old 8-row limit, each row with the bits of the row computed alone."""
+    q, k, v, _, positions, tables = _case(6, 2, 64, 12)
+    q, positions, cu_q = q[:12].contiguous(), positions[:12], torch.tensor([0, 12])
+    together = quant_attention(q, k, v, cu_q, positions, tables[:1], BS, 0.125, num_threads=2)
+    for t in range(12):
+        alone = quant_attention(q[t:t + 1].contiguous(), k, v, torch.tensor([0, 1]), positions[t:t + 1], tables[:1],
+                                BS, 0.125, num_threads=2)
+        assert torch.equal(together[t], alone[0]), t
+
+
 def test_bad_indices_are_refused():
     q, k, v, cu_q, positions, tables = _case(6, 2, 64, 3)
     bad = tables.clone()
