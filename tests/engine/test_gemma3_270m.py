@@ -71,15 +71,17 @@ def _fast_and_torch_logits(loaded, switch: str) -> tuple:
 def test_runs_on_the_fused_decoder_close_to_the_torch_path(gemma):
     """The fused quantized decoder runs it (QK-norm, GeGLU, Gemma's norms, 512-token windows, and
     q, k and v as row blocks of two formats in half the layers: Q5_0, Q8_0); its logits are
-    the PyTorch path's up to int8 rounding flips, as near as that path is to its own batch-invariant variant
-    (tests/engine/test_quant_forward.py's bounds)."""
+    the PyTorch path's up to int8 rounding flips: as near as that path is to its own batch-invariant
+    variant (tests/engine/test_quant_forward.py's bound), or within 8% where it is nearer itself."""
     m = gemma.model
     assert m.quant_fused and any(len(ly.qkv.parts) > 1 for ly in m.layers)
     fused, ref, inv = _fast_and_torch_logits(gemma, "quant_fused")
     rel = (fused - ref).norm(dim=-1) / ref.norm(dim=-1)
     rel_inv = (inv - ref).norm(dim=-1) / ref.norm(dim=-1)  # the PyTorch path against itself summed otherwise
     assert (fused.argmax(-1) == ref.argmax(-1)).float().mean() >= 0.9
-    assert rel.max() < 0.35 and rel.mean() <= 1.5 * rel_inv.mean(), (rel, rel_inv)  # observed 4.7% and 15% mean
+    # observed means: 4.7% against 15% on a Xeon; 6.7% against 4.3% on a Zen 4 EPYC, whose
+    # PyTorch path sums nearer its invariant variant. The int8 rounding's own ~5-7% is the floor.
+    assert rel.max() < 0.35 and rel.mean() <= max(1.5 * rel_inv.mean(), 0.08), (rel, rel_inv)
 
 
 def test_tokenizer_rebuilt_from_the_gguf_matches_llama_cpp(gemma):
