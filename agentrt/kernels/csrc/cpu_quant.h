@@ -47,13 +47,16 @@ typedef struct {
   int fmt, rows8; /* fmt without the ROWS8 bit; rows8: it was set */
   int64_t N, K, nb, row_bytes; /* nb: activation blocks per row, K/32; ROWS8: bytes per group of 8 rows */
   const int8_t *xq; /* [M][K] (rows past M up to a multiple of 16: zeros) */
-  const uint8_t *xu; /* Q8_0 on VNNI: xq + 128 as unsigned bytes, else NULL */
+  /* ROWS8 weights on VNNI and AMX, and on AVX2 from 2 rows: the activations again, by 16-row
+   * group, block and row, [M16 / 16][nb][16][32] (Q8_0 on VNNI and AMX: + 128, as unsigned
+   * bytes), else NULL. A block's rows lie at constant offsets from one pointer, where by row each
+   * row's address takes a register of its own and they spill. */
+  const uint8_t *xv;
   int isa;           /* QUANT_ISA_*: the path this call runs ROWS8 weights on */
   const float *xd; /* [M][nb] */
   const float *xs;  /* [M][nb8]: nb rounded up to 8, zero-padded */
-  /* AMX: copies of xd and xs by 16-row group, block and row, [M16 / 16][nb][16] (NULL on other
-   * paths): a fold reads a block's 16 rows through one pointer, where by row each row needs its
-   * own and 16 of them spill to the stack */
+  /* copies of xd and xs by 16-row group, block and row, [M16 / 16][nb][16], where xv is (else
+   * NULL), for the same reason */
   const float *xdt, *xst;
   int64_t nb8;
   int64_t M;

@@ -129,7 +129,11 @@ static inline __attribute__((always_inline)) void vnni_rows(const qjob *j, const
   __m512 acc[MR_VNNI];
   for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
   const __m512i ones = _mm512_set1_epi8(1);
-  for (int64_t b = 0; b < j->nb; b++) {
+  /* block b's row m0 + r: activations at xv + 512 b + 32 r, scales at sd[16 b + r], ss[16 b + r] */
+  const int64_t at = scales_at(j->nb, m0, 0);
+  const uint8_t *xv = j->xv + at * QK;
+  const float *sd = j->xdt + at, *ss = j->xst + at;
+  for (int64_t b = 0; b < j->nb; b++, xv += 16 * QK, sd += 16, ss += 16) {
     __m512 dw, mw;
     __m512i v[8];
     block16(p, b, fmt, &dw, &mw, v);
@@ -138,19 +142,22 @@ static inline __attribute__((always_inline)) void vnni_rows(const qjob *j, const
       for (int c = 0; c < 8; c++) sw = _mm512_dpbusd_epi32(sw, ones, v[c]);
       const __m512i start = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sw, 7));
       for (int r = 0; r < mr; r++) {
-        const uint8_t *xu = j->xu + (m0 + r) * j->K + b * QK;
         __m512i s = start;
-        for (int c = 0; c < 8; c++) s = _mm512_dpbusd_epi32(s, bcast4x16(xu + 4 * c), v[c]);
-        acc[r] = fold_block(acc[r], dw, mw, s, j->xd + (m0 + r) * j->nb + b, j->xs + (m0 + r) * j->nb8 + b, 0, fmt);
+        for (int c = 0; c < 8; c++) s = _mm512_dpbusd_epi32(s, bcast4x16(xv + QK * r + 4 * c), v[c]);
+        acc[r] = fold_block(acc[r], dw, mw, s, sd, ss, r, fmt);
       }
     } else {
-      for (int r = 0; r < mr; r++) {
-        const uint8_t *xq = (const uint8_t *)j->xq + (m0 + r) * j->K + b * QK;
-        __m512i s = _mm512_setzero_si512();
-        for (int c = 0; c < 4; c++) s = _mm512_dpbusd_epi32(s, v[c], bcast4x16(xq + 4 * c));
-        for (int c = 0; c < 4; c++) s = _mm512_dpbusd_epi32(s, v[4 + c], bcast4x16(xq + 16 + 4 * c));
-        acc[r] = fold_block(acc[r], dw, mw, s, j->xd + (m0 + r) * j->nb + b, j->xs + (m0 + r) * j->nb8 + b, 0, fmt);
-      }
+      /* value chunk by chunk across the rows: the rows' product chains interleave in program
+       * order, so each dpbusd's latency hides behind the other rows'. 576 x 1536 Q4_1 from cache,
+       * one thread, AMD EPYC (Zen 4: AVX-512 VNNI, no AMX): 0.89-0.94x the time of row by row at
+       * 2-16 rows. Q8_0's rows stay row by row: this order was 1.05-1.08x at 8 and 16 rows there
+       * (its extra start vector and weight sum leave too few registers). */
+      __m512i s[MR_VNNI];
+      for (int r = 0; r < mr; r++) s[r] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), v[0], bcast4x16(xv + QK * r));
+      for (int c = 1; c < 8; c++)
+        for (int r = 0; r < mr; r++)
+          s[r] = _mm512_dpbusd_epi32(s[r], v[c], bcast4x16(xv + QK * r + (c < 4 ? 4 * c : 16 + 4 * (c - 4))));
+      for (int r = 0; r < mr; r++) acc[r] = fold_block(acc[r], dw, mw, s[r], sd, ss, r, fmt);
     }
   }
   for (int r = 0; r < mr; r++) store_rows16(j, m0 + r, n0, nr, acc[r]);
