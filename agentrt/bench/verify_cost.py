@@ -10,8 +10,9 @@ the median: a drift in the machine's speed moves every shape alike, and the rati
 step are taken within one run.
 
 The quantized path is measured on the instruction set the kernels pick (the default) and, where
-the CPU has better ones, capped at each lower one too (quant_build.cap_isa): every set gives the
-same bits, so the rows show what the same model costs on a CPU that has only that set.
+the CPU has better ones, capped at each lower one too (quant_build.cap_isa), AVX2 there being the
+AVX2-only build (quant_build.built_for): every set gives the same bits, so the rows show what the
+same model costs on a CPU that has only that set.
 
 Prefill: one forward of a PREFILL_TOKENS-token prompt from an empty cache, fastest of `reps`, as
 tokens/s (llama.cpp's side: one llama_decode of the same token count, bench/llamacpp.py)."""
@@ -118,18 +119,29 @@ def cost_row(label: str, ms: dict[tuple[int, int], float]) -> dict:
 
 def quantized_rows(model, weights: str, reps: int, progress) -> tuple[list[dict], dict[str, float]]:
     """Rows for the quantized model on its kernels' instruction set and each lower one this CPU
-    runs, and {isa: 1x16 over 1x1}. The kernels are left on their best set."""
-    from agentrt.kernels.quant_build import ISAS, cap_isa, isa, quant_kernels
+    runs, and {isa: 1x16 over 1x1}. AVX2 on a CPU with more is the AVX2-only build (built_for),
+    what a CPU without AVX-512 runs: the native build capped at AVX2 compiles its loops with
+    AVX-512's 32 vector registers. The kernels are left on their best set."""
+    from agentrt.kernels.quant_build import AVX2_MARCH, ISAS, built_for, cap_isa, isa, quant_kernels
 
     lib = quant_kernels()
     best = isa(lib)
     rows, ratio16 = [], {}
     try:
         for name in reversed(ISAS[1:ISAS.index(best) + 1]):
-            cap_isa(lib, name)
-            progress.print(f"  verify cost: {weights} on {name}")
-            ms = forward_ms(model, reps)
-            rows.append(cost_row(f"{weights}, {name}" + (" (default)" if name == best else ""), ms))
+            label = f"{weights}, {name}" + (" (default)" if name == best else "")
+            if name == "avx2" and best != "avx2":
+                progress.print(f"  verify cost: {weights} on the {AVX2_MARCH} build (AVX2)")
+                with built_for(AVX2_MARCH) as avx2:
+                    if avx2 is None:
+                        continue
+                    ms = forward_ms(model, reps)
+                label += f" ({AVX2_MARCH} build)"
+            else:
+                cap_isa(lib, name)
+                progress.print(f"  verify cost: {weights} on {name}")
+                ms = forward_ms(model, reps)
+            rows.append(cost_row(label, ms))
             ratio16[name] = ms[(1, 16)] / ms[(1, 1)]
     finally:
         cap_isa(lib, best)

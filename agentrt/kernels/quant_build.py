@@ -22,6 +22,7 @@ same: tests/kernels/test_quant_isa.py), where $AGENTRT_QUANT_ISA caps only the l
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import logging
@@ -29,6 +30,7 @@ import os
 import platform
 import re
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 from agentrt.kernels.cpu_build import (_compiler, _cpu_flags, compile_library, compiler_identity, kernels_cache_dir,
@@ -140,8 +142,28 @@ def cap_isa(lib: ctypes.CDLL, name: str) -> str:
     return isa(lib)
 
 
+_march_override: str | None = None  # built_for's
+
+
+@contextlib.contextmanager
+def built_for(march: str) -> Iterator[ctypes.CDLL | None]:
+    """Inside, quant_kernels() is the build for `march` (yielded; None where it cannot run), so
+    a loaded model runs on it: a bench measures the AVX2-only build (AVX2_MARCH) on a CPU with
+    AVX-512, which the native build capped at AVX2 (cap_isa) is not: its AVX2 loops are compiled
+    with AVX-512's 32 vector registers. Every build gives the same bits. Not for concurrent use."""
+    global _march_override
+    before, _march_override = _march_override, march
+    try:
+        yield quant_kernels()
+    finally:
+        _march_override = before
+
+
 def default_march() -> str:
-    """What the default library is built for: $AGENTRT_QUANT_MARCH (a gcc -march value), else native."""
+    """What the default library is built for: built_for's CPU level inside it, else
+    $AGENTRT_QUANT_MARCH (a gcc -march value), else native."""
+    if _march_override is not None:
+        return _march_override
     march = os.environ.get(MARCH_ENV, "").strip() or "native"
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.+-]*", march):
         log.warning("%s=%r is not a CPU level gcc knows the form of (x86-64-v3, skylake-avx512, ...): building "

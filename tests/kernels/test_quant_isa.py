@@ -110,3 +110,20 @@ def test_prefill_sized_calls_on_amx(lib):
     want = quant_linear(x, w, num_threads=2)
     cap_isa(lib, "amx-int8")
     assert torch.equal(quant_linear(x, w, num_threads=2), want)
+
+
+def test_built_for_switches_the_default_build_and_back():
+    """quant_build.built_for(AVX2_MARCH): inside, quant_kernels() is the AVX2-only build (what a
+    bench runs a loaded model on to measure a CPU without AVX-512), after it the default build
+    again; a linear gives the same bits through either."""
+    from agentrt.kernels.quant_build import AVX2_MARCH, built_for, has_fast_path
+
+    if not has_fast_path():
+        pytest.skip("the AVX2 build needs avx2, fma and f16c")
+    native = quant_kernels()
+    w, x = _weight(Q4_1, 40, 576, 7)
+    want = quant_linear(x[:9], w)
+    with built_for(AVX2_MARCH) as avx2:
+        assert avx2 is quant_kernels(march=AVX2_MARCH) and quant_kernels() is avx2 and isa(avx2) == "avx2"
+        assert torch.equal(quant_linear(x[:9], w), want)
+    assert quant_kernels() is native
