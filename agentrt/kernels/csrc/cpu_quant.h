@@ -47,16 +47,17 @@ typedef struct {
   int fmt, rows8; /* fmt without the ROWS8 bit; rows8: it was set */
   int64_t N, K, nb, row_bytes; /* nb: activation blocks per row, K/32; ROWS8: bytes per group of 8 rows */
   const int8_t *xq; /* [M][K] (rows past M up to a multiple of 16: zeros) */
-  /* ROWS8 weights on VNNI and AMX, and on AVX2 from 2 rows: the activations again, by 16-row
-   * group, block and row, [M16 / 16][nb][16][32] (Q8_0 on VNNI and AMX: + 128, as unsigned
-   * bytes), else NULL. A block's rows lie at constant offsets from one pointer, where by row each
-   * row's address takes a register of its own and they spill. */
+  /* ROWS8 weights on AVX2, VNNI and AMX: the activations by group of vg rows, block and row,
+   * [M / vg][nb][vg][32] (Q8_0 on VNNI and AMX: + 128, as unsigned bytes), else NULL. A block's
+   * rows lie at constant offsets from one pointer, where by row each row's address takes a
+   * register of its own and they spill. */
   const uint8_t *xv;
+  int64_t vg; /* 16, or 1 for a one-row call: its rows as quantized, no copy (vg_at) */
   int isa;           /* QUANT_ISA_*: the path this call runs ROWS8 weights on */
   const float *xd; /* [M][nb] */
   const float *xs;  /* [M][nb8]: nb rounded up to 8, zero-padded */
-  /* copies of xd and xs by 16-row group, block and row, [M16 / 16][nb][16], where xv is (else
-   * NULL), for the same reason */
+  /* xd and xs by group of vg rows, block and row, [M / vg][nb][vg], where xv is (else NULL),
+   * for the same reason (AMX runs 5+ rows: vg 16, scales_at) */
   const float *xdt, *xst;
   int64_t nb8;
   int64_t M;
@@ -65,7 +66,12 @@ typedef struct {
   pool_chunks chunks;
 } qjob;
 
-/* Where row m's scale of block b lies in xdt (and xst): rows of one 16-row group consecutive */
+/* Where row m's block b lies in xv (in 32-byte blocks), xdt and xst: rows of a group consecutive */
+static inline int64_t vg_at(const qjob *j, int64_t m, int64_t b) {
+  return ((m / j->vg) * j->nb + b) * j->vg + m % j->vg;
+}
+
+/* vg_at for 16-row groups (AMX, and the copy that writes them) */
 static inline int64_t scales_at(int64_t nb, int64_t m, int64_t b) {
   return ((m >> 4) * nb + b) * 16 + (m & 15);
 }

@@ -298,12 +298,11 @@ static inline __attribute__((always_inline)) void group_rows8(const qjob *j, con
   const int gbb = 8 * (fmt == FMT_Q8_0 ? 34 : fmt == FMT_Q4_1 ? 20 : 18), head = fmt == FMT_Q4_1 ? 32 : 16;
   const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
   for (int r = 0; r < mr; r++) acc[r] = _mm256_setzero_ps();
-  /* block b's row m0 + r: xv + 512 b + 32 r, sd[16 b + r]; one row alone (no xv): as quantized */
-  const int flat = j->xv == NULL;
-  const int64_t at = scales_at(j->nb, m0, 0), xstep = flat ? QK : 16 * QK, sstep = flat ? 1 : 16;
-  const int8_t *xv = flat ? j->xq + m0 * j->K : (const int8_t *)j->xv + at * QK;
-  const float *sd = flat ? j->xd + m0 * j->nb : j->xdt + at, *ss = flat ? j->xs + m0 * j->nb8 : j->xst + at;
-  for (int64_t b = 0; b < j->nb; b++, xv += xstep, sd += sstep, ss += sstep) {
+  /* block b's row m0 + r: xv + 32 (vg b + r), sd[vg b + r] (qjob.vg) */
+  const int64_t at = vg_at(j, m0, 0), vg = j->vg;
+  const int8_t *xv = (const int8_t *)j->xv + at * QK;
+  const float *sd = j->xdt + at, *ss = j->xst + at;
+  for (int64_t b = 0; b < j->nb; b++, xv += vg * QK, sd += vg, ss += vg) {
     const uint8_t *blk = gw + b * gbb;
     for (int c = 0; c < gbb; c += 64) _mm_prefetch((const char *)blk + PREFETCH_AHEAD + c, _MM_HINT_T0);
     const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)blk));
@@ -587,14 +586,15 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
   if (M <= 0 || N <= 0) return 0;
   const int64_t nb = K / QK;
   const int64_t nb8 = (nb + 7) / 8 * 8;
-  /* by group (qjob.xv): AVX2 reads one row as quantized, which was 0.95x the time of a decode
-   * step's forward by group (x86-64-v3 build, Zen 4); VNNI was even either way */
-  const int isa = rows8 ? call_isa(M, fmt) : QUANT_ISA_AVX2,
-            by_group = rows8 && QUANT_AVX2 && (M > 1 || isa >= QUANT_ISA_VNNI);
+  const int isa = rows8 ? call_isa(M, fmt) : QUANT_ISA_AVX2, by_group = rows8 && QUANT_AVX2;
+  /* one row: its activations as quantized (a group of 16 with one row cost 1.05x the time of a
+   * decode step's forward on the x86-64-v3 build, Zen 4); Q8_0 on VNNI reads them unsigned */
+  const int64_t vg = M == 1 ? 1 : 16;
+  const uint8_t flip = fmt == FMT_Q8_0 && isa >= QUANT_ISA_VNNI ? 0x80u : 0;
   /* rows padded to 16 (AMX reads activations 16 rows at a time; the padding is zeros) */
   const int64_t M16 = (M + 15) / 16 * 16;
   /* q rows first (each K bytes: 32-byte aligned), then s (rows of nb8: 32-byte aligned), then
-   * (by_group) q by 16-row group (qjob.xv), then d, then (by_group) d and s by group (xdt) */
+   * (by_group) q by group (qjob.xv), then d, then (by_group) d and s by group (xdt) */
   int8_t *xq = scratch_get(&scratch, (size_t)(M16 * K) * (1 + by_group)
                                          + sizeof(float) * (size_t)(M16 * (nb8 + nb * (by_group ? 3 : 1))));
   if (!xq) return -3;
@@ -608,8 +608,13 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
     memset(xd + M * nb, 0, sizeof(float) * (size_t)((M16 - M) * nb));
   }
   float *xdt = by_group ? xd + M16 * nb : NULL, *xst = by_group ? xdt + M16 * nb : NULL;
-  if (by_group) { /* the rows there are; AMX folds 4 rows at a time: zeros up to a multiple of 4 */
-    const uint8_t flip = fmt == FMT_Q8_0 && isa >= QUANT_ISA_VNNI ? 0x80u : 0; /* VNNI's Q8_0 product takes unsigned activations */
+  if (by_group && vg == 1) { /* the row as quantized is its own group */
+    xdt = xd, xst = xs;
+    if (flip)
+      for (int64_t i = 0; i < K; i++) xv[i] = (uint8_t)xq[i] ^ flip;
+    else
+      xv = (uint8_t *)xq;
+  } else if (by_group) { /* the rows there are; AMX folds 4 rows at a time: zeros up to a multiple of 4 */
     for (int64_t m = 0; m < (isa == QUANT_ISA_AMX ? (M + 3) / 4 * 4 : M); m++)
       for (int64_t b = 0; b < nb; b++) {
         xdt[scales_at(nb, m, b)] = xd[m * nb + b];
@@ -623,7 +628,7 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
       }
   }
   qjob j = {.w = w, .fmt = fmt, .rows8 = rows8, .N = N, .K = K, .nb = nb, .nb8 = nb8,
-            .row_bytes = K / bs * bb * (rows8 ? 8 : 1), .xq = xq, .xv = xv, .isa = isa, .xd = xd, .xs = xs,
+            .row_bytes = K / bs * bb * (rows8 ? 8 : 1), .xq = xq, .xv = xv, .vg = vg, .isa = isa, .xd = xd, .xs = xs,
             .xdt = xdt, .xst = xst, .M = M, .out = out, .out_stride = out_stride};
   const int64_t chunks = (N + CHUNK_N - 1) / CHUNK_N;
   const int nt = threads < 1 ? 1 : (threads > chunks ? (int)chunks : threads);

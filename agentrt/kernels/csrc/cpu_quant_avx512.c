@@ -129,11 +129,11 @@ static inline __attribute__((always_inline)) void vnni_rows(const qjob *j, const
   __m512 acc[MR_VNNI];
   for (int r = 0; r < mr; r++) acc[r] = _mm512_setzero_ps();
   const __m512i ones = _mm512_set1_epi8(1);
-  /* block b's row m0 + r: activations at xv + 512 b + 32 r, scales at sd[16 b + r], ss[16 b + r] */
-  const int64_t at = scales_at(j->nb, m0, 0);
+  /* block b's row m0 + r: activations at xv + 32 (vg b + r), scales at sd[vg b + r], ss[vg b + r] */
+  const int64_t at = vg_at(j, m0, 0), vg = j->vg;
   const uint8_t *xv = j->xv + at * QK;
   const float *sd = j->xdt + at, *ss = j->xst + at;
-  for (int64_t b = 0; b < j->nb; b++, xv += 16 * QK, sd += 16, ss += 16) {
+  for (int64_t b = 0; b < j->nb; b++, xv += vg * QK, sd += vg, ss += vg) {
     __m512 dw, mw;
     __m512i v[8];
     block16(p, b, fmt, &dw, &mw, v);
