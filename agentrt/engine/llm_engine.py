@@ -315,8 +315,8 @@ class LLMEngine:
         logits = (self.step_graphs.forward(forward_batch) if self.step_graphs is not None else  # [rows, vocab]
                   self.model.forward(forward_batch, self.kv, batch_invariant=self.config.batch_invariant)).logits
         sampled = sample_rows(rows, logits, plan.masks, self.model.kernel_backend)
-        duration = time.monotonic() - t0
         events = [ev for r in rows if (ev := self._advance_or_fail(r, sampled.get(r))) is not None]
+        duration = time.monotonic() - t0  # the whole step: what the k controller's prices are checked against
         self._record(rows, sampled, batch.preempted, plan.drafting, t0, duration)
         return ended + events
 

@@ -19,12 +19,17 @@ the greedy does not fill: its last token already failed to pay at that count's g
 tiles only add their step. Where the tiles' rows run out, gain per second decides who gets the
 last ones; that equals the best choice when every sequence's drafts cost the same per token (one
 drafter per step, as the engine runs), checked against brute force in the tests.
+
+The engine adds what its steps cost beyond the fitted model (`residual`, spec.step_residual): a
+measured curve with no shape promised (on the quantized path the first draft row costs a jump
+the fit does not see). With one sequence every k is priced and the best taken (at most kmax + 1
+predictions), exact whatever the curve; with more, the greedy above runs on the corrected times.
 """
 from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 
 from agentrt.errors import SpecConfigError
@@ -64,17 +69,19 @@ class Allocation:
     expected_tokens: list[float]
     predicted_step_s: float  # target forward + drafting
     predicted_goodput: float  # expected emitted tokens per second
-    predicted_target_s: float = 0.0
+    predicted_target_s: float = 0.0  # the fitted model's forward plus the residual
     predicted_draft_s: float = 0.0
     compute_bound: bool = False
+    predicted_residual_s: float = 0.0  # of predicted_target_s, what the residual added
 
 
 class _Step:
     """Running totals of a candidate allocation; goodput() is exact for the totals."""
 
     def __init__(self, model: StepCostModel, seqs: Sequence[SeqDraftState], prefill: StepPrefill,
-                 row_tiles: int | None = None) -> None:
+                 row_tiles: int | None = None, residual: Callable[[int], float] | None = None) -> None:
         self.model = model
+        self.residual = residual
         self.row_tiles = row_tiles  # price the step as this many row tiles (None: those its tokens fill)
         # every sequence verifies at least its own next token; prompt chunks ride along
         self.tokens = len(seqs) + prefill.tokens
@@ -84,7 +91,16 @@ class _Step:
         self.emitted = float(len(seqs))
 
     def target_s(self, d_tokens: int = 0, d_pairs: int = 0) -> float:
-        return self.model.predict(self.tokens + d_tokens, self.kv, self.pairs + d_pairs, self.row_tiles)
+        fitted = self.model.predict(self.tokens + d_tokens, self.kv, self.pairs + d_pairs, self.row_tiles)
+        return fitted + self.residual_s(d_tokens, fitted)
+
+    def residual_s(self, d_tokens: int = 0, fitted: float | None = None) -> float:
+        """What the residual adds to the fit (never taking the step under a tenth of the fit)."""
+        if self.residual is None:
+            return 0.0
+        if fitted is None:
+            fitted = self.model.predict(self.tokens + d_tokens, self.kv, self.pairs, self.row_tiles)
+        return max(self.residual(self.tokens + d_tokens), -0.9 * fitted)
 
     def goodput(self, d_emitted=0.0, d_tokens=0, d_pairs=0, d_draft=0.0) -> float:
         seconds = self.target_s(d_tokens, d_pairs) + self.draft_s + d_draft
@@ -103,7 +119,8 @@ class KController:
     kmax_cap bounds every k on top of what each drafter offers."""
 
     def __init__(
-        self, cost_model: StepCostModel, kmax_cap: int = 32, policy: str = "adaptive", fixed_k: int = 4
+        self, cost_model: StepCostModel, kmax_cap: int = 32, policy: str = "adaptive", fixed_k: int = 4,
+        residual: Callable[[int], float] | None = None,
     ) -> None:
         if policy not in POLICIES:
             raise SpecConfigError(f"KController policy must be one of {POLICIES}, got {policy!r}")
@@ -113,6 +130,7 @@ class KController:
         self.kmax_cap = kmax_cap
         self.policy = policy
         self.fixed_k = fixed_k
+        self.residual = residual  # seconds a step of n rows costs beyond the fit (spec.step_residual)
 
     def choose(self, seqs: Sequence[SeqDraftState], prefill: StepPrefill = NO_PREFILL) -> Allocation:
         """k_i in [0, min(kmax_cap, len(accept_probs_i))] per sequence, in the order given, with the
@@ -137,7 +155,7 @@ class KController:
             raise SpecConfigError(f"sequence {s.seq_id!r}: {e}") from e
 
     def _allocation(self, seqs, ks: list[int], prefill: StepPrefill) -> Allocation:
-        step = _Step(self.cost_model, seqs, prefill)
+        step = _Step(self.cost_model, seqs, prefill, residual=self.residual)
         accepted = [expected_accepted(s.accept_probs[:k]) for s, k in zip(seqs, ks)]
         for s, a, k in zip(seqs, accepted, ks):
             step.add(a, k, k * s.context_len, _draft_s(s, k))
@@ -151,12 +169,16 @@ class KController:
             predicted_target_s=target,
             predicted_draft_s=step.draft_s,
             compute_bound=bool(seqs) and self.cost_model.is_compute_bound(step.tokens, step.kv, step.pairs),
+            predicted_residual_s=step.residual_s() if seqs else 0.0,
         )
 
     def _greedy(self, seqs: Sequence[SeqDraftState], gains: list[list[float]], prefill: StepPrefill) -> list[int]:
         """The greedy allocation, within each count of row tiles where the step has them (see the
         module docstring)."""
         model = self.cost_model
+        if len(seqs) == 1:  # every k priced (see the module docstring)
+            allocs = [self._allocation(seqs, [k], prefill) for k in range(len(gains[0]) + 1)]
+            return max(allocs, key=lambda a: a.predicted_goodput).k
         if not seqs or model.row_tile == 1 or model.tile_s == 0.0:
             return self._greedy_within(seqs, gains, prefill, None)
         base = len(seqs) + prefill.tokens
@@ -177,7 +199,7 @@ class KController:
         ks = [0] * len(seqs)
         if not seqs:
             return ks
-        model, step = self.cost_model, _Step(self.cost_model, seqs, prefill, row_tiles)
+        model, step = self.cost_model, _Step(self.cost_model, seqs, prefill, row_tiles, self.residual)
         cap = math.inf if row_tiles is None else row_tiles * model.row_tile
         compute_regime = model.is_compute_bound(step.tokens, step.kv, step.pairs)
 

@@ -20,6 +20,7 @@ from agentrt.engine.step.sequence import Sequence
 from agentrt.engine.step.step_rows import RowDraft, StepRow
 from agentrt.errors import SpecConfigError
 from agentrt.spec.acceptance import AcceptanceCalibration
+from agentrt.spec.step_residual import StepResidual
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
 from agentrt.spec.arithmetic import expected_accepted
 from agentrt.spec.controller import KController, SeqDraftState, StepPrefill
@@ -52,6 +53,10 @@ class SpecConfig:
     # Chains by default: on the tool-call bench trees gave 0.97x the tokens per pass of chains
     # (their nodes spend the depth budget; docs/benchmarks.md, toolcall).
     tree_width: int = 1
+    # price steps by the cost model plus what this engine's steps measured beyond it
+    # (spec.step_residual); False: by the cost model alone, so k choices do not depend on the
+    # machine's speed (a synthetic cost model's tests, controlled comparisons)
+    learn_step_costs: bool = True
 
     def __post_init__(self) -> None:
         kind, colon, _ = self.drafter.partition(":") if isinstance(self.drafter, str) else (None, "", "")
@@ -107,6 +112,9 @@ class SpecRunner:
         self._build_cost_model = cost_model
         self._cost_model: StepCostModel | None = None
         self.tracker = PredictionTracker(window=256)
+        # what steps cost beyond the fit, learned from this engine's decode steps (spec.step_residual)
+        self.step_residual = StepResidual()
+        self._fitted: tuple[int, float] | None = None  # this step's rows and the fit's prediction for them
         self._draft_cost_per_token: float | None = None  # measured online (EMA), s per drafted token
 
     # ---- lifecycle ------------------------------------------------------------------------
@@ -128,7 +136,8 @@ class SpecRunner:
     @property
     def controller(self) -> KController:
         return KController(self.cost_model, kmax_cap=self.config.kmax, policy=self.config.policy,
-                           fixed_k=self.config.k or 0)
+                           fixed_k=self.config.k or 0,
+                           residual=self.step_residual if self.config.learn_step_costs else None)
 
     def start(self, seq: Sequence) -> None:
         self._stats[seq.seq_id] = RequestSpecStats(seq.seq_id)
@@ -197,6 +206,9 @@ class SpecRunner:
             if self.drafter.deterministic and scores[r] is not None:  # what verification will tell the calibration about
                 self._scores[r.seq.seq_id] = scores[r][:n]
         step = DraftStep(alloc.predicted_step_s, time.monotonic() - t0)
+        if sum(ks.values()) == sum(len(d.tokens) for d in proposed.values()):  # the step priced is the step run
+            self._fitted = (sum(r.num_new for r in rows) + sum(ks.values()),
+                            alloc.predicted_step_s - alloc.predicted_residual_s)
         drafted = sum(len(d.tokens) for d in proposed.values())
         if drafted and not self.drafter.deterministic:
             per_token = step.draft_s / drafted
@@ -271,6 +283,9 @@ class SpecRunner:
     def observe(self, record: StepRecord) -> None:
         if record.predicted_s is not None:
             self.tracker.record(record.predicted_s, record.duration_s)
+        fitted, self._fitted = self._fitted, None
+        if fitted is not None and fitted[0] == record.num_tokens and record.num_prefill_tokens == 0:
+            self.step_residual.observe(record.num_tokens, record.duration_s, fitted[1])
 
 
 def _prefill_of(rows: list[StepRow]) -> StepPrefill:
