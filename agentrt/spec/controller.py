@@ -90,17 +90,16 @@ class _Step:
         self.draft_s = 0.0
         self.emitted = float(len(seqs))
 
-    def target_s(self, d_tokens: int = 0, d_pairs: int = 0) -> float:
-        fitted = self.model.predict(self.tokens + d_tokens, self.kv, self.pairs + d_pairs, self.row_tiles)
-        return fitted + self.residual_s(d_tokens, fitted)
+    def fitted_s(self, d_tokens: int = 0, d_pairs: int = 0) -> float:
+        return self.model.predict(self.tokens + d_tokens, self.kv, self.pairs + d_pairs, self.row_tiles)
 
-    def residual_s(self, d_tokens: int = 0, fitted: float | None = None) -> float:
-        """What the residual adds to the fit (never taking the step under a tenth of the fit)."""
-        if self.residual is None:
-            return 0.0
-        if fitted is None:
-            fitted = self.model.predict(self.tokens + d_tokens, self.kv, self.pairs, self.row_tiles)
-        return max(self.residual(self.tokens + d_tokens), -0.9 * fitted)
+    def target_s(self, d_tokens: int = 0, d_pairs: int = 0) -> float:
+        fitted = self.fitted_s(d_tokens, d_pairs)
+        return fitted + self.residual_s(fitted, d_tokens)
+
+    def residual_s(self, fitted: float, d_tokens: int = 0) -> float:
+        """What the residual adds to the fit's `fitted` seconds (never taking the step under a tenth of them)."""
+        return 0.0 if self.residual is None else max(self.residual(self.tokens + d_tokens), -0.9 * fitted)
 
     def goodput(self, d_emitted=0.0, d_tokens=0, d_pairs=0, d_draft=0.0) -> float:
         seconds = self.target_s(d_tokens, d_pairs) + self.draft_s + d_draft
@@ -169,7 +168,7 @@ class KController:
             predicted_target_s=target,
             predicted_draft_s=step.draft_s,
             compute_bound=bool(seqs) and self.cost_model.is_compute_bound(step.tokens, step.kv, step.pairs),
-            predicted_residual_s=step.residual_s() if seqs else 0.0,
+            predicted_residual_s=step.residual_s(step.fitted_s()) if seqs else 0.0,
         )
 
     def _greedy(self, seqs: Sequence[SeqDraftState], gains: list[list[float]], prefill: StepPrefill) -> list[int]:

@@ -47,40 +47,30 @@ class StepResidual:
         self.window = window
         self.min_samples = min_samples
         self._samples: dict[int, deque[float]] = {}
-        self._learned: list[tuple[int, float]] = []  # (bucket, median residual), by bucket; rebuilt lazily
-        self._stale = False
+        self._median: dict[int, float] = {}  # the buckets with min_samples steps: their median residual
+        self._learned: list[int] = []  # those buckets, ascending
 
     def observe(self, num_tokens: int, measured_s: float, predicted_s: float) -> None:
         """One decode step that fed num_tokens rows took measured_s; the fit predicted predicted_s."""
         b = bucket_of(num_tokens)
-        self._samples.setdefault(b, deque(maxlen=self.window)).append(measured_s - predicted_s)
-        self._stale = True
+        samples = self._samples.setdefault(b, deque(maxlen=self.window))
+        samples.append(measured_s - predicted_s)
+        if len(samples) >= self.min_samples:
+            if b not in self._median:
+                bisect.insort(self._learned, b)
+            self._median[b] = statistics.median(samples)
 
     def __call__(self, num_tokens: int) -> float:
         """Seconds to add to the fit's prediction for a step of num_tokens rows (may be < 0)."""
-        if self._stale:
-            self._learned = [(b, statistics.median(s)) for b, s in sorted(self._samples.items())
-                             if len(s) >= self.min_samples]
-            self._stale = False
         learned = self._learned
         if not learned:
             return 0.0
         b = bucket_of(num_tokens)
-        i = bisect.bisect_left(learned, (b, float("-inf")))
-        if i < len(learned) and learned[i][0] == b:
-            return learned[i][1]
-        if i == 0:
-            return learned[0][1]
-        if i == len(learned):
-            return learned[-1][1]
-        (b0, r0), (b1, r1) = learned[i - 1], learned[i]
+        i = bisect.bisect_left(learned, b)
+        if i < len(learned) and learned[i] == b:
+            return self._median[b]
+        if i == 0 or i == len(learned):  # past either end: the nearest learned count's
+            return self._median[learned[min(i, len(learned) - 1)]]
+        b0, b1 = learned[i - 1], learned[i]
+        r0, r1 = self._median[b0], self._median[b1]
         return r0 + (r1 - r0) * (b - b0) / (b1 - b0)
-
-    @property
-    def samples(self) -> int:
-        return sum(len(s) for s in self._samples.values())
-
-    def table(self) -> dict[int, float]:
-        """The learned residual per bucket (those with min_samples steps), for reports."""
-        self(1)
-        return dict(self._learned)

@@ -20,7 +20,6 @@ from agentrt.engine.step.sequence import Sequence
 from agentrt.engine.step.step_rows import RowDraft, StepRow
 from agentrt.errors import SpecConfigError
 from agentrt.spec.acceptance import AcceptanceCalibration
-from agentrt.spec.step_residual import StepResidual
 from agentrt.spec.alpha import AlphaPrior, AlphaRegistry, OnlineAlpha
 from agentrt.spec.arithmetic import expected_accepted
 from agentrt.spec.controller import KController, SeqDraftState, StepPrefill
@@ -28,6 +27,7 @@ from agentrt.spec.cost_model import PredictionTracker, StepCostModel
 from agentrt.spec.drafters.base import Draft, Drafter, DraftRequest
 from agentrt.spec.report import NO_SPEC, SpecReport
 from agentrt.spec.stats import RequestSpecStats, SpecStepEvent
+from agentrt.spec.step_residual import StepResidual
 from agentrt.spec.tree_order import accepted_path, by_reach
 
 log = logging.getLogger(__name__)
