@@ -3,9 +3,9 @@ it runs alone, and drafts nothing once it shares the step with a full batch.
 
 The engine gets a synthetic step-cost model with its ridge at 4 new tokens, so the outcome does not
 depend on this machine's speed: 20 ms of weight reads per step, 5 ms of compute per new token, no
-overhead, and the engine prices steps by it alone (learn_step_costs=False). Alone, the first 3 drafts ride free under the memory time. With 6 sequences in the step
-the forward is already compute-bound, producing 6 tokens at 5 ms each, so a draft that costs 5 ms
-would need to be accepted with probability > 1 to raise tokens per second: k must be 0."""
+overhead, and the engine prices steps by it alone (learn_step_costs=False). Alone, the first 3
+drafts ride free under the memory time. With 6 sequences in the step the forward is already
+compute-bound, producing 6 tokens at 5 ms each, so a draft that costs 5 ms would need to be accepted with probability > 1 to raise tokens per second: k must be 0."""
 from __future__ import annotations
 
 import pytest
@@ -22,7 +22,8 @@ MAX_TOKENS = 16
 
 
 def _engine(make_engine, loaded):
-    engine = make_engine(loaded, spec=SpecConfig(drafter="suffix", k=None, learn_step_costs=False), max_num_seqs=len(OTHERS) + 1)
+    engine = make_engine(loaded, spec=SpecConfig(drafter="suffix", k=None, learn_step_costs=False),
+                         max_num_seqs=len(OTHERS) + 1)
     engine.spec.cost_model = RIDGE_AT_4
     return engine
 

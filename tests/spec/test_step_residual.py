@@ -1,7 +1,5 @@
 """The step residual (what engine steps cost beyond the fitted model) and the k controller priced
 with it: buckets, medians, interpolation, and k choices that follow the measured curve."""
-import itertools
-
 import pytest
 
 from agentrt.errors import SpecConfigError
@@ -106,5 +104,6 @@ def test_batches_still_run_the_greedy_and_a_residual_never_prices_a_step_below_a
     residual = _measured({1: -50.0, 64: -50.0})  # a nonsense residual: far below the fit
     ctl = KController(Q4_FIT, kmax_cap=8, residual=residual)
     alloc = ctl.choose([SeqDraftState(i, [0.9] * 8, 0.0, 200) for i in range(4)])
-    assert alloc.predicted_target_s == pytest.approx(0.1 * Q4_FIT.predict(4 + sum(alloc.k), 800, 800 + 200 * sum(alloc.k)))
+    k = sum(alloc.k)
+    assert alloc.predicted_target_s == pytest.approx(0.1 * Q4_FIT.predict(4 + k, 800, 800 + 200 * k))
     assert all(0 <= k <= 8 for k in alloc.k)
