@@ -35,9 +35,10 @@ against, where ppl_dequant is the model without it). A key whose path did not ru
 Verify cost (bench/verify_cost.py): the forward's time for one sequence fed 1-32 rows and for 8
 sequences fed 1 and 8 rows, over the one-row step, per path (the quantized one also capped at each
 lower instruction set the CPU has); verify16_over_step1_q4 / verify16_over_step1 (goal for the
-quantized path <= 1.6 with AVX512-VNNI or AMX-INT8, <= 2.5 on AVX2), and prefill_vs_llamacpp_q4:
-tokens/s of a 512-token prompt's forward over llama.cpp's prompt evaluation on the same file
-(goal >= 1.0).
+quantized path <= 1.6 with AVX512-VNNI or AMX-INT8, <= 2.5 on AVX2); verify16_over_step1_q4_long: the
+same at 1024 cached positions (an agent's context; no goal), its table showing how much of what the
+extra rows add is attention; and prefill_vs_llamacpp_q4: tokens/s of a 512-token prompt's forward
+over llama.cpp's prompt evaluation on the same file (goal >= 1.0).
 
 --determinism adds (agentrt/bench/determinism.py): the fraction of greedy tool calls identical
 with every drafter and k against each request alone without drafts, and the verify step's cost
@@ -386,9 +387,11 @@ def _verify_cost(quant, deq, paths: dict, peer, quick: bool, console: Console, n
     from agentrt.tables import print_table
 
     reps = 5 if quick else 15
-    rows, ratio16, prefill = [], {}, {}
+    rows, ratio16, prefill, long_rows, long16 = [], {}, {}, [], None
     if quant is not None:
         rows, ratio16 = vc.quantized_rows(quant.model, paths["quant"].weights, reps, console)
+        console.print(f"  verify cost: {paths['quant'].weights} at {vc.LONG_CONTEXT} cached positions")
+        long_rows, long16 = vc.long_context_rows(quant.model, reps)
         console.print("  prefill: ours, quantized")
         prefill["quant"] = vc.prefill_tok_s(quant.model, 2 if quick else 3)
     console.print(f"  verify cost: {paths['deq'].weights}")
@@ -403,16 +406,21 @@ def _verify_cost(quant, deq, paths: dict, peer, quick: bool, console: Console, n
             prefill["llamacpp"] = got
     print_table(f"verify cost: a forward of S sequences x n rows ({vc.CONTEXT} cached positions each) over "
                 "the one-row step", rows, console)
+    if long_rows:
+        print_table(f"verify cost at {long_rows[0]['context']} cached positions, {paths['quant'].weights}, default "
+                    "kernels: one sequence fed n rows, what the rows add and how much of it is attention", long_rows,
+                    console)
     if prefill:
         notes.append(f"prefill of a {vc.PREFILL_TOKENS}-token prompt, one forward: "
                      + ", ".join(f"{k} {v:.0f} tok/s" for k, v in prefill.items()))
     default = next((r for r in rows if r["path"].endswith("(default)")), None)
     q16 = default["1x16"] if default else None
     summary = {"verify16_over_step1_q4": q16, "verify16_over_step1": deq_ms[(1, 16)] / deq_ms[(1, 1)],
+               "verify16_over_step1_q4_long": long16,
                "prefill_vs_llamacpp_q4": (prefill["quant"] / prefill["llamacpp"]
                                           if "quant" in prefill and "llamacpp" in prefill else None)}
     return {"summary": summary, "rows": rows, "verify16_over_step1_q4_by_isa": ratio16, "prefill_tok_s": prefill,
-            "context": vc.CONTEXT, "reps": reps}
+            "context": vc.CONTEXT, "reps": reps, "long_context_rows": long_rows}
 
 
 def _determinism(engine, quick: bool, console: Console, notes: list[str], config: dict, invariant: bool = False,

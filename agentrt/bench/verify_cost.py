@@ -14,6 +14,11 @@ the CPU has better ones, capped at each lower one too (quant_build.cap_isa), AVX
 AVX2-only build (quant_build.built_for): every set gives the same bits, so the rows show what the
 same model costs on a CPU that has only that set.
 
+At agent contexts: one sequence fed 1-16 rows at LONG_CONTEXT cached positions, on the default
+instruction set, and what the attention alone (the fused decoder's attention kernel, every layer,
+on caches of the same shape) adds from one row to n: there much of a verification row's cost is
+its attention over the context, which the linears' row tiles do not change.
+
 Prefill: one forward of a PREFILL_TOKENS-token prompt from an empty cache, fastest of `reps`, as
 tokens/s (llama.cpp's side: one llama_decode of the same token count, bench/llamacpp.py)."""
 from __future__ import annotations
@@ -24,6 +29,8 @@ import time
 import torch
 
 CONTEXT = 300
+LONG_CONTEXT = 1024  # an agent transcript's or a tool-call prompt's length (bench spec: 756, toolcall: ~1100)
+LONG_ROWS = (1, 2, 4, 8, 16)
 ONE_SEQ_ROWS = (1, 2, 4, 8, 16, 32)
 MULTI_SEQ = ((8, 1), (8, 8))  # (sequences, rows each)
 PREFILL_TOKENS = 512
@@ -40,23 +47,24 @@ def _label(seqs: int, rows: int) -> str:
 
 
 class _Batches:
-    """Sequences 0..S-1 with CONTEXT cached positions each, and the forward batch of S x n rows."""
+    """Sequences 0..S-1 with `context` cached positions each, and the forward batch of S x n rows."""
 
-    def __init__(self, model, seqs: int, max_rows: int):
+    def __init__(self, model, seqs: int, max_rows: int, context: int = CONTEXT):
         from agentrt.engine.kv.block_manager import BlockManager
         from agentrt.engine.kv.kv_cache import KVCache
 
         self.model = model
-        per_seq = (CONTEXT + max_rows + BLOCK - 1) // BLOCK + 1
+        self.context = context
+        per_seq = (context + max_rows + BLOCK - 1) // BLOCK + 1
         self.blocks = BlockManager(seqs * per_seq + 2, BLOCK)
         self.kv = KVCache(model.cfg, seqs * per_seq + 2, BLOCK, model.kv_dtype)
         g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, model.cfg.vocab_size, (seqs, CONTEXT + max_rows), generator=g)
+        self.ids = torch.randint(0, model.cfg.vocab_size, (seqs, context + max_rows), generator=g)
         for s in range(seqs):
-            self.blocks.grow(s, CONTEXT + max_rows)
+            self.blocks.grow(s, context + max_rows)
         with torch.inference_mode():
             for s in range(seqs):
-                model.forward(self.batch([s], 0, CONTEXT), self.kv)
+                model.forward(self.batch([s], 0, context), self.kv)
 
     def batch(self, seqs: list[int], start: int, n: int):
         from agentrt.engine.models.attention import build_attention_metadata
@@ -69,22 +77,72 @@ class _Batches:
         return ForwardBatch(self.ids[seqs, start:start + n].reshape(-1), positions, slots, meta)
 
 
-def forward_ms(model, reps: int) -> dict[tuple[int, int], float]:
-    """Median ms of one forward per shape (see the module docstring)."""
-    max_seqs = max(s for s, _ in shapes())
-    max_rows = max(r for _, r in shapes())
-    b = _Batches(model, max_seqs, max_rows)
-    batches = {sh: b.batch(list(range(sh[0])), CONTEXT, sh[1]) for sh in shapes()}
-    times: dict[tuple[int, int], list[float]] = {sh: [] for sh in batches}
+def forward_ms(model, reps: int, shapes_: list[tuple[int, int]] | None = None,
+               context: int = CONTEXT) -> dict[tuple[int, int], float]:
+    """Median ms of one forward per shape (default: shapes()), `context` cached positions a
+    sequence (see the module docstring)."""
+    shapes_ = shapes_ or shapes()
+    b = _Batches(model, max(s for s, _ in shapes_), max(r for _, r in shapes_), context)
+    batches = {sh: b.batch(list(range(sh[0])), context, sh[1]) for sh in shapes_}
+    return _timed(batches, lambda fb: model.forward(fb, b.kv), reps)
+
+
+def _timed(calls: dict, run, reps: int) -> dict:
+    """Median ms of run(x) per entry, the entries interleaved round by round after a warm-up."""
+    times: dict = {key: [] for key in calls}
     with torch.inference_mode():
-        for sh, fb in batches.items():  # warm-up: first-call allocations
-            model.forward(fb, b.kv)
+        for x in calls.values():  # warm-up: first-call allocations
+            run(x)
         for _ in range(reps):
-            for sh, fb in batches.items():
+            for key, x in calls.items():
                 t0 = time.perf_counter()
-                model.forward(fb, b.kv)
-                times[sh].append(time.perf_counter() - t0)
-    return {sh: 1e3 * statistics.median(t) for sh, t in times.items()}
+                run(x)
+                times[key].append(time.perf_counter() - t0)
+    return {key: 1e3 * statistics.median(t) for key, t in times.items()}
+
+
+def attention_ms(model, rows: tuple[int, ...], reps: int, context: int = LONG_CONTEXT) -> dict[int, float]:
+    """Median ms of the quantized decoder's attention alone for one sequence of `context` cached
+    positions fed n rows, over all the model's layers (one call a layer, each on its own fp16
+    caches of the model's head shape, blocks scattered: the layers' K/V are as far from the cores
+    as in a forward)."""
+    from agentrt.kernels.quant_decoder import quant_attention
+
+    cfg = model.cfg
+    nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    g = torch.Generator().manual_seed(2)
+    blocks = (context + max(rows) + BLOCK - 1) // BLOCK
+    caches = [tuple(torch.randn(blocks * BLOCK, nkv, d, generator=g).half() for _ in range(2))  # K, V
+              for _ in range(cfg.num_hidden_layers)]
+    table = torch.randperm(blocks, generator=g).reshape(1, blocks)
+    calls = {n: (torch.randn(n, nq, d, generator=g), torch.arange(context, context + n), torch.tensor([0, n]))
+             for n in rows}
+
+    def run(x):
+        q, positions, cu_q = x
+        for k_cache, v_cache in caches:
+            quant_attention(q, k_cache, v_cache, cu_q, positions, table, BLOCK, model.scale)
+
+    return _timed(calls, run, reps)
+
+
+def long_context_rows(model, reps: int, context: int = LONG_CONTEXT) -> tuple[list[dict], float]:
+    """One sequence of `context` cached positions fed n rows (LONG_ROWS) on the quantized model's
+    default kernels: per n, the forward's ms, its ratio to one row, what the n - 1 rows add to the
+    one-row forward and how much of that the attention alone adds (attention_ms includes a Python
+    call a layer, which the difference cancels); and 1x16 over 1x1. A model whose rotary table is
+    shorter runs at the longest context it has."""
+    context = min(context, model.rope.cos.shape[0] - max(LONG_ROWS))
+    fwd = forward_ms(model, reps, [(1, n) for n in LONG_ROWS], context)
+    attn = attention_ms(model, LONG_ROWS, reps, context)
+    step = fwd[(1, 1)]
+    rows = []
+    for n in LONG_ROWS:
+        added, attn_added = fwd[(1, n)] - step, attn[n] - attn[1]
+        rows.append({"rows": n, "context": context, "forward_ms": fwd[(1, n)], "over_step1": fwd[(1, n)] / step,
+                     "added_ms": added, "attention_added_ms": attn_added,
+                     "attention_share_of_added": attn_added / added if n > 1 else None})
+    return rows, fwd[(1, 16)] / step
 
 
 def prefill_tok_s(model, reps: int, n: int = PREFILL_TOKENS) -> float:

@@ -191,3 +191,20 @@ def test_verify_cost_table_shapes(tiny):
     assert row["step1_ms"] == ms[(1, 1)] and row["1x16"] == ms[(1, 16)] / ms[(1, 1)]
     assert set(row) == {"path", "step1_ms", "1x2", "1x4", "1x8", "1x16", "1x32", "8x1", "8x8"}
     assert vc.prefill_tok_s(tiny.model, reps=1, n=40) > 0
+
+
+def test_verify_cost_at_a_long_context(tiny):
+    """The long-context rows: one sequence fed each of LONG_ROWS rows, each forward over the
+    one-row one, and what the extra rows add to the forward beside what they add to the quantized
+    decoder's attention alone on caches of the model's heads."""
+    from agentrt.bench import verify_cost as vc
+    from agentrt.kernels.quant_build import quant_kernels
+
+    if quant_kernels() is None:
+        pytest.skip("the quantized kernels do not run here (their attention is what the rows time)")
+    rows, ratio16 = vc.long_context_rows(tiny.model, reps=1, context=70)
+    assert [r["rows"] for r in rows] == list(vc.LONG_ROWS) and rows[0]["over_step1"] == 1.0
+    assert ratio16 == rows[-1]["over_step1"] and all(r["forward_ms"] > 0 for r in rows)
+    assert rows[0]["added_ms"] == 0 and rows[0]["attention_added_ms"] == 0
+    assert rows[0]["attention_share_of_added"] is None
+    assert all(r["attention_share_of_added"] is not None for r in rows[1:])

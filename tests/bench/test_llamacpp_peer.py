@@ -22,7 +22,7 @@ from agentrt.bench.peer_process import TEST_SIGNAL_ENV, PeerFailed, PeerProcess
 
 DECODE_KEYS = {"b1_vs_hf", "b8_vs_hf", "b1_vs_llamacpp_q4", "b8_vs_llamacpp_q4", "floor_ratio_q4", "floor_ratio",
                "startup_s", "ppl_quant", "ppl_dequant", "ppl_llamacpp", "verify16_over_step1_q4",
-               "verify16_over_step1", "prefill_vs_llamacpp_q4", "ppl_ggml_rounding"}
+               "verify16_over_step1", "verify16_over_step1_q4_long", "prefill_vs_llamacpp_q4", "ppl_ggml_rounding"}
 LLAMACPP_KEYS = {"b1_vs_llamacpp_q4", "b8_vs_llamacpp_q4", "ppl_llamacpp", "prefill_vs_llamacpp_q4"}
 
 
@@ -62,12 +62,14 @@ def test_decode_bench_without_llama_cpp(tiny_gguf, no_llama_cpp, monkeypatch):
         assert abs(q - d) / d < 0.1  # the same weights; only the int8 activation rounding differs
         assert result.summary["floor_ratio_q4"] > 0
         assert result.summary["verify16_over_step1_q4"] > 0
+        assert result.summary["verify16_over_step1_q4_long"] > 0
         cost = result.config["verify_cost"]
         assert cost["rows"][0]["path"].endswith("(default)")  # the kernels' own set, then each lower one
         assert set(cost["verify16_over_step1_q4_by_isa"]) >= {"avx2"}
     else:
         assert result.summary["ppl_quant"] is None and result.summary["floor_ratio_q4"] is None
         assert result.summary["verify16_over_step1_q4"] is None
+        assert result.summary["verify16_over_step1_q4_long"] is None
     assert result.summary["verify16_over_step1"] > 0
     d, r = result.summary["ppl_dequant"], result.summary["ppl_ggml_rounding"]
     assert abs(r - d) / d < 0.1  # the float model again, with llama.cpp's activation rounding
