@@ -8,6 +8,12 @@ so scripts/gpu_check.sh runs this instead; it writes one JSON object to --json.
 
 Each measurement runs once after a short warm-up generation (Triton compiles each kernel for its
 shapes' constexprs on first launch) and covers whole generations, prefill included.
+
+A dry run on a CPU, the kernels under Triton's interpreter: `AGENTRT_KERNELS=triton TRITON_INTERPRET=1
+python scripts/gpu_engine_bench.py --device cpu --dtype float32 --batches 1 --tokens 4 --model DIR --json PATH`
+with DIR a tiny HF model (tests/engine/tiny_models.save_tiny_model: ~1.5 minutes; the embedded
+model takes longer than 15). tests/bench/test_gpu_engine_bench.py runs the speculation and
+tool-call parts on the CPU engine.
 """
 from __future__ import annotations
 
@@ -22,6 +28,7 @@ from agentrt.bench.decode import step_bytes
 from agentrt.engine import EngineConfig, LLMEngine, SamplingParams, SpecConfig
 from agentrt.engine.loading.model_loader import load_model
 from agentrt.engine.calibration import forward_timer
+from agentrt.spec.report import SpecReport
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast for a city",
                                             "parameters": {"type": "object", "required": ["city"],
@@ -66,6 +73,31 @@ def verify_cost(engine: LLMEngine, reps: int, ctx: int = 300) -> dict:
             timer(n, ctx)
         ms[n] = 1e3 * sorted(timer(n, ctx) for _ in range(reps))[reps // 2]
     return {"step_ms": round(ms[1], 4), **{f"verify{n}_over_step1": round(ms[n] / ms[1], 3) for n in ms if n > 1}}
+
+
+def spec_summary(engine, tokens: int) -> dict:
+    """Suffix speculation against plain decoding on one repetitive chat, `tokens` greedy tokens
+    each; engine(**config) makes an engine."""
+    greedy = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True)
+    chat = [[{"role": "user", "content": "Repeat this line five times: alpha beta gamma delta epsilon."}]]
+    plain, plain_s = _timed(engine(), chat, greedy)
+    spec, spec_s = _timed(engine(spec=SpecConfig(drafter="suffix")), chat, greedy)
+    return {"drafter": "suffix", "plain_tokens_per_s": round(tokens / plain_s, 1),
+            "spec_tokens_per_s": round(tokens / spec_s, 1), "same_tokens": plain[0].token_ids == spec[0].token_ids,
+            "spec": spec[0].spec.to_dict() if spec[0].spec else None}
+
+
+def toolcall_summary(engine) -> dict:
+    """Eight constrained weather calls with the template drafter: how many are valid, their time,
+    tokens, forced drafts and tokens per target pass."""
+    asks = [[{"role": "user", "content": f"What's the weather in {city}?"}] for city in ("Lisbon", "Rome", "Oslo", "Lima")] * 2
+    tool = SamplingParams(max_tokens=96, temperature=0, response_format={"type": "tool_call", "tools": [WEATHER]})
+    calls, calls_s = _timed(engine(spec=SpecConfig(drafter="template")), asks, tool)
+    valid = [r.error is None and r.parsed is not None and r.parsed.get("name") == "get_weather" for r in calls]
+    figures = SpecReport.sum(r.spec for r in calls if r.spec).total
+    return {"requests": len(calls), "valid": sum(valid), "seconds": round(calls_s, 4),
+            "tokens": sum(len(r.token_ids) for r in calls), "forced": figures.forced,
+            "tokens_per_pass": round(figures.emitted / figures.target_passes, 3) if figures.target_passes else None}
 
 
 def read_bandwidth(device: str, nbytes: int = 1 << 30) -> float:
@@ -113,24 +145,12 @@ def main() -> int:
                                  "floor_ms": round(floor_ms, 4),
                                  "floor_ratio": round(summary["verify_cost"]["graphs"]["step_ms"] / floor_ms, 3)}
 
-    chat = [[{"role": "user", "content": "Repeat this line five times: alpha beta gamma delta epsilon."}]]
-    plain, plain_s = _timed(engine(), chat, greedy)
-    spec, spec_s = _timed(engine(spec=SpecConfig(drafter="suffix")), chat, greedy)
-    summary["spec"] = {"drafter": "suffix", "plain_tokens_per_s": round(args.tokens / plain_s, 1),
-                       "spec_tokens_per_s": round(args.tokens / spec_s, 1),
-                       "same_tokens": plain[0].token_ids == spec[0].token_ids, "spec": spec[0].spec}
-
-    asks = [[{"role": "user", "content": f"What's the weather in {city}?"}] for city in ("Lisbon", "Rome", "Oslo", "Lima")] * 2
-    tool = SamplingParams(max_tokens=96, temperature=0, response_format={"type": "tool_call", "tools": [WEATHER]})
-    calls, calls_s = _timed(engine(spec=SpecConfig(drafter="template")), asks, tool)
-    valid = [r.error is None and r.parsed is not None and r.parsed.get("name") == "get_weather" for r in calls]
-    summary["toolcall"] = {"requests": len(calls), "valid": sum(valid), "seconds": round(calls_s, 4),
-                           "tokens": sum(len(r.token_ids) for r in calls),
-                           "forced": sum(r.spec["total"]["forced"] for r in calls if r.spec)}
+    summary["spec"] = spec_summary(engine, args.tokens)
+    summary["toolcall"] = toolcall_summary(engine)
     with open(args.json, "w") as f:
         json.dump(summary, f, indent=2, default=str)
     print(json.dumps({k: summary[k] for k in ("gpu", "kernel_backend", "triton_layers")}))
-    return 0 if all(valid) else 1
+    return 0 if summary["toolcall"]["valid"] == summary["toolcall"]["requests"] else 1
 
 
 if __name__ == "__main__":
