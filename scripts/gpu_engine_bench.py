@@ -97,7 +97,7 @@ def toolcall_summary(engine) -> dict:
     figures = SpecReport.sum(r.spec for r in calls if r.spec).total
     return {"requests": len(calls), "valid": sum(valid), "seconds": round(calls_s, 4),
             "tokens": sum(len(r.token_ids) for r in calls), "forced": figures.forced,
-            "tokens_per_pass": round(figures.emitted / figures.target_passes, 3) if figures.target_passes else None}
+            "tokens_per_pass": figures.tokens_per_pass}
 
 
 def read_bandwidth(device: str, nbytes: int = 1 << 30) -> float:

@@ -54,7 +54,6 @@ class _Batches:
         from agentrt.engine.kv.kv_cache import KVCache
 
         self.model = model
-        self.context = context
         per_seq = (context + max_rows + BLOCK - 1) // BLOCK + 1
         self.blocks = BlockManager(seqs * per_seq + 2, BLOCK)
         self.kv = KVCache(model.cfg, seqs * per_seq + 2, BLOCK, model.kv_dtype)

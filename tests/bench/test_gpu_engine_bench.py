@@ -39,6 +39,6 @@ def test_spec_summary(bench, engine):
 
 def test_toolcall_summary(bench, engine):
     got = bench.toolcall_summary(engine)
-    assert got["requests"] == 8 and 0 <= got["valid"] <= 8 and got["tokens"] > 0
+    assert got["requests"] == got["valid"] == 8 and got["tokens"] > 0  # the budget's completion closes each call
     assert got["forced"] > 0 and got["tokens_per_pass"] > 1  # the skeleton drafted and accepted
     json.dumps(got)
