@@ -102,16 +102,16 @@ def _timed(calls: dict, run, reps: int) -> dict:
 
 def attention_ms(model, rows: tuple[int, ...], reps: int, context: int = LONG_CONTEXT) -> dict[int, float]:
     """Median ms of the quantized decoder's attention alone for one sequence of `context` cached
-    positions fed n rows, over all the model's layers (one call a layer, each on its own fp16
+    positions fed n rows, over all the model's layers (one call a layer, each on its own bf16
     caches of the model's head shape, blocks scattered: the layers' K/V are as far from the cores
     as in a forward)."""
-    from agentrt.kernels.quant_decoder import quant_attention
+    from agentrt.kernels.quant_decoder import KV_DTYPE, quant_attention
 
     cfg = model.cfg
     nq, nkv, d = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
     g = torch.Generator().manual_seed(2)
     blocks = (context + max(rows) + BLOCK - 1) // BLOCK
-    caches = [tuple(torch.randn(blocks * BLOCK, nkv, d, generator=g).half() for _ in range(2))  # K, V
+    caches = [tuple(torch.randn(blocks * BLOCK, nkv, d, generator=g).to(KV_DTYPE) for _ in range(2))  # K, V
               for _ in range(cfg.num_hidden_layers)]
     table = torch.randperm(blocks, generator=g).reshape(1, blocks)
     calls = {n: (torch.randn(n, nq, d, generator=g), torch.arange(context, context + n), torch.tensor([0, n]))

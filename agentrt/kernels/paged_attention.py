@@ -61,7 +61,7 @@ def rotary_kv_write_reference(
     if T and bool((slots < 0).any()):  # padding rows (a negative slot) are rotated, never written
         keep = slots >= 0
         slots, k_new, v_new = slots[keep], k_new[keep], v_new[keep]
-    # a cache of another dtype (the quantized decoder's fp16) holds each value rounded once
+    # a cache of another dtype (the quantized decoder's bf16) holds each value rounded once
     k_cache.index_copy_(0, slots, k_new.to(k_cache.dtype))
     v_cache.index_copy_(0, slots, v_new.to(v_cache.dtype))
 

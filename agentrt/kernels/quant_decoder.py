@@ -3,7 +3,7 @@
 
 Per layer (h [T, hidden] fp32, updated in place; linears as quant_linear.quant_linear):
     qkv  = quant_linear(rms_norm(h, attn_norm), Wqkv) + bias      rotary on q, k; K/V into their slots
-    attn = each query over its own sequence's positions 0..p      (paged caches, fp16)
+    attn = each query over its own sequence's positions 0..p      (paged caches, bf16)
     h   += quant_linear(attn, Wo)
     h   += quant_linear(silu(gate) * up, Wdown),   [gate | up] = quant_linear(rms_norm(h, mlp_norm), Wgate_up)
 with, where a layer has them (QuantLayerWeights' optional fields): QK-norm before rotary, post-norms
@@ -25,9 +25,17 @@ from agentrt.kernels.quant_formats import QuantWeight
 
 LAYER_FIELDS = 28  # the row layout csrc/cpu_quant_decoder.c reads
 MODEL_FIELDS = 22  # agentrt_quant_forward's model table
-# The caches the kernels read and write (csrc/cpu_quant.h, kv_t): fp16 halves the bytes a step reads
-# per cached token and the memory the cache holds against fp32; each K/V value is rounded once.
-KV_DTYPE = torch.float16
+# The caches the kernels read and write (csrc/cpu_quant.h, kv_t): bf16 halves the bytes a step reads
+# per cached token and the memory the cache holds against fp32, and feeds bf16 dot products
+# (VDPBF16PS); each K/V value is rounded once, and the queries as they are (kv_round).
+KV_DTYPE = torch.bfloat16
+KV_FLUSH = 2.0**-50  # smaller magnitudes are stored as a signed zero (csrc/cpu_quant.h, kv_t)
+
+
+def kv_round(x: torch.Tensor) -> torch.Tensor:
+    """x as the kernels round a K/V value or a query (f32_to_kv): to bf16, ties to even,
+    magnitudes below KV_FLUSH to a signed zero."""
+    return torch.where(x.abs() < KV_FLUSH, x * 0.0, x).to(KV_DTYPE)
 _ERRORS = {-1: "a weight format or dimension the kernel does not run", -2: "an index out of range (a token id outside "
            "the embedding, a position past the rotary table, a slot, block or row outside the cache or batch, or cu_q "
            "not a partition of the tokens)",
@@ -76,12 +84,12 @@ class QuantLayerWeights:
 def quant_layer_table(layers: list[QuantLayerWeights], k_caches: list[torch.Tensor],
                       v_caches: list[torch.Tensor]) -> torch.Tensor:
     """[L, LAYER_FIELDS] int64 of addresses: valid while the weights and caches live. Caches
-    [num_slots, nkv, d] fp16 (KV_DTYPE) contiguous on the CPU."""
+    [num_slots, nkv, d] bf16 (KV_DTYPE) contiguous on the CPU."""
     rows = []
     for w, kc, vc in zip(layers, k_caches, v_caches):
         for c in (kc, vc):
             if c.dtype != KV_DTYPE or c.device.type != "cpu" or not c.is_contiguous():
-                raise ValueError(f"the quantized decoder needs contiguous fp16 CPU caches, got {c.dtype} on {c.device}")
+                raise ValueError(f"the quantized decoder needs contiguous bf16 CPU caches, got {c.dtype} on {c.device}")
         qkv = list(w.qkv_parts) + [None] * (3 - len(w.qkv_parts))
         rows.append([
             qkv[0].data.data_ptr(), qkv[0].kernel_code, 0 if w.qkv_bias is None else w.qkv_bias.data_ptr(),
@@ -186,7 +194,7 @@ def quant_decoder_layers(
 
 def quant_attention(
     q: torch.Tensor,  # [T, nq, d] fp32, rotary applied
-    k_cache: torch.Tensor,  # [num_slots, nkv, d] fp16 contiguous
+    k_cache: torch.Tensor,  # [num_slots, nkv, d] bf16 contiguous
     v_cache: torch.Tensor,
     cu_q: torch.Tensor,  # [B + 1] int64
     positions: torch.Tensor,  # [T] int64
@@ -198,7 +206,8 @@ def quant_attention(
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:  # [T, nq, d]
     """The fused decoder's attention alone (csrc/cpu_quant_attention.c): paged_attention_reference's
-    result, each query's bits independent of the other rows and the thread count."""
+    result on the queries rounded as the caches (kv_round; the scores are bf16 dot products with
+    fp32 sums), each query's bits independent of the other rows and the thread count."""
     lib = lib if lib is not None else quant_kernels()
     if lib is None:
         raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")
@@ -224,7 +233,7 @@ def quant_attention(
 
 def quant_decoder_reference(
     layers: list[QuantLayerWeights],
-    k_caches: list[torch.Tensor],  # [num_slots, nkv, d] (fp16 as the kernel's, or fp32), written
+    k_caches: list[torch.Tensor],  # [num_slots, nkv, d] (bf16 as the kernel's, or fp32), written
     v_caches: list[torch.Tensor],
     dims: Dims,
     h: torch.Tensor,  # [T, hidden] fp32 (not modified)
@@ -249,8 +258,9 @@ def quant_decoder_reference(
         if w.qkv_bias is not None:
             qkv = qkv + w.qkv_bias
         rotary_kv_write_reference(qkv, positions, cos, sin, slots, kc, vc, nq)
-        attn = paged_attention_reference(qkv[:, : nq * d].reshape(T, nq, d), kc, vc, cu_q, positions, block_tables,
-                                         block_size, dims.scale)
+        q = qkv[:, : nq * d].reshape(T, nq, d)
+        attn = paged_attention_reference(kv_round(q).float() if kc.dtype == KV_DTYPE else q, kc, vc, cu_q, positions,
+                                         block_tables, block_size, dims.scale)
         h = h + quant_linear(attn.reshape(T, nq * d), w.o, lib=lib)
         gate, up = quant_linear(rms_norm_reference(h, w.mlp_norm, dims.eps), w.gate_up, lib=lib).chunk(2, dim=-1)
         h = h + quant_linear((torch.nn.functional.silu(gate) * up).contiguous(), w.down, lib=lib)

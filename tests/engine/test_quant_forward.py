@@ -33,7 +33,7 @@ from agentrt.engine.models.attention import build_attention_metadata, paged_atte
 from agentrt.engine.models.layers import apply_rotary, rms_norm
 from agentrt.engine.models.llama import ForwardBatch
 from agentrt.kernels import quant_build
-from agentrt.kernels.quant_decoder import quant_decoder_layers, quant_model_forward
+from agentrt.kernels.quant_decoder import kv_round, quant_decoder_layers, quant_model_forward
 
 CHATS = [  # tests/engine/test_spec_engine.py's
     [{"role": "user", "content": "Repeat exactly: red green blue, red green blue, red green blue."}],
@@ -96,6 +96,7 @@ def _torch_layer(m, li: int, h: torch.Tensor, kv: KVCache, batch: ForwardBatch) 
     q, k, v = layer.qkv(rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)).split([nq * d, nkv * d, nkv * d], dim=-1)
     q, k = apply_rotary(q.view(T, nq, d), cos, sin), apply_rotary(k.view(T, nkv, d), cos, sin)
     kv.write(li, batch.slot_mapping, k, v.view(T, nkv, d))
+    q = kv_round(q).float()  # the queries as the model's bf16 caches take them (layer_ops.TorchLayerOps.attention)
     h = h + layer.o(paged_attention(q, kv.k[li], kv.v[li], batch.attn, m.scale).reshape(T, nq * d))
     gate, up = layer.gate_up(rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)).chunk(2, dim=-1)
     return h + layer.down(torch.nn.functional.silu(gate) * up)

@@ -44,7 +44,7 @@ def test_the_embedded_model_runs_quantized_by_default(embedded_gguf):
     loaded = load_model("smollm2-135m-instruct", progress=False)
     assert loaded.weights == "quantized" and loaded.source.gguf == embedded_gguf
     assert loaded.model.quantized["layers.0.qkv"] == ["Q4_1"] and loaded.model.quantized["lm_head"] == ["Q8_0"]
-    assert loaded.precision == "GGUF Q4_1/Q8_0, int8 kernels, float32 activations, float16 K/V"
+    assert loaded.precision == "GGUF Q4_1/Q8_0, int8 kernels, float32 activations, bfloat16 K/V"
     fp32 = load_model("smollm2-135m-instruct", "float32", progress=False)
     assert fp32.weights == "float32" and fp32.precision == "float32 (dequantized from GGUF)"
 

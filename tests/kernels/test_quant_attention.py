@@ -4,19 +4,25 @@ key and value row read, two queries per 512-bit vector. Each row's bits must sti
 the row computed alone: rows of two sequences at once against each row alone, with few rows
 (chunk tasks) and many (group tasks), head sizes on the 512-bit P.V path (64, 128) and off it
 (48), GQA groups of 1, 3 and 4 query heads, a sliding window, on 1 and 2 threads, on this CPU's
-build and the x86-64-v3 one; and the result against paged_attention_reference."""
+build and the x86-64-v3 one (VDPBF16PS where this CPU has it against two FMAs a pair there); and
+the result against paged_attention_reference on the queries rounded as the kernel rounds them."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from agentrt.kernels.paged_attention import paged_attention_reference
+from agentrt.kernels.cpu_build import _cpu_flags
 from agentrt.kernels.quant_build import AVX2_MARCH, has_fast_path, quant_kernels, unsupported_reason
-from agentrt.kernels.quant_decoder import KV_DTYPE, quant_attention
+from agentrt.kernels.quant_decoder import KV_DTYPE, KV_FLUSH, kv_round, quant_attention
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
                                 reason=f"quantized kernels cannot run here: {unsupported_reason()}")
 BS, BLOCKS, CONTEXT = 16, 40, 150  # past position 128 a query folds three chunks of 64
+# AVX-512 without VDPBF16PS (its 512-bit loops with two FMAs a pair): what this CPU must have to run it
+NO_BF16_MARCH = "icelake-server"
+NO_BF16_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512cd", "avx512dq", "avx512_vnni", "avx512vbmi", "avx512_vbmi2",
+                 "avx512_bitalg", "avx512_vpopcntdq", "avx512ifma", "gfni", "vaes", "vpclmulqdq")
 
 
 def _case(nq: int, nkv: int, d: int, rows: int):
@@ -33,13 +39,18 @@ def _case(nq: int, nkv: int, d: int, rows: int):
 @pytest.mark.parametrize("nq, nkv, d, window", [(6, 2, 64, None), (3, 3, 128, None), (8, 2, 64, 50), (6, 2, 48, None)],
                          ids=["gqa3-d64", "mha-d128", "gqa4-d64-window", "gqa3-d48"])
 @pytest.mark.parametrize("rows", [3, 19], ids=["chunk-tasks", "group-tasks"])
-@pytest.mark.parametrize("build", ["native", "avx2"])
+@pytest.mark.parametrize("build", ["native", "avx2", "avx512-no-bf16"])
 def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, rows, build):
-    """On this CPU's build and on the x86-64-v3 one (256-bit loops: up to 3 queries share a key
-    row's conversion, 2 a value row's), the same bits as each row alone and as the other build."""
+    """On this CPU's build, on the x86-64-v3 one (256-bit loops: up to 3 queries share a key
+    row's split, 2 a value row's conversion) and on an AVX-512 one without VDPBF16PS (two FMAs a
+    pair), the same bits as each row alone and as this CPU's build."""
     if build == "avx2" and not has_fast_path():
         pytest.skip("the AVX2 build needs avx2, fma and f16c")
-    lib = quant_kernels() if build == "native" else quant_kernels(march=AVX2_MARCH)
+    missing = [f for f in NO_BF16_FLAGS if f not in _cpu_flags()]
+    if build == "avx512-no-bf16" and missing:
+        pytest.skip(f"the {NO_BF16_MARCH} build needs {', '.join(missing)}")
+    lib = {"native": quant_kernels, "avx2": lambda: quant_kernels(march=AVX2_MARCH),
+           "avx512-no-bf16": lambda: quant_kernels(march=NO_BF16_MARCH)}[build]()
     q, k, v, cu_q, positions, tables = _case(nq, nkv, d, rows)
     scale = d**-0.5
     together = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2, lib=lib)
@@ -50,10 +61,10 @@ def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, ro
         assert torch.equal(together[t], alone[0]), t
     assert torch.equal(together, quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=1,
                                                  lib=lib))
-    if build == "avx2":
+    if build != "native":
         native = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2)
         assert torch.equal(together, native)
-    ref = paged_attention_reference(q, k, v, cu_q, positions, tables, BS, scale, window)
+    ref = paged_attention_reference(kv_round(q).float(), k, v, cu_q, positions, tables, BS, scale, window)
     torch.testing.assert_close(together, ref, rtol=1e-5, atol=1e-5)
 
 
@@ -81,26 +92,31 @@ def test_bad_indices_are_refused():
 
 def test_fp32_caches_are_refused():
     q, k, v, cu_q, positions, tables = _case(6, 2, 64, 3)
-    with pytest.raises(ValueError, match="k_cache must be torch.float16"):
+    with pytest.raises(ValueError, match="k_cache must be torch.bfloat16"):
         quant_attention(q, k.float(), v, cu_q, positions, tables, BS, 0.125)
 
 
 @pytest.mark.parametrize("scalar", [False, True], ids=["native", "scalar"])
-def test_kv_rounding_is_torchs_half(scalar):
-    """Every K/V value the decoder writes is rounded as torch's .half(): ties to even, subnormals,
-    overflow to inf, signed zeros, infinities and NaN (the scalar build by hand, the native one by F16C)."""
+def test_kv_rounding_is_torchs_bfloat16_with_tiny_values_flushed(scalar):
+    """Every K/V value the decoder writes (and every query) is rounded as torch's bfloat16: ties to
+    even, overflow to inf, signed zeros, infinities and NaN; magnitudes below 2^-50 become a zero
+    of their sign (so that no bf16 product sum is subnormal: VDPBF16PS flushes those)."""
     lib = quant_kernels(scalar=scalar)
     bits = torch.randint(0, 2**32, (1 << 16,), generator=torch.Generator().manual_seed(3), dtype=torch.int64)
-    x = torch.cat([torch.tensor([0.0, -0.0, 1.0, 65504.0, 65519.99, 65520.0, -1e9, float("inf"), float("-inf"),
-                                 2.0**-14, 2.0**-24, 2.0**-25, 3 * 2.0**-26, 2.0**-26, 1 + 2.0**-11, 1 + 3 * 2.0**-11,
-                                 5.9604645e-8, 6.1e-5, -3.3e-6]),
+    x = torch.cat([torch.tensor([0.0, -0.0, 1.0, 1 + 2.0**-8, 1 + 3 * 2.0**-8, 1 + 2.0**-8 + 2.0**-20, 3.4e38, -3.4e38,
+                                 float("inf"), float("-inf"), KV_FLUSH, -KV_FLUSH, KV_FLUSH * (1 - 2.0**-20),
+                                 -KV_FLUSH * 0.75, 1e-40, -1e-45, 6.1e-5]),
                    bits.to(torch.int32).view(torch.float32),  # every exponent, NaNs among them
-                   torch.rand(4096, generator=torch.Generator().manual_seed(5)) * 2.0**-13,  # subnormal halves
+                   torch.rand(4096, generator=torch.Generator().manual_seed(5)) * 2.0**-48,  # around the flush
                    torch.randn(4096, generator=torch.Generator().manual_seed(4)) * 1000])
     x = x[~torch.isnan(x)]
-    out = torch.empty(x.numel(), dtype=torch.float16)
+    out = torch.empty(x.numel(), dtype=KV_DTYPE)
     lib.agentrt_quant_kv_store(x.data_ptr(), x.numel(), out.data_ptr())
-    assert torch.equal(out.view(torch.int16), x.half().view(torch.int16))
+    want = torch.where(x.abs() < KV_FLUSH, x * 0.0, x).to(torch.bfloat16)
+    assert torch.equal(out.view(torch.int16), want.view(torch.int16))
+    assert torch.equal(out.view(torch.int16), kv_round(x).view(torch.int16))
+    assert (out[x.abs() < KV_FLUSH] == 0).all() and torch.equal(out[x == -KV_FLUSH * 0.75].view(torch.int16),
+                                                                  torch.tensor([-0.0], dtype=KV_DTYPE).view(torch.int16))
     nan = torch.tensor([float("nan")] * 9)
     lib.agentrt_quant_kv_store(nan.data_ptr(), 9, out.data_ptr())
     assert torch.isnan(out[:9]).all()

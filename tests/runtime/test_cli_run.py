@@ -202,6 +202,6 @@ def test_agentrt_run_warms_the_engine_up_before_the_program(tmp_path):
     assert meta["engine_load_s"] > 0 and meta["engine_warmup_s"] > 0
     # the embedded GGUF runs its blocks on the int8 kernels (where they build; else dequantized
     # into float): the trace and the terminal say so alike
-    want = "GGUF Q4_1/Q8_0, int8 kernels, float32 activations, float16 K/V" if unsupported_reason() is None else "(dequantized from GGUF)"
+    want = "GGUF Q4_1/Q8_0, int8 kernels, float32 activations, bfloat16 K/V" if unsupported_reason() is None else "(dequantized from GGUF)"
     assert meta["precision"].endswith(want) and "dtype" not in meta
     assert f"model: smollm2-135m-instruct ({meta['precision']}; cpu)" in out.stdout

@@ -24,7 +24,7 @@ KEY = "console-key-42"
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 ARTIFACTS = Path(os.environ.get("AGENTRT_ARTIFACTS", ROOT / "artifacts")) / "console"
 RUN_TIMEOUT_MS = 300_000  # a whole example on 2 CPU cores
-PRECISION = "GGUF Q4_1/Q8_0, int8 kernels, float32 activations, float16 K/V"  # the embedded model's LoadedModel.precision
+PRECISION = "GGUF Q4_1/Q8_0, int8 kernels, float32 activations, bfloat16 K/V"  # the embedded model's LoadedModel.precision
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -21,7 +21,7 @@ from agentrt.tools.mosquitto import free_port
 ROOT = Path(__file__).parents[2]
 PROGRAM = Path(__file__).parent / "calc_program.py"
 MODEL = "smollm2-135m-instruct"
-QUANTIZED = "GGUF Q4_1/Q8_0, int8 kernels, float32 activations, float16 K/V"  # LoadedModel.precision of the embedded GGUF
+QUANTIZED = "GGUF Q4_1/Q8_0, int8 kernels, float32 activations, bfloat16 K/V"  # LoadedModel.precision of the embedded GGUF
 KEY = "test-key-123"
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather in a city.",

@@ -69,7 +69,7 @@ class LoadedModel:
         and `generate`, traces, the console, /v1/models): for a GGUF run as it is stored, its
         block formats (the loaded tensors' own types), what multiplies them, the activations'
         dtype and the KV cache's where it differs, e.g. "GGUF Q4_1/Q8_0, int8 kernels, float32
-        activations, float16 K/V"; for a float model, its
+        activations, bfloat16 K/V"; for a float model, its
         dtype ("bfloat16"), and the GGUF it was dequantized from, if any."""
         dtype = str(self.model.dtype).removeprefix("torch.")
         if self.model.quantized:

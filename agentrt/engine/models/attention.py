@@ -157,7 +157,7 @@ def paged_attention(
     qp = q[grid.q_index.view(-1)].view(B, q_max, nkv, g, d)
     qp = qp.permute(0, 2, 1, 3, 4).reshape(B, nkv, q_max * g, d)
     flat = kv_index.reshape(-1)
-    # .to: a cache may hold another dtype than q (the quantized model's fp16 K/V)
+    # .to: a cache may hold another dtype than q (the quantized model's bf16 K/V)
     k = k_cache[flat].to(q.dtype).view(B, l_max, nkv, d).permute(0, 2, 3, 1)  # [B, nkv, d, Lmax]
     v = v_cache[flat].to(q.dtype).view(B, l_max, nkv, d).permute(0, 2, 1, 3)  # [B, nkv, Lmax, d]
     scores = torch.matmul(qp, k).float().view(B, nkv, q_max, g, l_max) * scale

@@ -21,6 +21,7 @@ from agentrt.engine.models import invariant
 from agentrt.engine.models.attention import AttentionMetadata, paged_attention
 from agentrt.engine.models.batch import ForwardBatch
 from agentrt.engine.models.layers import apply_rotary, gemma_rms_norm, rms_norm
+from agentrt.kernels.quant_decoder import KV_DTYPE, kv_round
 
 
 def activation(name: str):
@@ -86,6 +87,8 @@ class TorchLayerOps:
                   window: int | None) -> torch.Tensor:
         # a token tree gives each node its own keys (its ancestors'): attention per query
         attend = invariant.attention if meta.tree is not None else self._attention
+        if kv.k[li].dtype == KV_DTYPE and q.dtype == torch.float32:
+            q = kv_round(q).float()  # the quantized model's queries, rounded as its fused decoder rounds them
         return attend(q, kv.k[li], kv.v[li], meta, scale, window)
 
     def gate(self, gate_up: torch.Tensor) -> torch.Tensor:

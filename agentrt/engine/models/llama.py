@@ -123,7 +123,7 @@ class LlamaModel:
         if self.quantized and self.quant_decoder is None:
             log.info("%s: each layer runs on the PyTorch path (its linears on the int8 kernels)", quant_support(self))
         self.quant_fused = self.quant_decoder is not None
-        # what the KV caches of this model hold: fp16 where the fused quantized decoder runs (the
+        # what the KV caches of this model hold: bf16 where the fused quantized decoder runs (the
         # kernels read and write only that; the PyTorch path reads it too), else the weights' dtype
         self.kv_dtype = KV_DTYPE if self.quant_decoder is not None else self.dtype
 

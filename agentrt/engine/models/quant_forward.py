@@ -13,7 +13,8 @@ three calls cost ~0.3 ms of a ~5 ms batch-1 step: its caches are cold after the 
 past); otherwise the layers and the norm in one call, the embedding and head around it.
 
 It computes the PyTorch path's model (same weights, same int8 activation blocks before every
-linear, K/V kept in fp16 caches: model.kv_dtype); the two differ by fp32 summation order and exp() rounding, which can flip an int8
+linear, K/V kept in bf16 caches: model.kv_dtype); the two differ by the queries' bf16 rounding
+(the scores are bf16 dot products), fp32 summation order and exp() rounding, which can flip an int8
 rounding of a later linear's activations (tests/engine/test_quant_forward.py bounds it). Unlike
 the PyTorch path it is batch invariant: a token's logits do not depend on the rest of the batch,
 so greedy output is the same with and without speculation, with or without `batch_invariant`.
@@ -47,8 +48,8 @@ def quant_support(model) -> str | None:
         return "the model has no quantized weights"
     if model.device.type != "cpu":
         return f"the quantized decoder runs on the CPU (this model is on {model.device})"
-    if cfg.head_dim % 8 or cfg.num_attention_heads % cfg.num_key_value_heads:
-        return f"head_dim must be a multiple of 8 and heads a multiple of kv heads (got {cfg.head_dim})"
+    if cfg.head_dim % 16 or cfg.num_attention_heads % cfg.num_key_value_heads:
+        return f"head_dim must be a multiple of 16 and heads a multiple of kv heads (got {cfg.head_dim})"
     nq, nkv, d, hidden, inter = (cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.hidden_size,
                                  cfg.intermediate_size)
     want = {"qkv": ((nq + 2 * nkv) * d, hidden), "o": (hidden, nq * d), "gate_up": (2 * inter, hidden),
@@ -71,7 +72,7 @@ def quant_support(model) -> str | None:
 
 
 def cache_supported(kv: KVCache) -> bool:
-    """The fused decoder reads and writes contiguous fp16 caches in host memory."""
+    """The fused decoder reads and writes contiguous bf16 caches in host memory."""
     c = kv.k[0]
     return c.dtype == KV_DTYPE and c.device.type == "cpu" and c.is_contiguous()
 

@@ -23,6 +23,13 @@
 #else
 #define QUANT_AVX512 0
 #endif
+/* VDPBF16PS, where the compiler targets it: the attention's scores in one instruction per 16 bf16
+ * pairs (elsewhere two fp32 FMAs per pair give the same bits) */
+#if QUANT_AVX512 && defined(__AVX512BF16__)
+#define QUANT_AVX512BF16 1
+#else
+#define QUANT_AVX512BF16 0
+#endif
 #if QUANT_AVX512 && defined(__AMX_TILE__) && defined(__AMX_INT8__)
 #define QUANT_AMX 1
 #else
@@ -160,46 +167,67 @@ static inline float f16_to_f32(const uint8_t *p) {
 #endif
 }
 
-/* float -> fp16 bits, rounding to nearest even (as F16C's vcvtps2ph and torch's .half()) */
-static inline uint16_t f32_to_f16(float f) {
+/* The quantized decoder's K/V caches hold bf16 (as GPU attention kernels keep them): half the
+ * bytes of fp32 to read per cached token and to keep resident, and the operand of one-instruction
+ * bf16 dot products (VDPBF16PS). A value is rounded once, when its token's K/V is written (to
+ * nearest even), and read back exactly. Magnitudes below KV_FLUSH (2^-50) are stored as a signed
+ * zero: then a product of two stored values is 0 or at least 2^-100 in magnitude and a multiple of
+ * 2^-114, so no sum of them is ever subnormal, and VDPBF16PS (which flushes subnormal inputs and
+ * results) and the fp32 FMAs that stand in for it elsewhere give the same bits. */
+typedef uint16_t kv_t;
+#define KV_FLUSH_BITS 0x26800000u /* 2^-50 as fp32 bits */
+
+static inline uint16_t f32_to_kv(float f) {
   uint32_t x;
   memcpy(&x, &f, 4);
-  const uint32_t sign = (x >> 16) & 0x8000u, ax = x & 0x7fffffffu;
-  if (ax >= 0x7f800000u) /* inf, or NaN kept quiet with its payload's top bits */
-    return (uint16_t)(sign | 0x7c00u | (ax > 0x7f800000u ? 0x200u | ((ax >> 13) & 0x3ffu) : 0u));
-  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* >= 65520 rounds to inf */
-  if (ax < 0x38800000u) { /* below 2^-14: a subnormal half, round(|f| 2^24) (exact scaling, RNE) */
-    float v;
-    memcpy(&v, &ax, 4);
-    return (uint16_t)(sign | (uint32_t)nearbyintf(v * 0x1p24f));
-  }
-  uint32_t m = ax - 0x38000000u; /* the exponent rebiased (127 -> 15); a carry of the rounding may raise it */
-  m += 0xfffu + ((m >> 13) & 1u);
-  return (uint16_t)(sign | (m >> 13));
+  const uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u) return (uint16_t)((x >> 16) | 0x40u); /* NaN stays a (quiet) NaN */
+  if (ax < KV_FLUSH_BITS) return (uint16_t)((x >> 16) & 0x8000u);
+  return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16); /* ties to even; past the top, inf */
 }
 
-/* The quantized decoder's K/V caches hold fp16 (as llama.cpp's default): half the bytes of fp32
- * to read per cached token and to keep resident; a value is rounded once, when its token's K/V is
- * written, and read back exactly. */
-typedef uint16_t kv_t;
+static inline float kv_to_f32(kv_t h) {
+  const uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
 
 #if QUANT_AVX2
-static inline __m256 kv_load8(const kv_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+/* f32_to_kv on 8 lanes, the results in the low 16 bits of each 32-bit lane */
+static inline __m256i f32x8_to_kv32(__m256 v) {
+  const __m256i x = _mm256_castps_si256(v), ax = _mm256_and_si256(x, _mm256_set1_epi32(0x7fffffff));
+  const __m256i hi = _mm256_srli_epi32(x, 16);
+  const __m256i rounded = _mm256_srli_epi32(
+      _mm256_add_epi32(x, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), _mm256_and_si256(hi, _mm256_set1_epi32(1)))), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7f800000));
+  const __m256i tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)KV_FLUSH_BITS), ax);
+  __m256i r = _mm256_blendv_epi8(rounded, _mm256_or_si256(hi, _mm256_set1_epi32(0x40)), nan);
+  return _mm256_blendv_epi8(r, _mm256_and_si256(hi, _mm256_set1_epi32(0x8000)), tiny);
+}
+
+static inline __m256 kv_load8(const kv_t *p) {
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
 #endif
 #if QUANT_AVX512
-static inline __m512 kv_load16(const kv_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+static inline __m512 kv_load16(const kv_t *p) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
 #endif
-static inline float kv_load1(const kv_t *p) { return f16_to_f32((const uint8_t *)p); }
+static inline float kv_load1(const kv_t *p) { return kv_to_f32(*p); }
 
-/* dst[i] = fp16(src[i]) for i < n */
+/* dst[i] = f32_to_kv(src[i]) for i < n */
 static inline void kv_store(kv_t *dst, const float *src, int64_t n) {
   int64_t i = 0;
 #if QUANT_AVX2
-  for (; i + 8 <= n; i += 8)
-    _mm_storeu_si128((__m128i *)(dst + i),
-                     _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i + 8 <= n; i += 8) {
+    const __m256i r = f32x8_to_kv32(_mm256_loadu_ps(src + i));
+    const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08); /* lanes 0-7 in the low half */
+    _mm_storeu_si128((__m128i *)(dst + i), _mm256_castsi256_si128(packed));
+  }
 #endif
-  for (; i < n; i++) dst[i] = f32_to_f16(src[i]);
+  for (; i < n; i++) dst[i] = f32_to_kv(src[i]);
 }
 
 #define QUANT_INTERNAL __attribute__((visibility("hidden")))
@@ -236,7 +264,7 @@ typedef struct {
   const int64_t *positions, *seq, *block_tables, *tree_base, *path_slots; /* tree_base NULL: no trees */
   int64_t bt_stride, block_size, path_stride, window; /* window 0: all positions */
   const float *qkv;
-  const kv_t *kc, *vc; /* caches [num_slots, nkv, d] fp16 */
+  const kv_t *kc, *vc; /* caches [num_slots, nkv, d] bf16 */
   float *attn;
 } qattn;
 

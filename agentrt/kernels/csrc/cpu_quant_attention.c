@@ -1,10 +1,11 @@
-/* The quantized decoder's attention (cpu_quant_decoder.c) over the paged fp16 caches (kv_t), for a
+/* The quantized decoder's attention (cpu_quant_decoder.c) over the paged bf16 caches (kv_t), for a
  * ragged batch: each query token t sees its own sequence's positions lo..p (lo: its sliding
  * window's first position, else 0; a token-tree node: its path's rows past the tree's base).
  *
  * Chunks. A token's positions are cut into chunks of ATTN_CHUNK fixed by the position alone;
  * chunk c's partial for query head h is, over the chunk's positions j,
  *   m = max_j s_j,   s = sum_j e^(s_j - m),   acc = sum_j e^(s_j - m) V_j       (s_j = scale q.K_j)
+ * with q rounded as the caches are (f32_to_kv: bf16, tiny values flushed).
  * and a token's chunks are folded in order, (m, s, acc) (+) (m', s', acc') =
  *   (M, s e^(m - M) + s' e^(m' - M), acc e^(m - M) + acc' e^(m' - M)),  M = max(m, m'),
  * then out = acc * (1 / s).
@@ -13,14 +14,20 @@
  * the same key and value rows, so up to GROUP_ROWS of them are taken together: per chunk and KV
  * head, each key row is read once for all the group's queries (g query heads x rows), two queries
  * share each 512-bit multiply-add, and each value row once for up to PV_QUERIES queries (the
- * 256-bit loops: a key row converted once for up to 3 queries, a value row for 2). Tasks
+ * 256-bit loops: a key row's values split once for up to 3 queries, a value row converted for 2). Tasks
  * are (group, KV head), or with few rows and long contexts (group, chunk, KV head), whose
  * partials a merge folds per token.
  *
+ * Scores. A score is a bf16 dot product with fp32 sums, as VDPBF16PS computes it: 8 lane sums,
+ * lane l taking the pairs of values 16 b + 2 l + {1, 0} for b = 0 .. d/16 - 1 in turn, each
+ * pair as VDPBF16PS does, l += q[c+1] K[c+1] then l += q[c] K[c] (each rounded to fp32; the
+ * products of bf16 values are exact), then ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)), times the scale.
+ * Where the CPU has no VDPBF16PS, two fp32 FMAs per pair give the same bits (no subnormal can
+ * arise: see kv_t).
+ *
  * Batch invariance. Whatever the group, the task or the instruction set, each number is computed
- * by the same operations in the same order as a token alone: a score's 8 lane sums over its d
- * values (lane l: values c = l mod 8) and their reduction ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7))
- * (two queries side by side in a 512-bit vector keep those lanes), the max and the exp sums over
+ * by the same operations in the same order as a token alone: a score's lane sums and their
+ * reduction (two queries side by side in a 512-bit vector keep those lanes), the max and the exp sums over
  * each query's own scores, each output column's sum over positions in order, the chunk folds in
  * order. So a token's attention bits depend neither on the other rows, nor on the thread count,
  * nor on whether the CPU has AVX-512, and speculation (k+1 verify rows) cannot change greedy
@@ -36,7 +43,7 @@
                                 * 8: 30 layers at 1024 cached tokens, 9 rows 0.84x the time, 16 rows
                                 * 0.89x, 128 rows 0.95x; 32 gained only at 128 rows) */
 #define PV_QUERIES 6           /* queries sharing a value row: 4 accumulators each in registers */
-#define CONVERT_QUERIES 4      /* queries sharing a chunk's rows from which they are converted once */
+#define CONVERT_QUERIES 4      /* queries sharing a chunk's value rows from which they are converted once */
 #define MAX_SPLIT_CHUNKS 4096  /* split into chunk tasks: this many partials at most */
 #define SERIAL_ATTN_MACS 32768 /* less work runs on the caller: cheaper than a join (~5 us) */
 #define PART_STRIDE(d) ((d) + 8) /* a partial: acc[d], m, s, padding */
@@ -44,7 +51,7 @@
 /* One query of a chunk: its scores s[lo .. lo + n) (indexed from the chunk's start, as off) and
  * where its partial goes (out[0..d) acc, out[d] m, out[d+1] s). */
 typedef struct {
-  const float *q;
+  const kv_t *q; /* rounded (f32_to_kv) */
   float *s, *out;
   int64_t lo, n;
 } query;
@@ -107,20 +114,34 @@ static float exp_shift(float *s, int64_t n, float m) {
 }
 #endif
 
-/* s[j] = scale * (q . K_j) for j < n, K_j = K + off[j] (off: n rounded up to 8 entries). Eight
- * positions at a time: lane l of acc[r] sums q[c] K_j+r[c] over c = l mod 8, then one transposing
- * reduction gives the eight dots as one vector, each summed in the same order
- * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) whichever slot it had. */
-static void scores(const float *q, const kv_t *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
+/* The bf16 values at even (k_even) and odd (k_odd) places of 16, as fp32 (exact): lane l holds
+ * element 2 l, resp. 2 l + 1 */
+static inline __m256 k_even(__m256i x) { return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16)); }
+static inline __m256 k_odd(__m256i x) { return _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32((int)0xffff0000u))); }
+
+/* lane l += q[c+1] k[c+1], then += q[c] k[c], c = 2 l (16 bf16 values of each): VDPBF16PS's
+ * operations, by the instruction where the CPU has it, else by two FMAs (the same bits) */
+static inline __m256 dot_pairs8(__m256 acc, __m256i qx, __m256i kx) {
+#if QUANT_AVX512BF16
+  return _mm256_dpbf16_ps(acc, (__m256bh)qx, (__m256bh)kx);
+#else
+  return _mm256_fmadd_ps(k_even(qx), k_even(kx), _mm256_fmadd_ps(k_odd(qx), k_odd(kx), acc));
+#endif
+}
+
+/* s[j] = scale * (q . K_j) for j < n, K_j = K + off[j] (off: n rounded up to 8 entries), as the
+ * file's head says. Eight positions at a time, then one transposing reduction gives the eight
+ * dots as one vector, each summed in the same order whichever slot it had. */
+static void scores(const kv_t *q, const kv_t *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
   const __m256 sv = _mm256_set1_ps(scale);
   for (int64_t j0 = 0; j0 < n; j0 += 8) {
     const kv_t *row[8];
     for (int r = 0; r < 8; r++) row[r] = K + off[j0 + r];
     __m256 acc[8];
     for (int r = 0; r < 8; r++) acc[r] = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 8) {
-      const __m256 qv = _mm256_loadu_ps(q + c);
-      for (int r = 0; r < 8; r++) acc[r] = _mm256_fmadd_ps(qv, kv_load8(row[r] + c), acc[r]);
+    for (int c = 0; c < d; c += 16) {
+      const __m256i qx = _mm256_loadu_si256((const __m256i *)(q + c));
+      for (int r = 0; r < 8; r++) acc[r] = dot_pairs8(acc[r], qx, _mm256_loadu_si256((const __m256i *)(row[r] + c)));
     }
     const __m256 h01 = _mm256_hadd_ps(acc[0], acc[1]), h23 = _mm256_hadd_ps(acc[2], acc[3]);
     const __m256 h45 = _mm256_hadd_ps(acc[4], acc[5]), h67 = _mm256_hadd_ps(acc[6], acc[7]);
@@ -170,11 +191,16 @@ static float exp_shift(float *s, int64_t n, float m) {
   return sum;
 }
 
-static void scores(const float *q, const kv_t *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
+static void scores(const kv_t *q, const kv_t *K, const int64_t *off, int64_t n, float scale, float *s, int d) {
   for (int64_t j = 0; j < n; j++) {
-    float acc = 0.0f;
-    for (int c = 0; c < d; c++) acc += q[c] * kv_load1(K + off[j] + c);
-    s[j] = acc * scale;
+    const kv_t *k = K + off[j];
+    float l[8] = {0};
+    for (int c = 0; c < d; c += 16)
+      for (int i = 0; i < 8; i++) {
+        l[i] = fmaf(kv_load1(q + c + 2 * i + 1), kv_load1(k + c + 2 * i + 1), l[i]);
+        l[i] = fmaf(kv_load1(q + c + 2 * i), kv_load1(k + c + 2 * i), l[i]);
+      }
+    s[j] = (((l[0] + l[1]) + (l[2] + l[3])) + ((l[4] + l[5]) + (l[6] + l[7]))) * scale;
   }
 }
 
@@ -189,7 +215,7 @@ static void pv(const float *p, int64_t L, const kv_t *V, const int64_t *off, flo
 #if QUANT_AVX2 && !QUANT_AVX512
 
 /* The 256-bit loops for queries sharing key and value rows (the AVX-512 ones are below): each
- * key row converted from fp16 once for up to 3 queries, each value row for 2. Every number is
+ * key row's values split once for up to 3 queries, each value row converted for 2. Every number is
  * computed as scores() and pv_cols() compute it for a query alone: the same lane sums in the
  * same order and the same reduction, each output column's sum over positions in order. */
 #define SCORE_QUERIES 3
@@ -205,8 +231,8 @@ static inline void store4(const query *q, int64_t j, __m128 v) {
 }
 
 /* The Q queries qs (Q <= SCORE_QUERIES), scores over the union of their ranges, four positions
- * at a time: lane l of acc[i][r] sums q_i[c] K_j+r[c] over c = l mod 8, then
- * ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) as scores() reduces them. */
+ * at a time: lanes as scores() sums them, then ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) as it
+ * reduces them. */
 static inline __attribute__((always_inline)) void scores_queries(const query *qs, const int Q, const kv_t *K,
                                                                  const int64_t *off, float scale, int d) {
   int64_t j0 = qs[0].lo, j1 = 0;
@@ -221,10 +247,14 @@ static inline __attribute__((always_inline)) void scores_queries(const query *qs
     __m256 acc[SCORE_QUERIES][4];
     for (int i = 0; i < Q; i++)
       for (int r = 0; r < 4; r++) acc[i][r] = _mm256_setzero_ps();
-    for (int c = 0; c < d; c += 8)
+    for (int c = 0; c < d; c += 16)
       for (int r = 0; r < 4; r++) {
-        const __m256 k = kv_load8(row[r] + c);
-        for (int i = 0; i < Q; i++) acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(qs[i].q + c), k, acc[i][r]);
+        const __m256i kx = _mm256_loadu_si256((const __m256i *)(row[r] + c));
+        const __m256 ko = k_odd(kx), ke = k_even(kx);
+        for (int i = 0; i < Q; i++) {
+          const __m256i qx = _mm256_loadu_si256((const __m256i *)(qs[i].q + c));
+          acc[i][r] = _mm256_fmadd_ps(k_even(qx), ke, _mm256_fmadd_ps(k_odd(qx), ko, acc[i][r]));
+        }
       }
     for (int i = 0; i < Q; i++) {
       const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(acc[i][0], acc[i][1]), _mm256_hadd_ps(acc[i][2], acc[i][3]));
@@ -285,19 +315,30 @@ static inline void store_half(const query *q, int64_t j, __m512 v, int half) {
 
 /* The 2 NP queries qs (pair i: query 2i in lanes 0-7, 2i+1 in lanes 8-15), scores over the union
  * of their ranges, eight positions at a time, each lane and reduction as scores(): the same
- * bits. A key row read serves all of them. qp: d / 8 pairs of q vectors, 16 floats each. */
+ * bits. A key row read serves all of them. qp: per pair and 16 values, the two queries' values
+ * side by side (bf16, 32 of them, for VDPBF16PS), else as fp32 their odd places then their even
+ * ones (16 floats each); 64-byte aligned, 4 d floats. */
 static inline __attribute__((always_inline)) void scores_pairs(const query *qs, const int NP, const kv_t *K,
-                                                               const int64_t *off, const float *kf, float scale, int d,
-                                                               float *qp) {
+                                                               const int64_t *off, float scale, int d, float *qp) {
   int64_t j0 = qs[0].lo, j1 = 0;
   for (int i = 0; i < 2 * NP; i++) {
     j0 = qs[i].lo < j0 ? qs[i].lo : j0;
     j1 = qs[i].lo + qs[i].n > j1 ? qs[i].lo + qs[i].n : j1;
   }
+  const int nb = d / 16;
   for (int i = 0; i < NP; i++)
-    for (int c = 0; c < d; c += 8) {
-      _mm256_store_ps(qp + (int64_t)(i * d + c) * 2, _mm256_loadu_ps(qs[2 * i].q + c));
-      _mm256_store_ps(qp + (int64_t)(i * d + c) * 2 + 8, _mm256_loadu_ps(qs[2 * i + 1].q + c));
+    for (int b = 0; b < nb; b++) {
+      const __m256i a = _mm256_loadu_si256((const __m256i *)(qs[2 * i].q + 16 * b));
+      const __m256i c = _mm256_loadu_si256((const __m256i *)(qs[2 * i + 1].q + 16 * b));
+#if QUANT_AVX512BF16
+      _mm512_store_si512(qp + (int64_t)(i * nb + b) * 16, _mm512_inserti64x4(_mm512_castsi256_si512(a), c, 1));
+#else
+      float *dst = qp + (int64_t)(i * nb + b) * 32;
+      _mm256_store_ps(dst, k_odd(a));
+      _mm256_store_ps(dst + 8, k_odd(c));
+      _mm256_store_ps(dst + 16, k_even(a));
+      _mm256_store_ps(dst + 24, k_even(c));
+#endif
     }
   const __m512 sv = _mm512_set1_ps(scale);
   const __m512i lo_idx = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27);
@@ -305,18 +346,30 @@ static inline __attribute__((always_inline)) void scores_pairs(const query *qs, 
   for (int64_t j = j0; j < j1; j += 8) {
     const kv_t *row[8];
     for (int r = 0; r < 8; r++) row[r] = K + off[j + r];
-    const float *rowf = kf + j * d;
     __m512 acc[2][8];
     for (int i = 0; i < NP; i++)
       for (int r = 0; r < 8; r++) acc[i][r] = _mm512_setzero_ps();
-    for (int c = 0; c < d; c += 8) {
-      __m512 qv[2];
-      for (int i = 0; i < NP; i++) qv[i] = _mm512_load_ps(qp + (int64_t)(i * d + c) * 2);
+    for (int b = 0; b < nb; b++) {
+#if QUANT_AVX512BF16
+      __m512i qv[2];
+      for (int i = 0; i < NP; i++) qv[i] = _mm512_load_si512(qp + (int64_t)(i * nb + b) * 16);
       for (int r = 0; r < 8; r++) {
-        const __m512 k = kf ? _mm512_broadcast_f32x8(_mm256_loadu_ps(rowf + r * d + c))
-                            : _mm512_broadcast_f32x8(kv_load8(row[r] + c));
-        for (int i = 0; i < NP; i++) acc[i][r] = _mm512_fmadd_ps(qv[i], k, acc[i][r]);
+        const __m512i k = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(row[r] + 16 * b)));
+        for (int i = 0; i < NP; i++) acc[i][r] = _mm512_dpbf16_ps(acc[i][r], (__m512bh)qv[i], (__m512bh)k);
       }
+#else
+      __m512 qo[2], qe[2];
+      for (int i = 0; i < NP; i++) {
+        qo[i] = _mm512_load_ps(qp + (int64_t)(i * nb + b) * 32);
+        qe[i] = _mm512_load_ps(qp + (int64_t)(i * nb + b) * 32 + 16);
+      }
+      for (int r = 0; r < 8; r++) {
+        const __m512i k = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(row[r] + 16 * b)));
+        const __m512 ko = _mm512_castsi512_ps(_mm512_and_si512(k, _mm512_set1_epi32((int)0xffff0000u)));
+        const __m512 ke = _mm512_castsi512_ps(_mm512_slli_epi32(k, 16));
+        for (int i = 0; i < NP; i++) acc[i][r] = _mm512_fmadd_ps(qe[i], ke, _mm512_fmadd_ps(qo[i], ko, acc[i][r]));
+      }
+#endif
     }
     for (int i = 0; i < NP; i++) {
       const __m512 h0123 = hadd512(hadd512(acc[i][0], acc[i][1]), hadd512(acc[i][2], acc[i][3]));
@@ -382,23 +435,17 @@ static inline __attribute__((always_inline)) void pv_queries(const query *qs, co
 
 /* Scores and P.V of queries sharing one KV head's key and value rows (K, V: that head's column).
  * qp: 4 d floats, 64-byte aligned. */
-static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off, const float *kf, float scale,
-                       int d, float *qp) {
+static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off, float scale, int d, float *qp) {
   int i = 0;
 #if QUANT_AVX512
-  if (kf) {
-    for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, kf, scale, d, qp);
-    for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, kf, scale, d, qp);
-  } else {
-    for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, NULL, scale, d, qp);
-    for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, NULL, scale, d, qp);
-  }
+  for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, scale, d, qp);
+  for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, scale, d, qp);
 #elif QUANT_AVX2
-  (void)qp, (void)kf;
+  (void)qp;
   for (; i + SCORE_QUERIES <= n; i += SCORE_QUERIES) scores_queries(qs + i, SCORE_QUERIES, K, off, scale, d);
   for (; i + 2 <= n; i += 2) scores_queries(qs + i, 2, K, off, scale, d);
 #else
-  (void)qp, (void)kf;
+  (void)qp;
 #endif
   for (; i < n; i++) scores(qs[i].q, K, off + qs[i].lo, qs[i].n, scale, qs[i].s + qs[i].lo, d);
 }
@@ -440,6 +487,7 @@ typedef struct {
   const int64_t *group;     /* group i: rows group[i] .. group[i+1]-1, one sequence's */
   const int64_t *cu_chunks; /* split: group i's chunk tasks from cu_chunks[i] (times nkv) */
   const int64_t *cu_parts;  /* split: token t's chunk partials from cu_parts[t] */
+  const kv_t *qb;           /* the queries rounded (f32_to_kv): token t's head h at qb + (t nq + h) d */
   float *parts;             /* split: partial (t, chunk c, head h) at parts + ((cu_parts[t] + c) nq + h) PART_STRIDE */
   float *work;
   int64_t work_floats;      /* per thread */
@@ -491,7 +539,7 @@ static float *query_dst(const actx *X, const dst_spec *D, int64_t t, int h, int6
   return D->run + (2 * i + (c == first_chunk(A, t) ? 0 : 1)) * PART_STRIDE(A->d);
 }
 
-/* dst[j d ..] = the fp16 row at src + off[j], as fp32, for j in [j0, j1) (exact) */
+/* dst[j d ..] = the bf16 row at src + off[j], as fp32, for j in [j0, j1) (exact) */
 static void rows_to_f32(const kv_t *src, const int64_t *off, int64_t j0, int64_t j1, int d, float *dst) {
 #if QUANT_AVX512
   for (int64_t j = j0; j < j1; j++) {
@@ -520,11 +568,11 @@ static void prefetch_rows(const kv_t *K, const kv_t *V, const int64_t *off, int6
 }
 
 /* Chunk c's partials of rows t0..t1-1 (one group) for KV heads k0..k1-1. work: OFF_ENTRIES
- * int64, then GROUP_ROWS g ATTN_CHUNK scores, 4 d floats of query pairs, the chunk's key and
- * value rows as fp32 (OFF_ENTRIES d floats each), GROUP_ROWS g queries. Where CONVERT_QUERIES
- * or more queries share the rows, each is converted from fp16 once for all of them: the inner
- * loops then read fp32 from the L1 cache instead of converting every row for every few queries
- * (the same numbers, so the same bits). */
+ * int64, then GROUP_ROWS g ATTN_CHUNK scores, 4 d floats of query pairs, the chunk's value rows
+ * as fp32 (OFF_ENTRIES d floats), GROUP_ROWS g queries. Where CONVERT_QUERIES or more queries
+ * share the rows, each value row is converted from bf16 once for all of them: P.V then reads fp32
+ * from the L1 cache instead of converting every row for every few queries (the same numbers, so
+ * the same bits). The scores read the bf16 key rows as they are. */
 static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, int64_t c, const dst_spec *D,
                         float *work) {
   const qattn *A = X->A;
@@ -532,7 +580,7 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
   int64_t *off = (int64_t *)work;
   float *sc = work + 2 * OFF_ENTRIES;
   float *qp = sc + (int64_t)GROUP_ROWS * g * ATTN_CHUNK; /* 64-byte aligned: see quant_attention */
-  float *kf = qp + 4 * d, *vf = kf + (int64_t)OFF_ENTRIES * d;
+  float *vf = qp + 4 * d;
   query *qs = (query *)(vf + (int64_t)OFF_ENTRIES * d);
   int64_t lo = ATTN_CHUNK, hi = 0, first = -1;
   for (int64_t t = t0; t < t1; t++) {
@@ -552,7 +600,7 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
       const int64_t n = chunk_range(A, t, c, &l);
       if (!n) continue;
       for (int h = k * g; h < (k + 1) * g; h++, nqs++)
-        qs[nqs] = (query){A->qkv + t * A->qkv_w + (int64_t)h * d, sc + (int64_t)nqs * ATTN_CHUNK,
+        qs[nqs] = (query){X->qb + (t * A->nq + h) * (int64_t)d, sc + (int64_t)nqs * ATTN_CHUNK,
                           query_dst(X, D, t, h, c), l, n};
     }
     const int64_t kv = (int64_t)k * d;
@@ -571,11 +619,8 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
         }
       }
     }
-    if (convert) {
-      rows_to_f32(A->kc + kv, off, lo, hi + 8 < OFF_ENTRIES ? hi + 8 : OFF_ENTRIES, d, kf); /* the reads past hi */
-      rows_to_f32(A->vc + kv, off, lo, hi, d, vf);
-    }
-    scores_set(qs, nqs, A->kc + kv, off, convert ? kf : NULL, A->scale, d, qp);
+    if (convert) rows_to_f32(A->vc + kv, off, lo, hi, d, vf);
+    scores_set(qs, nqs, A->kc + kv, off, A->scale, d, qp);
     for (int i = 0; i < nqs; i++) {
       const float m = max_row(qs[i].s + qs[i].lo, qs[i].n), sum = exp_shift(qs[i].s + qs[i].lo, qs[i].n, m);
       qs[i].out[d] = m;
@@ -687,17 +732,20 @@ int quant_attention(const qattn *A, int threads) {
   int64_t rows = split ? GROUP_ROWS : T * A->nkv / (2 * threads);
   rows = rows < 1 ? 1 : rows > GROUP_ROWS ? GROUP_ROWS : rows;
   const int64_t work_floats = up16(2 * OFF_ENTRIES + (int64_t)GROUP_ROWS * g * ATTN_CHUNK + 4 * (int64_t)A->d +
-                                   2 * (int64_t)OFF_ENTRIES * A->d +
+                                   (int64_t)OFF_ENTRIES * A->d +
                                    (int64_t)GROUP_ROWS * g * (sizeof(query) / sizeof(float) + 1) +
                                    2 * (int64_t)GROUP_ROWS * g * PART_STRIDE(A->d));
   const int64_t n_part_floats = split ? n_parts * A->nq * PART_STRIDE(A->d) : 0;
-  /* per-thread work (64-byte aligned: the query pairs), the split's partials, then 3 (T + 1) int64 */
+  /* per-thread work (64-byte aligned: the query pairs), the split's partials, 3 (T + 1) int64, then
+   * the rounded queries */
   float *buf = scratch_get(&scratch, sizeof(float) * (size_t)(threads * work_floats + n_part_floats) +
-                                         sizeof(int64_t) * 3 * (size_t)(T + 1));
+                                         sizeof(int64_t) * 3 * (size_t)(T + 1) + sizeof(kv_t) * (size_t)(T * A->nq * A->d));
   if (!buf) return -3;
   int64_t *group = (int64_t *)(buf + threads * work_floats + n_part_floats), *cu_chunks = group + (T + 1),
           *cu_parts = cu_chunks + (T + 1);
-  actx X = {.A = A, .g = g, .group = group, .cu_chunks = cu_chunks, .cu_parts = cu_parts, .work = buf,
+  kv_t *qb = (kv_t *)(cu_parts + (T + 1));
+  for (int64_t t = 0; t < T; t++) kv_store(qb + t * A->nq * A->d, A->qkv + t * A->qkv_w, (int64_t)A->nq * A->d);
+  actx X = {.A = A, .g = g, .group = group, .cu_chunks = cu_chunks, .cu_parts = cu_parts, .qb = qb, .work = buf,
             .work_floats = work_floats, .parts = buf + threads * work_floats};
   int64_t n_groups = 0;
   cu_chunks[0] = cu_parts[0] = 0;
@@ -752,13 +800,13 @@ int quant_check_tables(int64_t T, const int64_t *positions, int64_t B, const int
 }
 
 /* The attention alone (tests, benches): q [T, nq d] rows q_stride apart, out [T, nq d]; the
- * fp16 caches [num_slots, nkv, d]; sequence b's tokens cu_q[b] .. cu_q[b+1]-1. Returns 0; -1 for a
+ * bf16 caches [num_slots, nkv, d]; sequence b's tokens cu_q[b] .. cu_q[b+1]-1. Returns 0; -1 for a
  * bad dimension; -2 for an index out of range (nothing written); -3 when out of memory. */
 int agentrt_quant_attention(const float *q, int64_t q_stride, int64_t T, int nq, int nkv, int d, float scale,
                             const int64_t *positions, int64_t B, const int64_t *cu_q, const int64_t *block_tables,
                             int64_t bt_stride, int64_t bt_cols, int64_t block_size, int64_t num_slots,
                             const kv_t *kc, const kv_t *vc, int64_t window, float *out, int threads) {
-  if (nq < 1 || nkv < 1 || nq % nkv || d < 2 || d % 2 || (QUANT_AVX2 && d % 8) || q_stride < (int64_t)nq * d ||
+  if (nq < 1 || nkv < 1 || nq % nkv || d < 16 || d % 16 || q_stride < (int64_t)nq * d ||
       window < 0)
     return -1;
   if (T <= 0) return 0;
@@ -776,6 +824,6 @@ int agentrt_quant_attention(const float *q, int64_t q_stride, int64_t T, int nq,
   return rc;
 }
 
-/* dst[i] = fp16(src[i]), i < n: the rounding of every K/V value the decoder writes (tests hold
- * both builds to torch's .half()) */
+/* dst[i] = f32_to_kv(src[i]), i < n: the rounding of every K/V value the decoder writes and of
+ * the queries (tests hold both builds to torch's bfloat16 rounding, tiny values flushed) */
 void agentrt_quant_kv_store(const float *src, int64_t n, kv_t *dst) { kv_store(dst, src, n); }

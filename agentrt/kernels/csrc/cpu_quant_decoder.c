@@ -8,7 +8,7 @@
  *   x    = rms_norm(h, attn_norm)                  x * (1 / sqrt(mean(x^2) + eps)), then * w
  *   qkv  = quant_linear(x, Wqkv) (+ bias)          cpu_quant_avx2.c, int8 activation blocks
  *   q, k = rotate_half(q, k) by positions          x*cos + rot(x)*sin, cos/sin [P, d/2]
- *   K/V of every token -> cache row slots[t]       caches [num_slots, nkv, d] fp16 (kv_t)
+ *   K/V of every token -> cache row slots[t]       caches [num_slots, nkv, d] bf16 (kv_t)
  *   attn = softmax(q . K[0..p] * scale) . V[0..p]  per query, its own sequence's positions 0..p
  *                                                  (cpu_quant_attention.c)
  *   h   += quant_linear(attn, Wo)
@@ -64,7 +64,7 @@ typedef struct {
   const float *bqkv, *norm, *post_norm, *q_norm, *k_norm;
   int64_t window; /* a query at p sees positions p - window + 1 .. p (0: all) */
   int gelu;
-  kv_t *kc, *vc; /* fp16 */
+  kv_t *kc, *vc; /* bf16 */
   float *h, *x, *qkv, *attn, *gu, *tmp;
   int phase;
   pool_chunks chunks;
@@ -259,7 +259,7 @@ int agentrt_quant_decoder(const int64_t *layers, int64_t num_layers, float *h, i
                           int64_t bt_stride, int64_t bt_cols, int64_t block_size, const float *final_norm,
                           const int64_t *rows, int64_t n_rows, float *out, int threads, const int64_t *tree_base,
                           const int64_t *path_slots, int64_t path_stride) {
-  if (nq < 1 || nkv < 1 || nq % nkv || d < 2 || d % 2 || (QUANT_AVX2 && d % 8) || hidden < 1 || inter < 1) return -1;
+  if (nq < 1 || nkv < 1 || nq % nkv || d < 16 || d % 16 || hidden < 1 || inter < 1) return -1;
   if (T <= 0) return 0;
   threads = threads < 1 ? 1 : threads > POOL_MAX_THREADS ? POOL_MAX_THREADS : threads;
   dec D = {.T = T, .hidden = hidden, .inter = inter, .qkv_w = (int64_t)(nq + 2 * nkv) * d, .q_w = (int64_t)nq * d,
