@@ -106,11 +106,16 @@ def has_fast_path() -> bool:
     return all(f in _cpu_flags() for f in FAST_PATH_CPU_FLAGS)
 
 
+def missing_cpu_flags(flags: tuple[str, ...]) -> list[str]:
+    """The flags among `flags` (as /proc/cpuinfo names them) this machine lacks."""
+    return [f for f in flags if f not in _cpu_flags()]
+
+
 def missing_isa_flags(isa: str) -> list[str]:
     """The CPU flags this machine lacks for `isa` (one of ISAS), [] when it has them all."""
     if isa not in ISA_CPU_FLAGS:
         raise ValueError(f"unknown instruction set {isa!r}: expected one of {', '.join(ISAS)}")
-    return [f for f in ISA_CPU_FLAGS[isa] if f not in _cpu_flags()]
+    return missing_cpu_flags(ISA_CPU_FLAGS[isa])
 
 
 def isa(lib: ctypes.CDLL) -> str:

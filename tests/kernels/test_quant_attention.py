@@ -12,8 +12,7 @@ import pytest
 import torch
 
 from agentrt.kernels.paged_attention import paged_attention_reference
-from agentrt.kernels.cpu_build import _cpu_flags
-from agentrt.kernels.quant_build import AVX2_MARCH, has_fast_path, quant_kernels, unsupported_reason
+from agentrt.kernels.quant_build import AVX2_MARCH, has_fast_path, missing_cpu_flags, quant_kernels, unsupported_reason
 from agentrt.kernels.quant_decoder import KV_DTYPE, KV_FLUSH, kv_round, quant_attention
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
@@ -46,7 +45,7 @@ def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, ro
     pair), the same bits as each row alone and as this CPU's build."""
     if build == "avx2" and not has_fast_path():
         pytest.skip("the AVX2 build needs avx2, fma and f16c")
-    missing = [f for f in NO_BF16_FLAGS if f not in _cpu_flags()]
+    missing = missing_cpu_flags(NO_BF16_FLAGS)
     if build == "avx512-no-bf16" and missing:
         pytest.skip(f"the {NO_BF16_MARCH} build needs {', '.join(missing)}")
     lib = {"native": quant_kernels, "avx2": lambda: quant_kernels(march=AVX2_MARCH),
