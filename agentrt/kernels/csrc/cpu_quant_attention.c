@@ -43,7 +43,11 @@
                                 * 8: 30 layers at 1024 cached tokens, 9 rows 0.84x the time, 16 rows
                                 * 0.89x, 128 rows 0.95x; 32 gained only at 128 rows) */
 #define PV_QUERIES 6           /* queries sharing a value row: 4 accumulators each in registers */
-#define CONVERT_QUERIES 4      /* queries sharing a chunk's value rows from which they are converted once */
+#define CONVERT_QUERIES (PV_QUERIES + 1) /* queries sharing a chunk's value rows from which they are
+                                          * converted once: up to PV_QUERIES read each row once anyway
+                                          * (a verify of one draft, 6 queries on SmolLM2: 30 layers
+                                          * at 1024 cached tokens 0.87-0.92x the time against converting
+                                          * from 4, Zen 4) */
 #define MAX_SPLIT_CHUNKS 4096  /* split into chunk tasks: this many partials at most */
 #define SERIAL_ATTN_MACS 32768 /* less work runs on the caller: cheaper than a join (~5 us) */
 #define PART_STRIDE(d) ((d) + 8) /* a partial: acc[d], m, s, padding */
@@ -557,8 +561,10 @@ static void rows_to_f32(const kv_t *src, const int64_t *off, int64_t j0, int64_t
  * queries per KV head (3 on SmolLM2) spend little time on each row, and waited on their arrival:
  * whole SmolLM2-135M forwards at 1024 cached tokens a sequence, two builds timed in turn (Xeon,
  * 2 threads), 1 sequence 0.90x the time, 8 sequences 0.87x, 24 sequences 0.82x; 30 layers'
- * attention alone at 4096 tokens 0.86x. (Tasks of 4+ queries convert the rows, compute-bound:
- * there it gained nothing.) */
+ * attention alone at 4096 tokens 0.86x. Tasks of a verification's rows (4+ queries, their value
+ * rows converted) waited too on the AMD EPYC (Zen 4, 2 threads): whole forwards of one sequence at
+ * 1024 cached tokens fed 2 / 4 / 8 / 16 rows took 0.90 / 0.93 / 0.95 / 0.97x the time with the
+ * fetch than without; attention alone at 4096 tokens 0.71-0.87x; at 300 tokens even. */
 static void prefetch_rows(const kv_t *K, const kv_t *V, const int64_t *off, int64_t lo, int64_t hi, int d) {
   for (int64_t j = lo; j < hi; j++)
     for (int c = 0; c < d * (int)sizeof(kv_t); c += 64) {
@@ -605,18 +611,16 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
     }
     const int64_t kv = (int64_t)k * d;
     const int convert = QUANT_AVX512 && nqs >= CONVERT_QUERIES;
-    if (!convert) { /* few queries: the rows' arrival bounds the task, fetch the next one's meanwhile:
-                     * a split task's successor is the chunk's next head, the token path's this
-                     * head's next chunk */
-      if (!D->run && k + 1 < A->nkv) {
-        prefetch_rows(A->kc + kv + d, A->vc + kv + d, off, lo, hi, d);
-      } else if (c < last_chunk(A, first)) {
-        int64_t next[OFF_ENTRIES], l;
-        const int64_t n = chunk_range(A, first, c + 1, &l), head = D->run ? kv : 0;
-        if (n) {
-          chunk_offsets(A, first, c + 1, l, l + n, next);
-          prefetch_rows(A->kc + head, A->vc + head, next, l, l + n, d);
-        }
+    /* the next task's rows fetched meanwhile (prefetch_rows): a split task's successor is the
+     * chunk's next head, the token path's this head's next chunk */
+    if (!D->run && k + 1 < A->nkv) {
+      prefetch_rows(A->kc + kv + d, A->vc + kv + d, off, lo, hi, d);
+    } else if (c < last_chunk(A, first)) {
+      int64_t next[OFF_ENTRIES], l;
+      const int64_t n = chunk_range(A, first, c + 1, &l), head = D->run ? kv : 0;
+      if (n) {
+        chunk_offsets(A, first, c + 1, l, l + n, next);
+        prefetch_rows(A->kc + head, A->vc + head, next, l, l + n, d);
       }
     }
     if (convert) rows_to_f32(A->vc + kv, off, lo, hi, d, vf);
