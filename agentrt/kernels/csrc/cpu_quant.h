@@ -55,7 +55,7 @@ typedef struct {
   int64_t N, K, nb, row_bytes; /* nb: activation blocks per row, K/32; ROWS8: bytes per group of 8 rows */
   const int8_t *xq; /* [M][K] (rows past M up to a multiple of 16: zeros) */
   /* ROWS8 weights on AVX2, VNNI and AMX: the activations by group of vg rows, block and row,
-   * [ceil(M / vg)][nb][vg][32] (Q8_0 on VNNI and AMX: + 128, as unsigned bytes), else NULL. A block's
+   * [ceil(M / vg)][nb][vg][32], else NULL. A block's
    * rows lie at constant offsets from one pointer, where by row each row's address takes a
    * register of its own and they spill. */
   const uint8_t *xv;
@@ -67,6 +67,10 @@ typedef struct {
    * NULL), for the same reason (AMX runs 5+ rows: vg 16, scales_at; it reads xq, not xv, whose
    * copy, ~50 us a layer at 512 rows timed alone on a Zen 4, is ~0.5% of the Xeon's prefill) */
   const float *xdt, *xst;
+  /* Q8_0 on VNNI and AMX: -128 times each row's sum of a block's quantized activations, laid out
+   * as xdt: VPDPBUSD multiplies unsigned by signed bytes, and the weights + 128 (unsigned) times
+   * the activations, started from this, is the signed product exactly; else NULL */
+  const int32_t *xsw;
   int64_t nb8;
   int64_t M;
   float *out;

@@ -567,7 +567,7 @@ int agentrt_quant_interleave(const uint8_t *w, int fmt, int64_t N, int64_t K, ui
  * Returns 0, -3 when out of memory. */
 int quant_linear_reserve(int64_t M, int64_t K) {
   const int64_t M16 = (M + 15) / 16 * 16, nb = K / QK, nb8 = (nb + 7) / 8 * 8;
-  const size_t size = (size_t)(M16 * K) * 2 + sizeof(float) * (size_t)(M16 * (nb8 + 3 * nb));
+  const size_t size = (size_t)(M16 * K) * 2 + sizeof(float) * (size_t)(M16 * (nb8 + 4 * nb));
   void *p = scratch_get(&scratch, size);
   if (!p) return -3;
   memset(p, 0, size);
@@ -592,13 +592,14 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
   /* one row: its activations as quantized (a group of 16 with one row cost 1.05x the time of a
    * decode step's forward on the x86-64-v3 build, Zen 4); Q8_0 on VNNI reads them unsigned */
   const int64_t vg = M == 1 ? 1 : 16;
-  const uint8_t flip = fmt == FMT_Q8_0 && isa >= QUANT_ISA_VNNI ? 0x80u : 0;
+  const int signed_weights = by_group && fmt == FMT_Q8_0 && isa >= QUANT_ISA_VNNI; /* qjob.xsw */
   /* rows padded to 16 (AMX reads activations 16 rows at a time; the padding is zeros) */
   const int64_t M16 = (M + 15) / 16 * 16;
   /* q rows first (each K bytes: 32-byte aligned), then s (rows of nb8: 32-byte aligned), then
-   * (by_group) q by group (qjob.xv), then d, then (by_group) d and s by group (xdt) */
+   * (by_group) q by group (qjob.xv), then d, then (by_group) d and s by group (xdt), then
+   * (signed_weights) xsw */
   int8_t *xq = scratch_get(&scratch, (size_t)(M16 * K) * (1 + by_group)
-                                         + sizeof(float) * (size_t)(M16 * (nb8 + nb * (by_group ? 3 : 1))));
+                                         + sizeof(float) * (size_t)(M16 * (nb8 + nb * (by_group ? 3 + signed_weights : 1))));
   if (!xq) return -3;
   float *xs = (float *)(xq + M16 * K);
   uint8_t *xv = by_group ? (uint8_t *)(xs + M16 * nb8) : NULL;
@@ -610,12 +611,10 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
     memset(xd + M * nb, 0, sizeof(float) * (size_t)((M16 - M) * nb));
   }
   float *xdt = by_group ? xd + M16 * nb : NULL, *xst = by_group ? xdt + M16 * nb : NULL;
+  int32_t *xsw = signed_weights ? (int32_t *)(xd + M16 * nb * 3) : NULL;
   if (by_group && vg == 1) { /* the row as quantized is its own group */
     xdt = xd, xst = xs;
-    if (flip)
-      for (int64_t i = 0; i < K; i++) xv[i] = (uint8_t)xq[i] ^ flip;
-    else
-      xv = (uint8_t *)xq;
+    xv = (uint8_t *)xq;
   } else if (by_group) { /* the rows there are; AMX folds 4 rows at a time: zeros up to a multiple of 4 */
     for (int64_t m = 0; m < (isa == QUANT_ISA_AMX ? (M + 3) / 4 * 4 : M); m++)
       for (int64_t b = 0; b < nb; b++) {
@@ -623,15 +622,19 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
         xst[scales_at(nb, m, b)] = xs[m * nb8 + b];
       }
     for (int64_t m = 0; m < M; m++)
-      for (int64_t b = 0; b < nb; b++) {
-        uint8_t *v = xv + scales_at(nb, m, b) * QK;
-        const int8_t *q = xq + m * K + b * QK;
-        for (int i = 0; i < QK; i++) v[i] = (uint8_t)q[i] ^ flip;
-      }
+      for (int64_t b = 0; b < nb; b++) memcpy(xv + scales_at(nb, m, b) * QK, xq + m * K + b * QK, QK);
   }
+  if (xsw) /* the sums in xdt's layout, which for one row is the row's own */
+    for (int64_t m = 0; m < M; m++)
+      for (int64_t b = 0; b < nb; b++) {
+        const int8_t *q = xq + m * K + b * QK;
+        int32_t sum = 0;
+        for (int i = 0; i < QK; i++) sum += q[i];
+        xsw[vg == 1 ? b : scales_at(nb, m, b)] = -128 * sum;
+      }
   qjob j = {.w = w, .fmt = fmt, .rows8 = rows8, .N = N, .K = K, .nb = nb, .nb8 = nb8,
             .row_bytes = K / bs * bb * (rows8 ? 8 : 1), .xq = xq, .xv = xv, .vg = vg, .isa = isa, .xd = xd, .xs = xs,
-            .xdt = xdt, .xst = xst, .M = M, .out = out, .out_stride = out_stride};
+            .xdt = xdt, .xst = xst, .xsw = xsw, .M = M, .out = out, .out_stride = out_stride};
   const int64_t chunks = (N + CHUNK_N - 1) / CHUNK_N;
   const int nt = threads < 1 ? 1 : (threads > chunks ? (int)chunks : threads);
   pool_chunks_init(&j.chunks, chunks, nt);
