@@ -67,9 +67,10 @@ typedef struct {
    * NULL), for the same reason (AMX runs 5+ rows: vg 16, scales_at; it reads xq, not xv, whose
    * copy, ~50 us a layer at 512 rows timed alone on a Zen 4, is ~0.5% of the Xeon's prefill) */
   const float *xdt, *xst;
-  /* Q8_0 on VNNI and AMX: -128 times each row's sum of a block's quantized activations, laid out
-   * as xdt: VPDPBUSD multiplies unsigned by signed bytes, and the weights + 128 (unsigned) times
-   * the activations, started from this, is the signed product exactly; else NULL */
+  /* Q8_0 where VNNI may run the call (AMX hands it chunks it cannot buffer): -128 times each
+   * row's sum of a block's quantized activations, laid out as xdt. VPDPBUSD multiplies unsigned
+   * by signed bytes; the weights + 128 times the activations, started from this, is the signed
+   * product exactly. Else NULL */
   const int32_t *xsw;
   int64_t nb8;
   int64_t M;

@@ -590,7 +590,7 @@ int agentrt_quant_linear(const float *x, int64_t x_stride, int64_t M, const uint
   const int64_t nb8 = (nb + 7) / 8 * 8;
   const int isa = rows8 ? call_isa(M, fmt) : QUANT_ISA_AVX2, by_group = rows8 && QUANT_AVX2;
   /* one row: its activations as quantized (a group of 16 with one row cost 1.05x the time of a
-   * decode step's forward on the x86-64-v3 build, Zen 4); Q8_0 on VNNI reads them unsigned */
+   * decode step's forward on the x86-64-v3 build, Zen 4) */
   const int64_t vg = M == 1 ? 1 : 16;
   const int signed_weights = by_group && fmt == FMT_Q8_0 && isa >= QUANT_ISA_VNNI; /* qjob.xsw */
   /* rows padded to 16 (AMX reads activations 16 rows at a time; the padding is zeros) */

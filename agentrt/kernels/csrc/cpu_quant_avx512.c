@@ -148,12 +148,14 @@ static inline __attribute__((always_inline)) void vnni_rows(const qjob *j, const
      * one thread, AMD EPYC (Zen 4: AVX-512 VNNI, no AMX): 0.89-0.94x the time of row by row at
      * 2-16 rows. Q8_0's chains start from the rows' -128 sum(q) (see the top of the file). */
     __m512i s[MR_VNNI];
-    for (int r = 0; r < mr; r++)
-      s[r] = _mm512_dpbusd_epi32(fmt == FMT_Q8_0 ? _mm512_set1_epi32(j->xsw[at + b * vg + r]) : _mm512_setzero_si512(), v[0],
-                                 bcast4x16(xv + QK * r));
-    for (int c = 1; c < 8; c++)
+    for (int r = 0; r < mr; r++) {
+      const __m512i start = fmt == FMT_Q8_0 ? _mm512_set1_epi32(j->xsw[at + b * vg + r]) : _mm512_setzero_si512();
+      s[r] = _mm512_dpbusd_epi32(start, v[0], bcast4x16(xv + QK * r));
+    }
+    for (int c = 1; c < 8; c++) /* chunk c's values: Q8_0 4c.., Q4 as block16 unpacks them */
       for (int r = 0; r < mr; r++)
-        s[r] = _mm512_dpbusd_epi32(s[r], v[c], bcast4x16(xv + QK * r + (fmt == FMT_Q8_0 || c < 4 ? 4 * c : 16 + 4 * (c - 4))));
+        s[r] = _mm512_dpbusd_epi32(s[r], v[c],
+                                   bcast4x16(xv + QK * r + (fmt == FMT_Q8_0 || c < 4 ? 4 * c : 16 + 4 * (c - 4))));
     for (int r = 0; r < mr; r++) acc[r] = fold_block(acc[r], dw, mw, s[r], sd, ss, r, fmt);
   }
   for (int r = 0; r < mr; r++) store_rows16(j, m0 + r, n0, nr, acc[r]);
