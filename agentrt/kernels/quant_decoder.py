@@ -30,6 +30,7 @@ MODEL_FIELDS = 22  # agentrt_quant_forward's model table
 # (VDPBF16PS); each K/V value is rounded once, and the queries as they are (kv_round).
 KV_DTYPE = torch.bfloat16
 KV_FLUSH = 2.0**-50  # smaller magnitudes are stored as a signed zero (csrc/cpu_quant.h, kv_t)
+ATTN_CHUNK = 64  # positions per chunk of the kernel's attention (csrc/cpu_quant_attention.c)
 
 
 def kv_round(x: torch.Tensor) -> torch.Tensor:
@@ -231,6 +232,50 @@ def quant_attention(
     return out
 
 
+def quant_attention_reference(
+    q: torch.Tensor,  # [T, nq, d] fp32, rotary applied
+    k_cache: torch.Tensor,  # [num_slots, nkv, d] bf16
+    v_cache: torch.Tensor,
+    cu_q: torch.Tensor,  # [B + 1] int64
+    positions: torch.Tensor,  # [T] int64
+    block_tables: torch.Tensor,  # [B, max_blocks] int64
+    block_size: int,
+    scale: float,
+    window: int | None = None,
+) -> torch.Tensor:  # [T, nq, d]
+    """quant_attention's arithmetic in PyTorch: the queries rounded as the caches (kv_round); each
+    query's positions in chunks of ATTN_CHUNK fixed by position, per chunk the softmax numerators
+    e^(s - the chunk's max) rounded as K/V values (P.V takes them as bf16), their sum and P.V, then
+    the chunks folded. The kernel sums in other orders (bf16 pair products, exact, added in fp32)
+    and its exp is a polynomial, so the two agree to rounding, and a numerator that sits on a bf16
+    rounding boundary may round the other way (2^-8 of that one weight)."""
+    q = kv_round(q).float()
+    nq, nkv = q.shape[1], k_cache.shape[1]
+    out = torch.empty_like(q)
+    for b in range(cu_q.numel() - 1):
+        t0, t1 = int(cu_q[b]), int(cu_q[b + 1])
+        pos = positions[t0:t1]
+        chunks = int(pos.max()) // ATTN_CHUNK + 1
+        offs = torch.arange(chunks * ATTN_CHUNK)
+        seen = offs <= int(pos.max())  # the positions past the last are zeros here (the kernel reads none)
+        slots = block_tables[b, torch.where(seen, offs, 0) // block_size] * block_size + offs % block_size
+        k, v = (torch.where(seen.view(-1, 1, 1), c[slots].float(), 0.0).repeat_interleave(nq // nkv, dim=1)
+                for c in (k_cache, v_cache))  # [C * 64, nq, d]
+        scores = torch.matmul(q[t0:t1].transpose(0, 1), k.permute(1, 2, 0)) * scale  # [nq, n, C * 64]
+        hidden = offs.view(1, 1, -1) > pos.view(1, -1, 1)
+        if window:
+            hidden |= offs.view(1, 1, -1) <= pos.view(1, -1, 1) - window
+        scores = scores.masked_fill(hidden, float("-inf")).view(nq, t1 - t0, chunks, ATTN_CHUNK)
+        m = scores.amax(dim=-1, keepdim=True)  # [nq, n, C, 1]; -inf for a chunk the query does not see
+        p = kv_round(torch.exp(scores - torch.where(m.isinf(), 0.0, m))).float()
+        acc = torch.matmul(p.transpose(1, 2), v.permute(1, 0, 2).reshape(nq, chunks, ATTN_CHUNK, -1)).transpose(1, 2)
+        # acc: [nq, n, C, d]
+        w = torch.exp(m - m.amax(dim=2, keepdim=True))  # each chunk's scale in the fold, 0 where unseen
+        num, den = (acc * w).sum(dim=2), (p.sum(dim=-1, keepdim=True) * w).sum(dim=2)
+        out[t0:t1] = (num / den).transpose(0, 1)
+    return out
+
+
 def quant_decoder_reference(
     layers: list[QuantLayerWeights],
     k_caches: list[torch.Tensor],  # [num_slots, nkv, d] (bf16 as the kernel's, or fp32), written
@@ -259,8 +304,9 @@ def quant_decoder_reference(
             qkv = qkv + w.qkv_bias
         rotary_kv_write_reference(qkv, positions, cos, sin, slots, kc, vc, nq)
         q = qkv[:, : nq * d].reshape(T, nq, d)
-        attn = paged_attention_reference(kv_round(q).float() if kc.dtype == KV_DTYPE else q, kc, vc, cu_q, positions,
-                                         block_tables, block_size, dims.scale)
+        attn = (quant_attention_reference(q, kc, vc, cu_q, positions, block_tables, block_size, dims.scale)
+                if kc.dtype == KV_DTYPE else
+                paged_attention_reference(q, kc, vc, cu_q, positions, block_tables, block_size, dims.scale))
         h = h + quant_linear(attn.reshape(T, nq * d), w.o, lib=lib)
         gate, up = quant_linear(rms_norm_reference(h, w.mlp_norm, dims.eps), w.gate_up, lib=lib).chunk(2, dim=-1)
         h = h + quant_linear((torch.nn.functional.silu(gate) * up).contiguous(), w.down, lib=lib)

@@ -2,9 +2,10 @@
 GGUF blocks, against the PyTorch path of the same model object (`quant_fused = False`).
 
 Both compute the same model: the same Q4_1/Q8_0 blocks, the same int8 activation blocks before
-every linear. They differ by fp32 summation order (RMSNorm's mean, attention, the softmax sum)
-and exp() rounding, and such a last-bit difference moves an activation's int8 rounding by one
-step (amax/127 of its block of 32) when it sits at a rounding tie. Hence the bounds:
+every linear, bf16 queries and softmax numerators in the attention. They differ by fp32 summation
+order (RMSNorm's mean, attention, the softmax sum) and exp() rounding, and such a last-bit
+difference moves an activation's int8 rounding by one step (amax/127 of its block of 32) when it
+sits at a rounding tie (or a numerator's bf16 rounding). Hence the bounds:
 - one layer on the PyTorch path's own input: a token row agrees to 1e-5 of the layer's update
   (fp32 order alone: observed <= 1.4e-6) unless a flip hit it; >= 90% of the rows of layers
   1..29 do (observed 96%), every row of every layer is within 2e-2 (a flip moves a row by <1%:
@@ -29,11 +30,11 @@ from agentrt.engine import SamplingParams, SpecConfig
 from agentrt.engine.kv.block_manager import BlockManager
 from agentrt.engine.kv.kv_cache import KVCache
 from agentrt.engine.models import quant_forward as qf
-from agentrt.engine.models.attention import build_attention_metadata, paged_attention
+from agentrt.engine.models.attention import build_attention_metadata
 from agentrt.engine.models.layers import apply_rotary, rms_norm
 from agentrt.engine.models.llama import ForwardBatch
 from agentrt.kernels import quant_build
-from agentrt.kernels.quant_decoder import kv_round, quant_decoder_layers, quant_model_forward
+from agentrt.kernels.quant_decoder import quant_attention_reference, quant_decoder_layers, quant_model_forward
 
 CHATS = [  # tests/engine/test_spec_engine.py's
     [{"role": "user", "content": "Repeat exactly: red green blue, red green blue, red green blue."}],
@@ -96,8 +97,9 @@ def _torch_layer(m, li: int, h: torch.Tensor, kv: KVCache, batch: ForwardBatch) 
     q, k, v = layer.qkv(rms_norm(h, layer.attn_norm, cfg.rms_norm_eps)).split([nq * d, nkv * d, nkv * d], dim=-1)
     q, k = apply_rotary(q.view(T, nq, d), cos, sin), apply_rotary(k.view(T, nkv, d), cos, sin)
     kv.write(li, batch.slot_mapping, k, v.view(T, nkv, d))
-    q = kv_round(q).float()  # the queries as the model's bf16 caches take them (layer_ops.TorchLayerOps.attention)
-    h = h + layer.o(paged_attention(q, kv.k[li], kv.v[li], batch.attn, m.scale).reshape(T, nq * d))
+    a = batch.attn  # the attention's roundings as the fused decoder's (bf16 queries, bf16 numerators per chunk)
+    attn = quant_attention_reference(q, kv.k[li], kv.v[li], a.cu_q, a.positions, a.block_tables, a.block_size, m.scale)
+    h = h + layer.o(attn.reshape(T, nq * d))
     gate, up = layer.gate_up(rms_norm(h, layer.mlp_norm, cfg.rms_norm_eps)).chunk(2, dim=-1)
     return h + layer.down(torch.nn.functional.silu(gate) * up)
 

@@ -5,15 +5,14 @@ the row computed alone: rows of two sequences at once against each row alone, wi
 (chunk tasks) and many (group tasks), head sizes on the 512-bit P.V path (64, 128) and off it
 (48), GQA groups of 1, 3 and 4 query heads, a sliding window, on 1 and 2 threads, on this CPU's
 build and the x86-64-v3 one (VDPBF16PS where this CPU has it against two FMAs a pair there); and
-the result against paged_attention_reference on the queries rounded as the kernel rounds them."""
+the result against quant_attention_reference (the kernel's roundings in PyTorch)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agentrt.kernels.paged_attention import paged_attention_reference
 from agentrt.kernels.quant_build import AVX2_MARCH, has_fast_path, missing_cpu_flags, quant_kernels, unsupported_reason
-from agentrt.kernels.quant_decoder import KV_DTYPE, KV_FLUSH, kv_round, quant_attention
+from agentrt.kernels.quant_decoder import KV_DTYPE, KV_FLUSH, kv_round, quant_attention, quant_attention_reference
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
                                 reason=f"quantized kernels cannot run here: {unsupported_reason()}")
@@ -63,8 +62,12 @@ def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, ro
     if build != "native":
         native = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2)
         assert torch.equal(together, native)
-    ref = paged_attention_reference(kv_round(q).float(), k, v, cu_q, positions, tables, BS, scale, window)
-    torch.testing.assert_close(together, ref, rtol=1e-5, atol=1e-5)
+    # the reference rounds the same numerators to bf16, but from torch.exp and other sums: one on a
+    # rounding boundary can round the other way (2^-8 of its weight, ~1e-4 here); all else agrees
+    # to fp32 rounding (mean ~1e-7; against unrounded probabilities the mean is ~2e-4)
+    ref = quant_attention_reference(q, k, v, cu_q, positions, tables, BS, scale, window)
+    torch.testing.assert_close(together, ref, rtol=0, atol=3e-4)
+    assert (together - ref).abs().mean() < 1e-6
 
 
 def test_a_verifys_rows_in_one_group_equal_rows_alone():

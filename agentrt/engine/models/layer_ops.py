@@ -21,7 +21,7 @@ from agentrt.engine.models import invariant
 from agentrt.engine.models.attention import AttentionMetadata, paged_attention
 from agentrt.engine.models.batch import ForwardBatch
 from agentrt.engine.models.layers import apply_rotary, gemma_rms_norm, rms_norm
-from agentrt.kernels.quant_decoder import KV_DTYPE, kv_round
+from agentrt.kernels.quant_decoder import KV_DTYPE, kv_round, quant_attention_reference
 
 
 def activation(name: str):
@@ -87,8 +87,11 @@ class TorchLayerOps:
                   window: int | None) -> torch.Tensor:
         # a token tree gives each node its own keys (its ancestors'): attention per query
         attend = invariant.attention if meta.tree is not None else self._attention
-        if kv.k[li].dtype == KV_DTYPE and q.dtype == torch.float32:
-            q = kv_round(q).float()  # the quantized model's queries, rounded as its fused decoder rounds them
+        if kv.k[li].dtype == KV_DTYPE and q.dtype == torch.float32:  # the quantized model's bf16 caches
+            if attend is paged_attention:  # the fused decoder's roundings: bf16 queries and numerators per chunk
+                return quant_attention_reference(q, kv.k[li], kv.v[li], meta.cu_q, meta.positions, meta.block_tables,
+                                                 meta.block_size, scale, window)
+            q = kv_round(q).float()  # the queries rounded as the fused decoder rounds them (its numerators not)
         return attend(q, kv.k[li], kv.v[li], meta, scale, window)
 
     def gate(self, gate_up: torch.Tensor) -> torch.Tensor:

@@ -13,9 +13,11 @@ three calls cost ~0.3 ms of a ~5 ms batch-1 step: its caches are cold after the 
 past); otherwise the layers and the norm in one call, the embedding and head around it.
 
 It computes the PyTorch path's model (same weights, same int8 activation blocks before every
-linear, K/V kept in bf16 caches: model.kv_dtype); the two differ by the queries' bf16 rounding
-(the scores are bf16 dot products), fp32 summation order and exp() rounding, which can flip an int8
-rounding of a later linear's activations (tests/engine/test_quant_forward.py bounds it). Unlike
+linear, K/V kept in bf16 caches: model.kv_dtype; the queries and the softmax numerators rounded
+to bf16 as the decoder's attention rounds them, quant_attention_reference, where the
+batch-invariant variant rounds the queries only); the two differ by fp32 summation order and
+exp() rounding, which can flip an int8 rounding of a later linear's activations
+(tests/engine/test_quant_forward.py bounds it). Unlike
 the PyTorch path it is batch invariant: a token's logits do not depend on the rest of the batch,
 so greedy output is the same with and without speculation, with or without `batch_invariant`.
 Used for every batch of a quantized model whose weights and cache it supports; `model.quant_fused

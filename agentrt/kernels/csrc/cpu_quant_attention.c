@@ -4,8 +4,9 @@
  *
  * Chunks. A token's positions are cut into chunks of ATTN_CHUNK fixed by the position alone;
  * chunk c's partial for query head h is, over the chunk's positions j,
- *   m = max_j s_j,   s = sum_j e^(s_j - m),   acc = sum_j e^(s_j - m) V_j       (s_j = scale q.K_j)
- * with q rounded as the caches are (f32_to_kv: bf16, tiny values flushed).
+ *   m = max_j s_j,   p_j = kv(e^(s_j - m)),   s = sum_j p_j,   acc = sum_j p_j V_j     (s_j = scale q.K_j)
+ * with q and the numerators p_j rounded as the caches are (kv = f32_to_kv: bf16, tiny values
+ * flushed), so that P.V is a bf16 dot product too (see P.V below);
  * and a token's chunks are folded in order, (m, s, acc) (+) (m', s', acc') =
  *   (M, s e^(m - M) + s' e^(m' - M), acc e^(m - M) + acc' e^(m' - M)),  M = max(m, m'),
  * then out = acc * (1 / s).
@@ -13,8 +14,9 @@
  * Groups. The rows of one sequence in a step (a verification's k + 1 rows, a prefill chunk) read
  * the same key and value rows, so up to GROUP_ROWS of them are taken together: per chunk and KV
  * head, each key row is read once for all the group's queries (g query heads x rows), two queries
- * share each 512-bit multiply-add, and each value row once for up to PV_QUERIES queries (the
- * 256-bit loops: a key row's values split once for up to 3 queries, a value row converted for 2). Tasks
+ * share each 512-bit multiply-add, and each pair of value rows serves up to PV_QUERIES queries,
+ * laid out once for all of them where more share it (the 256-bit loops: a key row's values split
+ * once for up to 3 queries, a value row converted for 2). Tasks
  * are (group, KV head), or with few rows and long contexts (group, chunk, KV head), whose
  * partials a merge folds per token.
  *
@@ -25,10 +27,19 @@
  * Where the CPU has no VDPBF16PS, two fp32 FMAs per pair give the same bits (no subnormal can
  * arise: see kv_t).
  *
+ * P.V. Column c of acc sums the chunk's positions in pairs (2i, 2i+1) counted from the chunk's
+ * start, in order, each as VDPBF16PS does: acc += p[2i+1] V[2i+1][c], then += p[2i] V[2i][c]
+ * (products of bf16 values, exact; a position outside the query's range adds nothing). AVX-512
+ * lays two value rows side by side (value_pairs) and takes 16 columns of a pair in one VDPBF16PS,
+ * half the instructions of fp32 FMAs on converted rows; elsewhere the FMAs run in that order
+ * (positions 1, 0, 3, 2, ...), the same bits. Against fp32 numerators and FMAs on fp32 rows:
+ * whole SmolLM2-135M forwards at 1024 cached tokens, 1 / 2 / 4 / 16 rows 0.99 / 0.95 / 0.98 / 0.96x
+ * the time, 64 rows at 300 tokens 0.93x (AMD EPYC Zen 4, 2 threads, two builds in turn).
+ *
  * Batch invariance. Whatever the group, the task or the instruction set, each number is computed
  * by the same operations in the same order as a token alone: a score's lane sums and their
  * reduction (two queries side by side in a 512-bit vector keep those lanes), the max and the exp sums over
- * each query's own scores, each output column's sum over positions in order, the chunk folds in
+ * each query's own scores, each output column's sum over position pairs in order, the chunk folds in
  * order. So a token's attention bits depend neither on the other rows, nor on the thread count,
  * nor on whether the CPU has AVX-512, and speculation (k+1 verify rows) cannot change greedy
  * output. */
@@ -42,12 +53,8 @@
                                 * of up to 15 drafts in one group, its rows converted once (against
                                 * 8: 30 layers at 1024 cached tokens, 9 rows 0.84x the time, 16 rows
                                 * 0.89x, 128 rows 0.95x; 32 gained only at 128 rows) */
-#define PV_QUERIES 6           /* queries sharing a value row: 4 accumulators each in registers */
-#define CONVERT_QUERIES (PV_QUERIES + 1) /* queries sharing a chunk's value rows from which they are
-                                          * converted once: up to PV_QUERIES read each row once anyway
-                                          * (a verify of one draft, 6 queries on SmolLM2: 30 layers
-                                          * at 1024 cached tokens 0.87-0.92x the time against converting
-                                          * from 4, Zen 4) */
+#define PV_QUERIES 6           /* queries sharing a value pair row: 4 accumulators each in registers */
+#define PAIRS_STRIDE (ATTN_CHUNK / 2) /* a query's probability pairs (32-bit words) in a chunk */
 #define MAX_SPLIT_CHUNKS 4096  /* split into chunk tasks: this many partials at most */
 #define SERIAL_ATTN_MACS 32768 /* less work runs on the caller: cheaper than a join (~5 us) */
 #define PART_STRIDE(d) ((d) + 8) /* a partial: acc[d], m, s, padding */
@@ -77,21 +84,38 @@ static float max_row(const float *s, int64_t n) {
   return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* s[j] = e^(s[j] - m) for j < n; returns their sum (lane sums in order, then the lanes) */
+/* f32_to_kv on 8 lanes, back as fp32 (exact) */
+static inline __m256 kv_round8(__m256 v) { return _mm256_castsi256_ps(_mm256_slli_epi32(f32x8_to_kv32(v), 16)); }
+
+/* s[j] = e^(s[j] - m) rounded as a K/V value (f32_to_kv: the probabilities enter P.V as bf16) for
+ * j < n; returns their sum (lane sums in order, then the lanes) */
 #if QUANT_AVX512
+/* f32_to_kv on 16 lanes, back as fp32 (exact) */
+static inline __m512 kv_round16(__m512 v) {
+  const __m512i x = _mm512_castps_si512(v), ax = _mm512_and_si512(x, _mm512_set1_epi32(0x7fffffff));
+  const __m512i hi = _mm512_srli_epi32(x, 16);
+  __m512i r = _mm512_srli_epi32(
+      _mm512_add_epi32(x, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(hi, _mm512_set1_epi32(1)))), 16);
+  r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epi32_mask(ax, _mm512_set1_epi32(0x7f800000)),
+                            _mm512_or_si512(hi, _mm512_set1_epi32(0x40)));
+  r = _mm512_mask_mov_epi32(r, _mm512_cmpgt_epi32_mask(_mm512_set1_epi32((int)KV_FLUSH_BITS), ax),
+                            _mm512_and_si512(hi, _mm512_set1_epi32(0x8000)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(r, 16));
+}
+
 static float exp_shift(float *s, int64_t n, float m) { /* 16 at a time, added to the 8 lane sums in order */
   const __m512 mv = _mm512_set1_ps(m);
   __m256 acc = _mm256_setzero_ps();
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
-    const __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
+    const __m512 e = kv_round16(exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv)));
     _mm512_storeu_ps(s + j, e);
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
   }
   if (j < n) { /* the lanes past n: zeros, as the 8-wide tail adds */
     const __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
-    const __m512 e = _mm512_maskz_mov_ps(k, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv)));
+    const __m512 e = _mm512_maskz_mov_ps(k, kv_round16(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv))));
     _mm512_mask_storeu_ps(s + j, k, e);
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     if (n - j > 8) acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
@@ -104,13 +128,13 @@ static float exp_shift(float *s, int64_t n, float m) {
   __m256 acc = _mm256_setzero_ps();
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+    const __m256 e = kv_round8(exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv)));
     _mm256_storeu_ps(s + j, e);
     acc = _mm256_add_ps(acc, e);
   }
   if (j < n) {
     const __m256i k = lanes_below(n - j);
-    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(_mm256_maskload_ps(s + j, k), mv)), _mm256_castsi256_ps(k));
+    const __m256 e = _mm256_and_ps(kv_round8(exp8(_mm256_sub_ps(_mm256_maskload_ps(s + j, k), mv))), _mm256_castsi256_ps(k));
     _mm256_maskstore_ps(s + j, k, e);
     acc = _mm256_add_ps(acc, e);
   }
@@ -158,12 +182,15 @@ static void scores(const kv_t *q, const kv_t *K, const int64_t *off, int64_t n, 
   }
 }
 
-/* out[c] = sum_j p[j] V_j[c] for c < 8 nv, the positions j in order (V_j = V + off[j]) */
-static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t L, const kv_t *V,
+/* out[c] = sum_j p[j] V_j[c] for c < 8 nv over the positions j in [lo, lo + n) in pair order
+ * (PAIR_ORDER), V_j = V + off[j] */
+static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_t lo, int64_t n, const kv_t *V,
                                                           const int64_t *off, float *out, const int nv) {
   __m256 acc[8];
   for (int v = 0; v < nv; v++) acc[v] = _mm256_setzero_ps();
-  for (int64_t j = 0; j < L; j++) {
+  for (int64_t k = lo & ~(int64_t)1; k < ((lo + n + 1) & ~(int64_t)1); k++) {
+    const int64_t j = k ^ 1;
+    if (j < lo || j >= lo + n) continue;
     const __m256 e = _mm256_set1_ps(p[j]);
     const kv_t *vr = V + off[j];
     for (int v = 0; v < nv; v++) acc[v] = _mm256_fmadd_ps(e, kv_load8(vr + 8 * v), acc[v]);
@@ -171,11 +198,11 @@ static inline __attribute__((always_inline)) void pv_cols(const float *p, int64_
   for (int v = 0; v < nv; v++) _mm256_storeu_ps(out + 8 * v, acc[v]);
 }
 
-static void pv(const float *p, int64_t L, const kv_t *V, const int64_t *off, float *out, int d) {
+static void pv(const float *p, int64_t lo, int64_t n, const kv_t *V, const int64_t *off, float *out, int d) {
   for (int c0 = 0; c0 < d; c0 += 64) { /* d % 8 == 0 (checked): up to 8 accumulators in registers */
     switch ((d - c0) / 8 < 8 ? (d - c0) / 8 : 8) {
-#define PV(NV) case NV: pv_cols(p, L, V + c0, off, out + c0, NV); break;
-      PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7) default: pv_cols(p, L, V + c0, off, out + c0, 8);
+#define PV(NV) case NV: pv_cols(p, lo, n, V + c0, off, out + c0, NV); break;
+      PV(1) PV(2) PV(3) PV(4) PV(5) PV(6) PV(7) default: pv_cols(p, lo, n, V + c0, off, out + c0, 8);
 #undef PV
     }
   }
@@ -191,7 +218,7 @@ static float max_row(const float *s, int64_t n) {
 
 static float exp_shift(float *s, int64_t n, float m) {
   float sum = 0.0f;
-  for (int64_t j = 0; j < n; j++) sum += s[j] = expf(s[j] - m);
+  for (int64_t j = 0; j < n; j++) sum += s[j] = kv_to_f32(f32_to_kv(expf(s[j] - m)));
   return sum;
 }
 
@@ -208,10 +235,13 @@ static void scores(const kv_t *q, const kv_t *K, const int64_t *off, int64_t n, 
   }
 }
 
-static void pv(const float *p, int64_t L, const kv_t *V, const int64_t *off, float *out, int d) {
+static void pv(const float *p, int64_t lo, int64_t n, const kv_t *V, const int64_t *off, float *out, int d) {
   for (int c = 0; c < d; c++) out[c] = 0.0f;
-  for (int64_t j = 0; j < L; j++)
+  for (int64_t k = lo & ~(int64_t)1; k < ((lo + n + 1) & ~(int64_t)1); k++) { /* pair order; a product of bf16 values is exact */
+    const int64_t j = k ^ 1;
+    if (j < lo || j >= lo + n) continue;
     for (int c = 0; c < d; c++) out[c] += p[j] * kv_load1(V + off[j] + c);
+  }
 }
 
 #endif
@@ -267,37 +297,29 @@ static inline __attribute__((always_inline)) void scores_queries(const query *qs
   }
 }
 
-/* out_q[c] = sum_j p_q[j] V_j[c] for the two queries qs, columns c0 .. c0+31: each query's
- * positions in order (its own first, then those both have, then its own last), one value row
- * converted for both on the shared positions */
+/* out_q[c] = sum_j p_q[j] V_j[c] for the two queries qs, columns c0 .. c0+31, as pv_cols sums
+ * it: over the union of their ranges in pair order, one value row converted for both, a position
+ * outside a query's range adding nothing to it */
 static inline void pv_pair(const query *qs, const kv_t *V, const int64_t *off, int c0) {
   __m256 acc[2][4];
-  int64_t lo = qs[0].lo > qs[1].lo ? qs[0].lo : qs[1].lo;
-  int64_t hi = qs[0].lo + qs[0].n < qs[1].lo + qs[1].n ? qs[0].lo + qs[0].n : qs[1].lo + qs[1].n;
-  if (hi < lo) hi = lo;
-  for (int q = 0; q < 2; q++) {
+  const int64_t lo = qs[0].lo < qs[1].lo ? qs[0].lo : qs[1].lo;
+  const int64_t e0 = qs[0].lo + qs[0].n, e1 = qs[1].lo + qs[1].n, hi = e0 > e1 ? e0 : e1;
+  for (int q = 0; q < 2; q++)
     for (int v = 0; v < 4; v++) acc[q][v] = _mm256_setzero_ps();
-    for (int64_t j = qs[q].lo; j < lo && j < qs[q].lo + qs[q].n; j++) {
-      const __m256 e = _mm256_set1_ps(qs[q].s[j]);
-      for (int v = 0; v < 4; v++) acc[q][v] = _mm256_fmadd_ps(e, kv_load8(V + off[j] + c0 + 8 * v), acc[q][v]);
-    }
-  }
-  for (int64_t j = lo; j < hi; j++) {
+  for (int64_t k = lo & ~(int64_t)1; k < ((hi + 1) & ~(int64_t)1); k++) {
+    const int64_t j = k ^ 1;
+    if (j < lo || j >= hi) continue;
+    const int in0 = j >= qs[0].lo && j < e0, in1 = j >= qs[1].lo && j < e1;
     const kv_t *vr = V + off[j] + c0;
-    const __m256 e0 = _mm256_set1_ps(qs[0].s[j]), e1 = _mm256_set1_ps(qs[1].s[j]);
+    const __m256 p0 = _mm256_set1_ps(in0 ? qs[0].s[j] : 0.0f), p1 = _mm256_set1_ps(in1 ? qs[1].s[j] : 0.0f);
     for (int v = 0; v < 4; v++) {
       const __m256 x = kv_load8(vr + 8 * v);
-      acc[0][v] = _mm256_fmadd_ps(e0, x, acc[0][v]);
-      acc[1][v] = _mm256_fmadd_ps(e1, x, acc[1][v]);
+      if (in0) acc[0][v] = _mm256_fmadd_ps(p0, x, acc[0][v]);
+      if (in1) acc[1][v] = _mm256_fmadd_ps(p1, x, acc[1][v]);
     }
   }
-  for (int q = 0; q < 2; q++) {
-    for (int64_t j = hi > qs[q].lo ? hi : qs[q].lo; j < qs[q].lo + qs[q].n; j++) {
-      const __m256 e = _mm256_set1_ps(qs[q].s[j]);
-      for (int v = 0; v < 4; v++) acc[q][v] = _mm256_fmadd_ps(e, kv_load8(V + off[j] + c0 + 8 * v), acc[q][v]);
-    }
+  for (int q = 0; q < 2; q++)
     for (int v = 0; v < 4; v++) _mm256_storeu_ps(qs[q].out + c0 + 8 * v, acc[q][v]);
-  }
 }
 
 #endif
@@ -386,58 +408,96 @@ static inline __attribute__((always_inline)) void scores_pairs(const query *qs, 
   }
 }
 
-/* Values c .. c+15 of position j's value row: from the chunk's rows converted to fp32 (vf, row
- * stride d) where the group has them, else from the cache (the same numbers: the conversion is exact) */
-static inline __attribute__((always_inline)) __m512 value16(const kv_t *V, const int64_t *off, const float *vf,
-                                                            int d, int64_t j, int c) {
-  return vf ? _mm512_loadu_ps(vf + j * d + c) : kv_load16(V + off[j] + c);
+/* lane l += a[2l+1] b[2l+1], then += a[2l] b[2l] (32 bf16 values of each): VDPBF16PS's
+ * operations, by the instruction where the CPU has it, else by two FMAs (the same bits) */
+static inline __m512 dot_pairs16(__m512 acc, __m512i a, __m512i b) {
+#if QUANT_AVX512BF16
+  return _mm512_dpbf16_ps(acc, (__m512bh)a, (__m512bh)b);
+#else
+  const __m512i odd = _mm512_set1_epi32((int)0xffff0000u);
+  const __m512 ao = _mm512_castsi512_ps(_mm512_and_si512(a, odd)), bo = _mm512_castsi512_ps(_mm512_and_si512(b, odd));
+  const __m512 ae = _mm512_castsi512_ps(_mm512_slli_epi32(a, 16)), be = _mm512_castsi512_ps(_mm512_slli_epi32(b, 16));
+  return _mm512_fmadd_ps(ae, be, _mm512_fmadd_ps(ao, bo, acc));
+#endif
 }
 
-/* out_q[c] = sum_j p_q[j] V_j[c] for the K queries qs (p_q = s_q[lo_q ..]), columns c0 .. c0+63:
- * each query's positions in order (its own first, then those all K share, then its own last),
- * one value row read for all of them on the shared positions. */
-static inline __attribute__((always_inline)) void pv_queries(const query *qs, const int K, const kv_t *V,
-                                                             const int64_t *off, const float *vf, int d, int c0) {
+/* word w of pair row (a, b): a's value 16 h + w (low half), b's (high half); h = 0, 1 */
+static inline __m512i pair_index(int h) {
+  int16_t idx[32];
+  for (int e = 0; e < 32; e++) idx[e] = (int16_t)((e & 1) * 32 + 16 * h + e / 2);
+  return _mm512_loadu_si512(idx);
+}
+
+/* Columns c .. c+31 (fewer at d's end: d % 16 == 0) of the value rows at positions 2i and 2i+1
+ * as two pair vectors (value_pairs), a position outside [lo, hi) zero */
+static inline __attribute__((always_inline)) void pair_cols(const kv_t *V, const int64_t *off, int64_t lo, int64_t hi,
+                                                            int64_t i, int c, int d, const __m512i idx[2], __m512i x[2]) {
+  const int64_t j = 2 * i;
+  const __mmask32 m = d - c >= 32 ? 0xffffffffu : 0xffffu;
+  const __m512i a = j >= lo ? _mm512_maskz_loadu_epi16(m, V + off[j] + c) : _mm512_setzero_si512();
+  const __m512i b = j + 1 < hi ? _mm512_maskz_loadu_epi16(m, V + off[j + 1] + c) : _mm512_setzero_si512();
+  x[0] = _mm512_permutex2var_epi16(a, idx[0], b);
+  x[1] = _mm512_permutex2var_epi16(a, idx[1], b);
+}
+
+/* The chunk's value rows at positions 2i, 2i+1 side by side, for the pairs i of [lo, hi): pair
+ * i at vp + i d, column c's two values in its 32-bit word c (position 2i's in the low half), a
+ * position outside [lo, hi) zero. One VDPBF16PS then takes two positions of 16 columns. */
+static void value_pairs(const kv_t *V, const int64_t *off, int64_t lo, int64_t hi, int d, uint32_t *vp) {
+  const __m512i idx[2] = {pair_index(0), pair_index(1)};
+  for (int64_t i = lo / 2; i < (hi + 1) / 2; i++)
+    for (int c = 0; c < d; c += 32) {
+      __m512i x[2];
+      pair_cols(V, off, lo, hi, i, c, d, idx, x);
+      _mm512_storeu_si512(vp + i * d + c, x[0]);
+      if (d - c > 16) _mm512_storeu_si512(vp + i * d + c + 16, x[1]);
+    }
+}
+
+/* Query q's probabilities (rounded to bf16 by exp_shift) as pairs for [i0, i1): word i holds
+ * p[2i] (low half) and p[2i+1], a position outside the query's range zero */
+static void prob_pairs(const query *q, int64_t i0, int64_t i1, uint32_t *pp) {
+  for (int64_t i = i0; i < i1; i += 16) {
+    const int64_t j = 2 * i, e = q->lo + q->n, t = e < 2 * i1 ? e : 2 * i1;
+    /* bit b: position j + b in [lo, t) */
+    const int64_t b0 = q->lo > j ? (q->lo - j < 32 ? q->lo - j : 32) : 0, b1 = t - j < 32 ? (t - j > 0 ? t - j : 0) : 32;
+    const uint64_t m = b1 > b0 ? ((1ull << b1) - 1) & ~((1ull << b0) - 1) : 0;
+    const __m512i a = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)m, q->s + j)), 16);
+    const __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps((__mmask16)(m >> 16), q->s + j + 16)), 16);
+    const __m512i w = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(a)), _mm512_cvtepi32_epi16(b), 1);
+    _mm512_mask_storeu_epi32(pp + i, (__mmask16)(i1 - i >= 16 ? 0xffffu : (1u << (i1 - i)) - 1), w);
+  }
+}
+
+/* out_q[c] = P.V for the K queries qs (pairs pp + q PAIRS_STRIDE), columns c0 .. c0 + 16 nv: the
+ * pairs [lo / 2, (hi + 1) / 2) in order, each one VDPBF16PS per 16 columns, one pair row for all K:
+ * read from vp (value_pairs) where it was made, else made from the rows here. A query's pairs
+ * outside its range hold zeros, whose products add exactly nothing. */
+static inline __attribute__((always_inline)) void pv_pairs(const query *qs, const int K, const uint32_t *pp,
+                                                           const kv_t *V, const int64_t *off, const uint32_t *vp,
+                                                           int64_t lo, int64_t hi, int d, int c0, const int nv) {
   __m512 acc[PV_QUERIES][4];
-  int64_t lo = qs[0].lo, hi = qs[0].lo + qs[0].n;
-#pragma GCC unroll 6
-  for (int q = 0; q < K; q++) {
-    for (int v = 0; v < 4; v++) acc[q][v] = _mm512_setzero_ps();
-    lo = qs[q].lo > lo ? qs[q].lo : lo;
-    hi = qs[q].lo + qs[q].n < hi ? qs[q].lo + qs[q].n : hi;
-  }
-  if (hi < lo) hi = lo;
-#pragma GCC unroll 6
-  for (int q = 0; q < K; q++) /* the positions before the shared ones */
-    for (int64_t j = qs[q].lo; j < lo && j < qs[q].lo + qs[q].n; j++) {
-      const __m512 e = _mm512_set1_ps(qs[q].s[j]);
-      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, value16(V, off, vf, d, j, c0 + 16 * v), acc[q][v]);
-    }
-  for (int64_t j = lo; j < hi; j++) {
-    const __m512 v0 = value16(V, off, vf, d, j, c0), v1 = value16(V, off, vf, d, j, c0 + 16);
-    const __m512 v2 = value16(V, off, vf, d, j, c0 + 32), v3 = value16(V, off, vf, d, j, c0 + 48);
-#pragma GCC unroll 6
+  const __m512i idx[2] = {pair_index(0), pair_index(1)};
+  for (int q = 0; q < K; q++)
+    for (int v = 0; v < nv; v++) acc[q][v] = _mm512_setzero_ps();
+  for (int64_t i = lo / 2; i < (hi + 1) / 2; i++) {
+    __m512i x[4];
+    if (vp)
+      for (int v = 0; v < nv; v++) x[v] = _mm512_loadu_si512(vp + i * d + c0 + 16 * v);
+    else
+      for (int v = 0; v < nv; v += 2) pair_cols(V, off, lo, hi, i, c0 + 16 * v, d, idx, x + v);
     for (int q = 0; q < K; q++) {
-      const __m512 e = _mm512_set1_ps(qs[q].s[j]);
-      acc[q][0] = _mm512_fmadd_ps(e, v0, acc[q][0]);
-      acc[q][1] = _mm512_fmadd_ps(e, v1, acc[q][1]);
-      acc[q][2] = _mm512_fmadd_ps(e, v2, acc[q][2]);
-      acc[q][3] = _mm512_fmadd_ps(e, v3, acc[q][3]);
+      const __m512i e = _mm512_set1_epi32((int)pp[q * PAIRS_STRIDE + i]);
+      for (int v = 0; v < nv; v++) acc[q][v] = dot_pairs16(acc[q][v], e, x[v]);
     }
   }
-#pragma GCC unroll 6
-  for (int q = 0; q < K; q++) { /* the positions after */
-    for (int64_t j = hi > qs[q].lo ? hi : qs[q].lo; j < qs[q].lo + qs[q].n; j++) {
-      const __m512 e = _mm512_set1_ps(qs[q].s[j]);
-      for (int v = 0; v < 4; v++) acc[q][v] = _mm512_fmadd_ps(e, value16(V, off, vf, d, j, c0 + 16 * v), acc[q][v]);
-    }
-    for (int v = 0; v < 4; v++) _mm512_storeu_ps(qs[q].out + c0 + 16 * v, acc[q][v]);
-  }
+  for (int q = 0; q < K; q++)
+    for (int v = 0; v < nv; v++) _mm512_storeu_ps(qs[q].out + c0 + 16 * v, acc[q][v]);
 }
 
 #endif
 
-/* Scores and P.V of queries sharing one KV head's key and value rows (K, V: that head's column).
+/* Scores of queries sharing one KV head's key rows (K: that head's column).
  * qp: 4 d floats, 64-byte aligned. */
 static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off, float scale, int d, float *qp) {
   int i = 0;
@@ -454,33 +514,36 @@ static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off
   for (; i < n; i++) scores(qs[i].q, K, off + qs[i].lo, qs[i].n, scale, qs[i].s + qs[i].lo, d);
 }
 
-static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, const float *vf, int d) {
+/* P.V of queries sharing one KV head's value rows (V: that head's column), their union [lo, hi);
+ * on AVX-512 from the pair rows vp (NULL: made as they are read) and the probability pairs pp */
+static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, const uint32_t *vp, const uint32_t *pp,
+                   int64_t lo, int64_t hi, int d) {
   int i = 0;
 #if QUANT_AVX512
-  if (d % 64 == 0)
-    for (; i < n; i += PV_QUERIES)
-      for (int c0 = 0; c0 < d; c0 += 64) {
-        const int K = n - i < PV_QUERIES ? n - i : PV_QUERIES;
-        if (vf) switch (K) { /* literal K and vf (NULL or not) in each call: its loops unrolled for them */
-#define PVQ(K) case K: pv_queries(qs + i, K, V, off, vf, d, c0); break;
-            PVQ(1) PVQ(2) PVQ(3) PVQ(4) PVQ(5) default: pv_queries(qs + i, PV_QUERIES, V, off, vf, d, c0);
+  for (; i < n; i += PV_QUERIES)
+    for (int c0 = 0; c0 < d; c0 += 64) {
+      const int K = n - i < PV_QUERIES ? n - i : PV_QUERIES, nv = (d - c0) / 16 < 4 ? (d - c0) / 16 : 4;
+      const uint32_t *pq = pp + (int64_t)i * PAIRS_STRIDE;
+      switch (K * 4 + nv - 1) { /* literal K and nv in each call: its loops unrolled for them */
+#define PVQ(K)                                                                  \
+  case 4 * K: pv_pairs(qs + i, K, pq, V, off, vp, lo, hi, d, c0, 1); break;     \
+  case 4 * K + 1: pv_pairs(qs + i, K, pq, V, off, vp, lo, hi, d, c0, 2); break; \
+  case 4 * K + 2: pv_pairs(qs + i, K, pq, V, off, vp, lo, hi, d, c0, 3); break; \
+  case 4 * K + 3: pv_pairs(qs + i, K, pq, V, off, vp, lo, hi, d, c0, 4); break;
+        PVQ(1) PVQ(2) PVQ(3) PVQ(4) PVQ(5) PVQ(6)
 #undef PVQ
-          }
-        else switch (K) {
-#define PVQ(K) case K: pv_queries(qs + i, K, V, off, NULL, d, c0); break;
-            PVQ(1) PVQ(2) PVQ(3) PVQ(4) PVQ(5) default: pv_queries(qs + i, PV_QUERIES, V, off, NULL, d, c0);
-#undef PVQ
-          }
+        default: break;
       }
-#elif QUANT_AVX2
-  (void)vf;
+    }
+#else
+  (void)vp, (void)pp, (void)lo, (void)hi;
+#if QUANT_AVX2
   if (d % 32 == 0)
     for (; i + 2 <= n; i += 2)
       for (int c0 = 0; c0 < d; c0 += 32) pv_pair(qs + i, V, off, c0);
-#else
-  (void)vf;
 #endif
-  for (; i < n; i++) pv(qs[i].s + qs[i].lo, qs[i].n, V, off + qs[i].lo, qs[i].out, d);
+  for (; i < n; i++) pv(qs[i].s, qs[i].lo, qs[i].n, V, off, qs[i].out, d);
+#endif
 }
 
 /* ---- chunks, groups and tasks ---- */
@@ -543,19 +606,6 @@ static float *query_dst(const actx *X, const dst_spec *D, int64_t t, int h, int6
   return D->run + (2 * i + (c == first_chunk(A, t) ? 0 : 1)) * PART_STRIDE(A->d);
 }
 
-/* dst[j d ..] = the bf16 row at src + off[j], as fp32, for j in [j0, j1) (exact) */
-static void rows_to_f32(const kv_t *src, const int64_t *off, int64_t j0, int64_t j1, int d, float *dst) {
-#if QUANT_AVX512
-  for (int64_t j = j0; j < j1; j++) {
-    int c = 0;
-    for (; c + 16 <= d; c += 16) _mm512_storeu_ps(dst + j * d + c, kv_load16(src + off[j] + c));
-    for (; c < d; c += 8) _mm256_storeu_ps(dst + j * d + c, kv_load8(src + off[j] + c));
-  }
-#else
-  (void)src, (void)off, (void)j0, (void)j1, (void)d, (void)dst;
-#endif
-}
-
 /* Rows [lo, hi) of one KV head's keys and values (K, V: that head's column) fetched into the L2
  * cache: the rows a task reads next, while it computes on the ones before. A decode row's few
  * queries per KV head (3 on SmolLM2) spend little time on each row, and waited on their arrival:
@@ -575,10 +625,9 @@ static void prefetch_rows(const kv_t *K, const kv_t *V, const int64_t *off, int6
 
 /* Chunk c's partials of rows t0..t1-1 (one group) for KV heads k0..k1-1. work: OFF_ENTRIES
  * int64, then GROUP_ROWS g ATTN_CHUNK scores, 4 d floats of query pairs, the chunk's value rows
- * as fp32 (OFF_ENTRIES d floats), GROUP_ROWS g queries. Where CONVERT_QUERIES or more queries
- * share the rows, each value row is converted from bf16 once for all of them: P.V then reads fp32
- * from the L1 cache instead of converting every row for every few queries (the same numbers, so
- * the same bits). The scores read the bf16 key rows as they are. */
+ * as position pairs (value_pairs: ATTN_CHUNK / 2 pairs of d words, on AVX-512), GROUP_ROWS g
+ * queries' probability pairs (PAIRS_STRIDE words each), GROUP_ROWS g queries. The value pairs
+ * are made once per KV head for all the queries; the scores read the bf16 key rows as they are. */
 static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, int64_t c, const dst_spec *D,
                         float *work) {
   const qattn *A = X->A;
@@ -586,8 +635,8 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
   int64_t *off = (int64_t *)work;
   float *sc = work + 2 * OFF_ENTRIES;
   float *qp = sc + (int64_t)GROUP_ROWS * g * ATTN_CHUNK; /* 64-byte aligned: see quant_attention */
-  float *vf = qp + 4 * d;
-  query *qs = (query *)(vf + (int64_t)OFF_ENTRIES * d);
+  uint32_t *vp = (uint32_t *)(qp + 4 * d), *pp = vp + (int64_t)PAIRS_STRIDE * d;
+  query *qs = (query *)(pp + (int64_t)GROUP_ROWS * g * PAIRS_STRIDE);
   int64_t lo = ATTN_CHUNK, hi = 0, first = -1;
   for (int64_t t = t0; t < t1; t++) {
     int64_t l;
@@ -610,7 +659,6 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
                           query_dst(X, D, t, h, c), l, n};
     }
     const int64_t kv = (int64_t)k * d;
-    const int convert = QUANT_AVX512 && nqs >= CONVERT_QUERIES;
     /* the next task's rows fetched meanwhile (prefetch_rows): a split task's successor is the
      * chunk's next head, the token path's this head's next chunk */
     if (!D->run && k + 1 < A->nkv) {
@@ -623,14 +671,20 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
         prefetch_rows(A->kc + head, A->vc + head, next, l, l + n, d);
       }
     }
-    if (convert) rows_to_f32(A->vc + kv, off, lo, hi, d, vf);
+    const int pairs_made = QUANT_AVX512 && nqs > PV_QUERIES; /* more than one set of queries reads them */
+#if QUANT_AVX512
+    if (pairs_made) value_pairs(A->vc + kv, off, lo, hi, d, vp);
+#endif
     scores_set(qs, nqs, A->kc + kv, off, A->scale, d, qp);
     for (int i = 0; i < nqs; i++) {
       const float m = max_row(qs[i].s + qs[i].lo, qs[i].n), sum = exp_shift(qs[i].s + qs[i].lo, qs[i].n, m);
       qs[i].out[d] = m;
       qs[i].out[d + 1] = sum;
+#if QUANT_AVX512
+      prob_pairs(&qs[i], lo / 2, (hi + 1) / 2, pp + (int64_t)i * PAIRS_STRIDE);
+#endif
     }
-    pv_set(qs, nqs, A->vc + kv, off, convert ? vf : NULL, d);
+    pv_set(qs, nqs, A->vc + kv, off, pairs_made ? vp : NULL, pp, lo, hi, d);
   }
 }
 
@@ -736,7 +790,7 @@ int quant_attention(const qattn *A, int threads) {
   int64_t rows = split ? GROUP_ROWS : T * A->nkv / (2 * threads);
   rows = rows < 1 ? 1 : rows > GROUP_ROWS ? GROUP_ROWS : rows;
   const int64_t work_floats = up16(2 * OFF_ENTRIES + (int64_t)GROUP_ROWS * g * ATTN_CHUNK + 4 * (int64_t)A->d +
-                                   (int64_t)OFF_ENTRIES * A->d +
+                                   (int64_t)PAIRS_STRIDE * A->d + (int64_t)GROUP_ROWS * g * PAIRS_STRIDE +
                                    (int64_t)GROUP_ROWS * g * (sizeof(query) / sizeof(float) + 1) +
                                    2 * (int64_t)GROUP_ROWS * g * PART_STRIDE(A->d));
   const int64_t n_part_floats = split ? n_parts * A->nq * PART_STRIDE(A->d) : 0;
