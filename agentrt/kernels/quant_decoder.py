@@ -206,9 +206,9 @@ def quant_attention(
     num_threads: int | None = None,
     lib: ctypes.CDLL | None = None,
 ) -> torch.Tensor:  # [T, nq, d]
-    """The fused decoder's attention alone (csrc/cpu_quant_attention.c): paged_attention_reference's
-    result on the queries rounded as the caches (kv_round; the scores are bf16 dot products with
-    fp32 sums), each query's bits independent of the other rows and the thread count."""
+    """The fused decoder's attention alone (csrc/cpu_quant_attention.c): quant_attention_reference's
+    result (bf16 queries and softmax numerators; scores and P.V are bf16 dot products with fp32
+    sums), each query's bits independent of the other rows and the thread count."""
     lib = lib if lib is not None else quant_kernels()
     if lib is None:
         raise RuntimeError("the quantized kernels are not available on this machine (see agentrt.kernels.quant_build)")

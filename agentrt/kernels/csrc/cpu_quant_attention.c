@@ -50,7 +50,7 @@
 #define ATTN_CHUNK 64          /* positions per chunk (a multiple of 8) */
 #define OFF_ENTRIES (ATTN_CHUNK + 8) /* a chunk's row offsets, padded for the last batch of 8 */
 #define GROUP_ROWS 16          /* rows of one sequence sharing each key and value row read: a verify
-                                * of up to 15 drafts in one group, its rows converted once (against
+                                * of up to 15 drafts in one group, its keys read once (against
                                 * 8: 30 layers at 1024 cached tokens, 9 rows 0.84x the time, 16 rows
                                 * 0.89x, 128 rows 0.95x; 32 gained only at 128 rows) */
 #define PV_QUERIES 6           /* queries sharing a value pair row: 4 accumulators each in registers */
@@ -251,7 +251,7 @@ static void pv(const float *p, int64_t lo, int64_t n, const kv_t *V, const int64
 /* The 256-bit loops for queries sharing key and value rows (the AVX-512 ones are below): each
  * key row's values split once for up to 3 queries, each value row converted for 2. Every number is
  * computed as scores() and pv_cols() compute it for a query alone: the same lane sums in the
- * same order and the same reduction, each output column's sum over positions in order. */
+ * same order and the same reduction, each output column's sum over positions in pair order. */
 #define SCORE_QUERIES 3
 
 /* Query q's scores at positions j .. j+3 (v): those in its range stored */
