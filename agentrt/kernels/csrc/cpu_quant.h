@@ -215,11 +215,6 @@ static inline __m256 kv_load8(const kv_t *p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 #endif
-#if QUANT_AVX512
-static inline __m512 kv_load16(const kv_t *p) {
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
-}
-#endif
 static inline float kv_load1(const kv_t *p) { return kv_to_f32(*p); }
 
 /* dst[i] = f32_to_kv(src[i]) for i < n */
