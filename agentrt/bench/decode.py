@@ -37,8 +37,10 @@ sequences fed 1 and 8 rows, over the one-row step, per path (the quantized one a
 lower instruction set the CPU has); verify16_over_step1_q4 / verify16_over_step1 (goal for the
 quantized path <= 1.6 with AVX512-VNNI or AMX-INT8, <= 2.5 on AVX2); verify16_over_step1_q4_long: the
 same at 1024 cached positions (an agent's context; no goal), its table showing how much of what the
-extra rows add is attention; and prefill_vs_llamacpp_q4: tokens/s of a 512-token prompt's forward
-over llama.cpp's prompt evaluation on the same file (goal >= 1.0).
+extra rows add is attention; verify16_over_step1_q4_tiles / _long_tiles: both with the attention's
+dot products on AMX-BF16 tiles (quant_build.attention_tiles, off by default; a row of its own and
+a prefill figure; null without AMX-BF16); and prefill_vs_llamacpp_q4: tokens/s of a 512-token
+prompt's forward over llama.cpp's prompt evaluation on the same file (goal >= 1.0).
 
 --determinism adds (agentrt/bench/determinism.py): the fraction of greedy tool calls identical
 with every drafter and k against each request alone without drafts, and the verify step's cost
@@ -387,13 +389,17 @@ def _verify_cost(quant, deq, paths: dict, peer, quick: bool, console: Console, n
     from agentrt.tables import print_table
 
     reps = 5 if quick else 15
-    rows, ratio16, prefill, long_rows, long16 = [], {}, {}, [], None
+    rows, ratio16, prefill, long_rows, long16, tiles = [], {}, {}, [], None, None
     if quant is not None:
         rows, ratio16 = vc.quantized_rows(quant.model, paths["quant"].weights, reps, console)
         console.print(f"  verify cost: {paths['quant'].weights} at {vc.LONG_CONTEXT} cached positions")
         long_rows, long16 = vc.long_context_rows(quant.model, reps)
         console.print("  prefill: ours, quantized")
         prefill["quant"] = vc.prefill_tok_s(quant.model, 2 if quick else 3)
+        tiles = vc.tile_attention(quant.model, paths["quant"].weights, reps, console)
+        if tiles is not None:
+            rows.append(tiles["row"])
+            prefill["quant_attention_tiles"] = tiles["prefill_tok_s"]
     console.print(f"  verify cost: {paths['deq'].weights}")
     deq_ms = vc.forward_ms(deq.model, reps)
     rows.append(vc.cost_row(paths["deq"].weights, deq_ms))
@@ -417,6 +423,9 @@ def _verify_cost(quant, deq, paths: dict, peer, quick: bool, console: Console, n
     q16 = default["1x16"] if default else None
     summary = {"verify16_over_step1_q4": q16, "verify16_over_step1": deq_ms[(1, 16)] / deq_ms[(1, 1)],
                "verify16_over_step1_q4_long": long16,
+               # the attention on AMX-BF16 tiles (off by default; None where the CPU has none)
+               "verify16_over_step1_q4_tiles": tiles["row"]["1x16"] if tiles else None,
+               "verify16_over_step1_q4_long_tiles": tiles["long16"] if tiles else None,
                "prefill_vs_llamacpp_q4": (prefill["quant"] / prefill["llamacpp"]
                                           if "quant" in prefill and "llamacpp" in prefill else None)}
     return {"summary": summary, "rows": rows, "verify16_over_step1_q4_by_isa": ratio16, "prefill_tok_s": prefill,

@@ -203,3 +203,28 @@ def quantized_rows(model, weights: str, reps: int, progress) -> tuple[list[dict]
     finally:
         cap_isa(lib, best)
     return rows, ratio16
+
+
+def tile_attention(model, weights: str, reps: int, progress) -> dict | None:
+    """The same model with its attention's scores and P.V on AMX-BF16 tiles (quant_build's
+    attention_tiles, off by default), where this CPU and build have them: the verify-cost row at
+    CONTEXT, 1x16 over 1x1 at LONG_CONTEXT, and the prefill's tokens/s; None elsewhere. The switch
+    is put back as it was."""
+    from agentrt.kernels.quant_build import attention_tiles, quant_kernels
+
+    lib = quant_kernels()
+    was = attention_tiles(lib)
+    try:
+        attention_tiles(lib, True)
+    except ValueError as e:
+        progress.print(f"  verify cost with the attention on AMX tiles skipped: {e}")
+        return None
+    try:
+        progress.print(f"  verify cost: {weights}, attention on AMX-BF16 tiles")
+        row = cost_row(f"{weights}, attention on AMX-BF16 tiles", forward_ms(model, reps))
+        context = min(LONG_CONTEXT, model.rope.cos.shape[0] - 16)
+        long = forward_ms(model, reps, [(1, 1), (1, 16)], context)
+        return {"row": row, "long16": long[(1, 16)] / long[(1, 1)], "prefill_tok_s": prefill_tok_s(model, 2)}
+    finally:
+        attention_tiles(lib, was)
+

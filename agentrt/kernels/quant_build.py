@@ -57,6 +57,10 @@ ISA_CPU_FLAGS = {
     "amx-int8": FAST_PATH_CPU_FLAGS + ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "amx_tile", "amx_int8"),
 }
 ISA_ENV = "AGENTRT_QUANT_ISA"
+# "1": the attention's scores and P.V on AMX-BF16 tiles where the CPU has them (attention_tiles)
+ATTENTION_TILES_ENV = "AGENTRT_QUANT_ATTENTION_TILES"
+ATTENTION_TILES_CPU_FLAGS = ("avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_int8",
+                             "amx_bf16")
 # Activation rows a linear multiplies at once, per instruction set: AMX takes 16 per tile multiply
 # and runs up to 16 rows as one pipelined tile, so a step's cost jumps each time its rows pass a
 # multiple of 16 (measured on a 2-core Xeon, SmolLM2 Q4_1: 14.6 ms at 16 rows, 18.1 ms at 17). The
@@ -82,6 +86,7 @@ SIGNATURES = {
                                      _P, _P, _I64]),
     "agentrt_quant_attention": (_I32, [_P, _I64, _I64, _I32, _I32, _I32, ctypes.c_float, _P, _I64, _P, _P, _I64, _I64,
                                        _I64, _I64, _P, _P, _I64, _P, _I32]),
+    "agentrt_quant_attention_tiles": (_I32, [_I32]),
     "agentrt_quant_reserve": (_I32, [_I64, _I64, _I64, _I32, _I32, _I32]),
     "agentrt_stream_read": (ctypes.c_uint64, [_P, _I64, _I32]),
 }
@@ -145,6 +150,25 @@ def cap_isa(lib: ctypes.CDLL, name: str) -> str:
             if name == "scalar" else "the kernel could not enable it (AMX: the kernel refused the tile state)")
         raise ValueError(f"the quantized kernels cannot run {name}: {why}")
     return isa(lib)
+
+
+def attention_tiles(lib: ctypes.CDLL, on: bool | None = None) -> bool:
+    """Whether lib's attention takes its scores and P.V on AMX-BF16 tiles (TDPBF16PS), after
+    turning that on or off (on=None: leaves it). Off by default: the tiles sum a dot product in the
+    tile unit's own order, so their bits differ from the vector paths' by rounding (every row of the
+    process on one path keeps batch invariance), and a decode row pays the tile set-up (see
+    docs/benchmarks.md). Set it before the first step, as $AGENTRT_QUANT_ATTENTION_TILES=1 does.
+    ValueError when on=True and this CPU or build cannot, naming why."""
+    if on is None:
+        return lib.agentrt_quant_attention_tiles(-1) == 1
+    got = lib.agentrt_quant_attention_tiles(1 if on else 0) == 1
+    if on and not got:
+        missing = missing_cpu_flags(ATTENTION_TILES_CPU_FLAGS)
+        lib.agentrt_quant_attention_tiles(0)
+        raise ValueError("the quantized attention cannot run on AMX tiles: " + (
+            f"this CPU lacks {', '.join(missing)}" if missing else
+            "this build has no AMX-BF16 path, or the kernel refused the tile state"))
+    return got
 
 
 _march_override: str | None = None  # built_for's
@@ -216,6 +240,12 @@ def _load(scalar: bool, march: str) -> ctypes.CDLL | None:
         log.warning("agentrt quantized kernels unavailable, using the PyTorch path: compiler %r: %s", cc, e)
         return None
     lib = open_library(path, lambda: build(cc, path, scalar, march), SIGNATURES, "quantized kernels")
+    if lib is not None and os.environ.get(ATTENTION_TILES_ENV, "").strip() == "1":
+        try:
+            attention_tiles(lib, True)
+            log.info("agentrt quantized attention on AMX-BF16 tiles (%s=1)", ATTENTION_TILES_ENV)
+        except ValueError as e:
+            log.warning("%s=1 ignored: %s", ATTENTION_TILES_ENV, e)
     cap = os.environ.get(ISA_ENV)
     if lib is not None and cap and not scalar:
         try:

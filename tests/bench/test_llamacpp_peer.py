@@ -22,7 +22,8 @@ from agentrt.bench.peer_process import TEST_SIGNAL_ENV, PeerFailed, PeerProcess
 
 DECODE_KEYS = {"b1_vs_hf", "b8_vs_hf", "b1_vs_llamacpp_q4", "b8_vs_llamacpp_q4", "floor_ratio_q4", "floor_ratio",
                "startup_s", "ppl_quant", "ppl_dequant", "ppl_llamacpp", "verify16_over_step1_q4",
-               "verify16_over_step1", "verify16_over_step1_q4_long", "prefill_vs_llamacpp_q4", "ppl_ggml_rounding"}
+               "verify16_over_step1", "verify16_over_step1_q4_long", "prefill_vs_llamacpp_q4", "ppl_ggml_rounding",
+               "verify16_over_step1_q4_tiles", "verify16_over_step1_q4_long_tiles"}
 LLAMACPP_KEYS = {"b1_vs_llamacpp_q4", "b8_vs_llamacpp_q4", "ppl_llamacpp", "prefill_vs_llamacpp_q4"}
 
 

@@ -167,14 +167,26 @@ def test_logits_are_batch_and_thread_invariant(quant):
     assert torch.equal(single, Cache(m).step(seqs).logits)
 
 
-def test_greedy_identity_with_speculation_without_batch_invariant(quant, make_engine):
+@pytest.mark.parametrize("tiles", [False, True], ids=["vector-attention", "amx-tile-attention"])
+def test_greedy_identity_with_speculation_without_batch_invariant(quant, make_engine, tiles):
     """Suffix drafting (k=6) at batch 4, 28 tokens: the same tokens as plain decoding, with the
-    engine's default batch_invariant=False (the fused decoder is invariant by itself)."""
-    params = SamplingParams(max_tokens=28, temperature=0)
-    base = make_engine(quant)
-    assert not base.config.batch_invariant and base.model.quant_fused
-    want = [r.token_ids for r in base.generate(CHATS, params)]
-    got = make_engine(quant, spec=SpecConfig(drafter="suffix", k=6)).generate(CHATS, params)
+    engine's default batch_invariant=False (the fused decoder is invariant by itself); and so with
+    the attention on AMX tiles, where a decode row's 3 queries and a verification's 21 take the
+    same tile arithmetic."""
+    lib = quant_build.quant_kernels()
+    if tiles:
+        try:
+            quant_build.attention_tiles(lib, True)
+        except ValueError as e:
+            pytest.skip(str(e))
+    try:
+        params = SamplingParams(max_tokens=28, temperature=0)
+        base = make_engine(quant)
+        assert not base.config.batch_invariant and base.model.quant_fused
+        want = [r.token_ids for r in base.generate(CHATS, params)]
+        got = make_engine(quant, spec=SpecConfig(drafter="suffix", k=6)).generate(CHATS, params)
+    finally:
+        quant_build.attention_tiles(lib, False)
     assert [r.token_ids for r in got] == want
     total = collections.Counter()
     for r in got:

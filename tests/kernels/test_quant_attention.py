@@ -11,7 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrt.kernels.quant_build import AVX2_MARCH, has_fast_path, missing_cpu_flags, quant_kernels, unsupported_reason
+from agentrt.kernels.quant_build import (AVX2_MARCH, attention_tiles, has_fast_path, missing_cpu_flags, quant_kernels,
+                                        unsupported_reason)
 from agentrt.kernels.quant_decoder import KV_DTYPE, KV_FLUSH, kv_round, quant_attention, quant_attention_reference
 
 pytestmark = pytest.mark.skipif(unsupported_reason() is not None,
@@ -34,6 +35,19 @@ def _case(nq: int, nkv: int, d: int, rows: int):
     return q, k, v, torch.tensor([0, rows, 2 * rows]), positions, tables
 
 
+def _rows_alone_and_on_one_thread(q, k, v, cu_q, positions, tables, scale, window, rows, lib):
+    """The two sequences' rows together on 2 threads, asserted equal to each row alone and to one thread."""
+    together = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2, lib=lib)
+    for t in range(2 * rows):
+        s = t // rows
+        alone = quant_attention(q[t:t + 1].contiguous(), k, v, torch.tensor([0, 1]), positions[t:t + 1],
+                                tables[s:s + 1], BS, scale, window, num_threads=2, lib=lib)
+        assert torch.equal(together[t], alone[0]), t
+    assert torch.equal(together, quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=1,
+                                                 lib=lib))
+    return together
+
+
 @pytest.mark.parametrize("nq, nkv, d, window", [(6, 2, 64, None), (3, 3, 128, None), (8, 2, 64, 50), (6, 2, 48, None)],
                          ids=["gqa3-d64", "mha-d128", "gqa4-d64-window", "gqa3-d48"])
 @pytest.mark.parametrize("rows", [3, 19], ids=["chunk-tasks", "group-tasks"])
@@ -51,14 +65,7 @@ def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, ro
            "avx512-no-bf16": lambda: quant_kernels(march=NO_BF16_MARCH)}[build]()
     q, k, v, cu_q, positions, tables = _case(nq, nkv, d, rows)
     scale = d**-0.5
-    together = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2, lib=lib)
-    for t in range(2 * rows):
-        s = t // rows
-        alone = quant_attention(q[t:t + 1].contiguous(), k, v, torch.tensor([0, 1]), positions[t:t + 1],
-                                tables[s:s + 1], BS, scale, window, num_threads=2, lib=lib)
-        assert torch.equal(together[t], alone[0]), t
-    assert torch.equal(together, quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=1,
-                                                 lib=lib))
+    together = _rows_alone_and_on_one_thread(q, k, v, cu_q, positions, tables, scale, window, rows, lib)
     if build != "native":
         native = quant_attention(q, k, v, cu_q, positions, tables, BS, scale, window, num_threads=2)
         assert torch.equal(together, native)
@@ -68,6 +75,63 @@ def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, ro
     ref = quant_attention_reference(q, k, v, cu_q, positions, tables, BS, scale, window)
     torch.testing.assert_close(together, ref, rtol=0, atol=3e-4)
     assert (together - ref).abs().mean() < 1e-6
+
+
+@pytest.mark.parametrize("nq, nkv, d, window", [(6, 2, 64, None), (3, 3, 128, None), (8, 2, 64, 50), (4, 1, 256, None)],
+                         ids=["gqa3-d64", "mha-d128", "gqa4-d64-window", "gqa4-d256"])
+@pytest.mark.parametrize("rows", [3, 19], ids=["chunk-tasks", "group-tasks"])
+def test_attention_on_amx_tiles_keeps_each_rows_bits(nq, nkv, d, window, rows):
+    """Scores and P.V on AMX-BF16 tiles (TDPBF16PS, up to 16 queries a tile multiply): each row's
+    bits those of the row alone (a row's 1-4 queries take the keys as they lie in the cache, 19
+    rows' 57 key tiles: the same bits) and of one thread, the result within rounding of
+    quant_attention_reference as the vector paths are. The tile unit sums in its own order, so
+    the bits differ from the vector paths' (not asserted: rounding may agree)."""
+    lib = quant_kernels()
+    try:
+        attention_tiles(lib, True)
+    except ValueError as e:
+        pytest.skip(str(e))
+    try:
+        q, k, v, cu_q, positions, tables = _case(nq, nkv, d, rows)
+        scale = d**-0.5
+        together = _rows_alone_and_on_one_thread(q, k, v, cu_q, positions, tables, scale, window, rows, lib)
+    finally:
+        attention_tiles(lib, False)
+    ref = quant_attention_reference(q, k, v, cu_q, positions, tables, BS, scale, window)
+    torch.testing.assert_close(together, ref, rtol=0, atol=3e-4)
+    assert (together - ref).abs().mean() < 1e-6
+
+
+def test_attention_tiles_leave_heads_of_other_depths_on_the_vector_path():
+    """A head of 48 values is no whole number of 32-value tile rows: with tiles asked for, the
+    vector path's bits; and the switch reports and restores its state."""
+    lib = quant_kernels()
+    q, k, v, cu_q, positions, tables = _case(6, 2, 48, 5)
+    vector = quant_attention(q, k, v, cu_q, positions, tables, BS, 0.125, num_threads=2, lib=lib)
+    assert not attention_tiles(lib)
+    try:
+        attention_tiles(lib, True)
+    except ValueError as e:
+        assert "cannot run on AMX tiles" in str(e) and not attention_tiles(lib)
+        pytest.skip(str(e))
+    try:
+        assert attention_tiles(lib)
+        assert torch.equal(quant_attention(q, k, v, cu_q, positions, tables, BS, 0.125, num_threads=2, lib=lib), vector)
+    finally:
+        attention_tiles(lib, False)
+    assert not attention_tiles(lib)
+
+
+@pytest.mark.skipif(not has_fast_path(), reason="the AVX2 build needs avx2, fma and f16c")
+def test_softmax_numerators_far_below_the_max_are_the_avx2_builds():
+    """Scores spread over hundreds (queries 40x larger): numerators e^(s - m) from 1 down to past
+    e^-88, where AVX-512's exp clamps at -40 and scales by VSCALEFPS (their values flush to zero
+    either way) and the AVX2 build's runs Cephes' clamps: the same bits."""
+    q, k, v, cu_q, positions, tables = _case(6, 2, 64, 3)
+    q = 40 * q
+    native = quant_attention(q, k, v, cu_q, positions, tables, BS, 0.125, num_threads=2)
+    avx2 = quant_attention(q, k, v, cu_q, positions, tables, BS, 0.125, num_threads=2, lib=quant_kernels(march=AVX2_MARCH))
+    assert torch.equal(native, avx2)
 
 
 def test_a_verifys_rows_in_one_group_equal_rows_alone():

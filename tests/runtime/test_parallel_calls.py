@@ -73,14 +73,14 @@ def script(first_turn: list[dict]) -> dict:
 async def test_each_call_starts_at_its_own_arguments_and_results_come_back_in_order(scripted, span_reader):
     EVENTS.clear()
     # the first call is the slower one: it ends after the second, yet its result comes first
-    backend = scripted(script(turn(call("lookup", q="a", wait_s=0.15), call("lookup", q="b"))), step_s=0.005)
+    backend = scripted(script(turn(call("lookup", q="a", wait_s=0.4), call("lookup", q="b"))), step_s=0.005)
     rt = Runtime(backend, tools=[lookup])
     seen: list[tuple[str, str]] = []
     rt.subscribe_events(lambda ev: seen.append((ev.type, ev.data.get("node"), ev.data.get("text", ""))))
     result = await rt.run(loop_program(lookup), {"q": "?"})
     assert result.status == "done", result.error
     assert result.output["tool_calls"] == [
-        {"name": "lookup", "arguments": {"q": "a", "wait_s": 0.15}, "ok": True, "step": 1},
+        {"name": "lookup", "arguments": {"q": "a", "wait_s": 0.4}, "ok": True, "step": 1},
         {"name": "lookup", "arguments": {"q": "b"}, "ok": True, "step": 1}]
     # the first call's tool started before the text closing the second call's arguments was written
     text, first_started = "", None
@@ -89,7 +89,7 @@ async def test_each_call_starts_at_its_own_arguments_and_results_come_back_in_or
             first_started = len(text)
         elif kind == "token" and node == "agent#1.llm":
             text += delta
-    second_closed = json.dumps(turn(call("lookup", q="a", wait_s=0.15), call("lookup", q="b"))).rindex('"b"}') + 4
+    second_closed = json.dumps(turn(call("lookup", q="a", wait_s=0.4), call("lookup", q="b"))).rindex('"b"}') + 4
     assert first_started is not None and first_started < second_closed
     trace = span_reader(rt)
     spans = trace.node_spans()

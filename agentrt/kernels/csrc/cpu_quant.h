@@ -35,6 +35,12 @@
 #else
 #define QUANT_AMX 0
 #endif
+/* TDPBF16PS, where the compiler targets it: the attention's scores and P.V on AMX tiles */
+#if QUANT_AMX && QUANT_AVX512BF16 && defined(__AMX_BF16__)
+#define QUANT_AMX_BF16 1
+#else
+#define QUANT_AMX_BF16 0
+#endif
 
 /* The instruction sets a linear can run on, in order: agentrt_quant_isa names the best this
  * build and CPU allow; each runs ROWS8 weights to the same bits. */
@@ -129,9 +135,8 @@ static inline __m256 exp8(__m256 x) {
 }
 
 #if QUANT_AVX512
-/* exp8 on 16 lanes: the same operations per lane, so the same bits */
-static inline __m512 exp16(__m512 x) {
-  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-88.0f), _mm512_min_ps(_mm512_set1_ps(88.75f), x));
+/* exp8's polynomial on 16 lanes: *n = round(xc log2 e), returns e^(xc - n ln2) (xc clamped) */
+static inline __m512 exp_poly16(__m512 xc, __m512 *n_out) {
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), xc);
@@ -142,7 +147,15 @@ static inline __m512 exp16(__m512 x) {
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
   p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  *n_out = n;
+  return _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+}
+
+/* exp8 on 16 lanes: the same operations per lane, so the same bits */
+static inline __m512 exp16(__m512 x) {
+  const __m512 xc = _mm512_max_ps(_mm512_set1_ps(-88.0f), _mm512_min_ps(_mm512_set1_ps(88.75f), x));
+  __m512 n;
+  const __m512 p = exp_poly16(xc, &n);
   const __m512i ni = _mm512_cvtps_epi32(n), n1 = _mm512_srai_epi32(ni, 1), n2 = _mm512_sub_epi32(ni, n1);
   const __m512i bias = _mm512_set1_epi32(127);
   const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, bias), 23));
@@ -247,6 +260,16 @@ QUANT_INTERNAL void quant_rows16_chunk(const qjob *j, int64_t n0, int64_t n1);
 #if QUANT_AMX
 QUANT_INTERNAL void quant_amx_begin(int rows); /* activation tiles of `rows` rows (<= 16) */
 QUANT_INTERNAL void quant_amx_end(void);
+QUANT_INTERNAL int quant_tiles_granted(void); /* Linux gave this process AMX tile state (asked once) */
+/* ldtilecfg's 64 bytes */
+typedef struct {
+  uint8_t palette_id, start_row, reserved[14];
+  uint16_t colsb[16];
+  uint8_t rows[16];
+} amx_config;
+/* The tile configuration the calling thread has loaded: 0 none (released), -1 a linear's, else
+ * an attention's (cpu_quant_attention.c), which reloads its own where this is not it. */
+QUANT_INTERNAL extern __thread int quant_tile_shape;
 #endif
 
 /* cpu_quant_avx2.c's linear and embedding entry points, also run by cpu_quant_decoder.c. */

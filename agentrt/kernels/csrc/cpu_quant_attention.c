@@ -36,13 +36,29 @@
  * whole SmolLM2-135M forwards at 1024 cached tokens, 1 / 2 / 4 / 16 rows 0.99 / 0.95 / 0.98 / 0.96x
  * the time, 64 rows at 300 tokens 0.93x (AMD EPYC Zen 4, 2 threads, two builds in turn).
  *
+ * AMX tiles (agentrt_quant_attention_tiles, off by default; AMX-BF16 and heads a multiple of 32
+ * deep). The scores and P.V are TDPBF16PS tile multiplies, up to 16 queries a tile: a score is the
+ * tile unit's sum of q.K over the head's 32-value slices in turn, a P.V column its sum over 16
+ * pairs of positions at a time (the same value pairs and bf16 numerators as above). The unit sums
+ * a tile multiply's products in its own order (neither VDPBF16PS's nor an FMA chain's: measured),
+ * so these bits differ from the vector paths' by rounding; an element depends only on its own row
+ * and column and on the rows' count (tested: 0 differences in 20000 random tiles), and swapping
+ * the operands' roles leaves it the same (0 in 12.8 million), so more than 16 queries of a chunk
+ * take key tiles (key_tiles: 16 positions' keys transposed into pairs by position) and fewer take
+ * the keys as they lie in the cache against the queries transposed (scores_by_position), the same
+ * bits. Every row of a process takes the one path, so batch invariance holds as below. Against the
+ * vector paths on a 2-core Xeon (whole SmolLM2-135M forwards, in turn): at 1024 cached tokens 1 /
+ * 4 / 16 rows 1.03 / 0.92 / 0.78x the time, at 300 tokens 1 row 1.03x, 8 sequences of 1 row 1.01x.
+ *
  * Batch invariance. Whatever the group, the task or the instruction set, each number is computed
  * by the same operations in the same order as a token alone: a score's lane sums and their
  * reduction (two queries side by side in a 512-bit vector keep those lanes), the max and the exp sums over
  * each query's own scores, each output column's sum over position pairs in order, the chunk folds in
  * order. So a token's attention bits depend neither on the other rows, nor on the thread count,
- * nor on whether the CPU has AVX-512, and speculation (k+1 verify rows) cannot change greedy
- * output. */
+ * nor on whether the CPU has AVX-512 (tiles off), and speculation (k+1 verify rows) cannot change
+ * greedy output. */
+#include <stdatomic.h>
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "cpu_quant.h"
@@ -58,6 +74,7 @@
 #define MAX_SPLIT_CHUNKS 4096  /* split into chunk tasks: this many partials at most */
 #define SERIAL_ATTN_MACS 32768 /* less work runs on the caller: cheaper than a join (~5 us) */
 #define PART_STRIDE(d) ((d) + 8) /* a partial: acc[d], m, s, padding */
+#define TILE_FLOATS 256        /* a stored C tile: 16 rows of 16 fp32 */
 
 /* One query of a chunk: its scores s[lo .. lo + n) (indexed from the chunk's start, as off) and
  * where its partial goes (out[0..d) acc, out[d] m, out[d+1] s). */
@@ -103,19 +120,36 @@ static inline __m512 kv_round16(__m512 v) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(r, 16));
 }
 
+/* kv_round16(exp16(x)) for x <= 0 (or NaN), the same bits in fewer operations: below -40 the
+ * value is flushed either way (e^-40 < 2^-50), so one clamp, and VSCALEFPS for 2^n (exact: the
+ * results are normal), replace exp16's two clamps, two-step 2^n and underflow mask; where the CPU
+ * has VCVTNEPS2BF16, it rounds (ties to even, a NaN quieted as f32_to_kv does) */
+static inline __m512 exp_kv16(__m512 x) {
+  __m512 n;
+  const __m512 p = exp_poly16(_mm512_max_ps(_mm512_set1_ps(-40.0f), x), &n);
+  const __m512 y = _mm512_scalef_ps(p, n);
+#if QUANT_AVX512BF16
+  const __m512i h = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(y));
+  const __mmask16 kept = _mm512_cmp_ps_mask(y, _mm512_castsi512_ps(_mm512_set1_epi32((int)KV_FLUSH_BITS)), _CMP_NLT_UQ);
+  return _mm512_castsi512_ps(_mm512_maskz_slli_epi32(kept, h, 16));
+#else
+  return kv_round16(y);
+#endif
+}
+
 static float exp_shift(float *s, int64_t n, float m) { /* 16 at a time, added to the 8 lane sums in order */
   const __m512 mv = _mm512_set1_ps(m);
   __m256 acc = _mm256_setzero_ps();
   int64_t j = 0;
   for (; j + 16 <= n; j += 16) {
-    const __m512 e = kv_round16(exp16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv)));
+    const __m512 e = exp_kv16(_mm512_sub_ps(_mm512_loadu_ps(s + j), mv));
     _mm512_storeu_ps(s + j, e);
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
   }
   if (j < n) { /* the lanes past n: zeros, as the 8-wide tail adds */
     const __mmask16 k = (__mmask16)((1u << (n - j)) - 1);
-    const __m512 e = _mm512_maskz_mov_ps(k, kv_round16(exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv))));
+    const __m512 e = _mm512_maskz_mov_ps(k, exp_kv16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, s + j), mv)));
     _mm512_mask_storeu_ps(s + j, k, e);
     acc = _mm256_add_ps(acc, _mm512_castps512_ps256(e));
     if (n - j > 8) acc = _mm256_add_ps(acc, _mm512_extractf32x8_ps(e, 1));
@@ -546,6 +580,218 @@ static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, co
 #endif
 }
 
+#if QUANT_AMX_BF16
+/* ---- AMX: scores and P.V of up to 16 queries a tile multiply ---- */
+
+/* tile numbers: the intrinsics take them as literal immediates. C: rows x 16 fp32 (scores of 16
+ * positions, or P.V of 16 columns); A: rows x 32 bf16 (queries' values, or their probability
+ * pairs); B: 16 x 32 bf16 (key pairs by position, or value pairs by column). One chain of tile
+ * multiplies at a time: four side by side (C0..C3, two B tiles taking turns) were 1.13x the time
+ * for a decode row and 4 rows, even at 16 (30 layers' attention alone at 1024 cached tokens). */
+#define AT_C 0
+#define AT_A 1
+#define AT_B 2
+#define AT_CP0 3 /* 16 x 16 fp32: scores by position (scores_by_position), a row per position */
+#define AT_AP0 4 /* 16 x 32 bf16: the keys of 16 positions as they lie in the cache */
+#define AT_CP1 5 /* the same two for the next 16 positions, while the tile unit works on these */
+#define AT_AP1 6
+#define TILE_SHAPE_ATTN 100 /* quant_tile_shape: TILE_SHAPE_ATTN + the tiles' query rows */
+
+static void attn_tiles(int rows) {
+  if (quant_tile_shape == TILE_SHAPE_ATTN + rows) return;
+  amx_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.palette_id = 1;
+  cfg.rows[AT_C] = cfg.rows[AT_A] = (uint8_t)rows;
+  for (int t = AT_B; t <= AT_AP1; t++) cfg.rows[t] = 16;
+  for (int t = AT_C; t <= AT_AP1; t++) cfg.colsb[t] = 64;
+  __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  quant_tile_shape = TILE_SHAPE_ATTN + rows;
+}
+
+/* r[k] word n = r[n] word k before (a 16 x 16 matrix of 32-bit words) */
+static inline void transpose16(__m512i r[16]) {
+  __m512i t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);
+    r[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]);
+    r[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+    r[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int i = 0; i < 4; i++) {
+    t[i] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_shuffle_i32x4(r[i], r[i + 4], 0xdd);
+    t[i + 8] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_shuffle_i32x4(r[i + 8], r[i + 12], 0xdd);
+  }
+  for (int i = 0; i < 8; i++) {
+    r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+    r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+  }
+}
+
+/* The chunk's keys at positions [16 g0, 16 g1) as B tiles: tile (G, s) at kt + (G ns + s) 256
+ * (ns = d / 32), row k word n = values 32 s + 2k, 32 s + 2k + 1 of the key at position 16 G + n;
+ * a position outside [lo, hi) zero */
+static void key_tiles(const kv_t *K, const int64_t *off, int64_t lo, int64_t hi, int64_t g0, int64_t g1, int d,
+                      uint32_t *kt) {
+  const int ns = d / 32;
+  for (int64_t G = g0; G < g1; G++)
+    for (int s = 0; s < ns; s++) {
+      __m512i r[16];
+      for (int n = 0; n < 16; n++) {
+        const int64_t j = 16 * G + n;
+        r[n] = j >= lo && j < hi ? _mm512_loadu_si512(K + off[j] + 32 * s) : _mm512_setzero_si512();
+      }
+      transpose16(r);
+      uint32_t *t = kt + (G * ns + s) * 256;
+      for (int k = 0; k < 16; k++) _mm512_store_si512(t + 16 * k, r[k]);
+    }
+}
+
+/* The queries' values in rows of d at qa, zero rows after them up to a multiple of `rows` */
+static void pack_queries(const query *qs, int nqs, int rows, int d, kv_t *qa) {
+  for (int r = 0; r < (nqs + rows - 1) / rows * rows; r++) {
+    if (r < nqs) memcpy(qa + (int64_t)r * d, qs[r].q, sizeof(kv_t) * (size_t)d);
+    else memset(qa + (int64_t)r * d, 0, sizeof(kv_t) * (size_t)d);
+  }
+}
+
+/* The value pairs a task's P.V reads (value_pairs; [p0, p1) outside [lo, hi) zero): made while
+ * the tile unit computes the task's first scores */
+typedef struct {
+  const kv_t *V;
+  const int64_t *off;
+  int64_t lo, hi, p0, p1;
+  int d;
+  uint32_t *vp;
+} pairs_job;
+
+static void make_pairs(const pairs_job *P) {
+  value_pairs(P->V, P->off, P->lo, P->hi, P->d, P->vp);
+  for (int64_t i = P->p0; i < P->p1; i++)
+    if (i < P->lo / 2 || i >= (P->hi + 1) / 2) memset(P->vp + i * P->d, 0, sizeof(uint32_t) * (size_t)P->d);
+}
+
+/* Scores of the queries qs[0 .. nqs) over position groups [g0, g1) from the key tiles kt, `rows`
+ * queries a tile multiply: per 16 positions, C = sum over the d / 32 slices in turn of TDPBF16PS,
+ * times the scale, stored at each query's positions in its range. qa: the queries' values packed
+ * (pack_queries); ct: a stored C tile. The pairs job P runs between the first tile multiplies and
+ * their result (the vector units work while the tile unit does). */
+static void scores_tiles(const query *qs, int nqs, int rows, const uint32_t *kt, int64_t g0, int64_t g1, int d,
+                         float scale, const kv_t *qa, float *ct, const pairs_job *P) {
+  const int ns = d / 32;
+  const __m512 sv = _mm512_set1_ps(scale);
+  for (int i0 = 0; i0 < nqs; i0 += rows) {
+    const int R = nqs - i0 < rows ? nqs - i0 : rows;
+    for (int64_t G = g0; G < g1; G++) {
+      _tile_zero(AT_C);
+      for (int s = 0; s < ns; s++) {
+        _tile_loadd(AT_A, qa + (int64_t)i0 * d + 32 * s, (int64_t)sizeof(kv_t) * d);
+        _tile_loadd(AT_B, kt + (G * ns + s) * 256, 64);
+        _tile_dpbf16ps(AT_C, AT_A, AT_B);
+      }
+      if (P) make_pairs(P), P = NULL;
+      _tile_stored(AT_C, ct, 64);
+      const int64_t j = 16 * G;
+      for (int r = 0; r < R; r++) {
+        const query *q = &qs[i0 + r];
+        const int64_t a = q->lo > j ? q->lo - j : 0, e = q->lo + q->n - j; /* in range: a <= n < e */
+        if (e <= a || a >= 16) continue;
+        const uint32_t m = (e >= 16 ? 0xffffu : (1u << e) - 1) & ~((1u << a) - 1);
+        _mm512_mask_storeu_ps(q->s + j, (__mmask16)m, _mm512_mul_ps(_mm512_load_ps(ct + 16 * r), sv));
+      }
+    }
+  }
+}
+
+/* Scores of up to 16 queries qs[0 .. nqs) over position groups [g0, g1), the keys taken as the A
+ * tile as they lie in the cache (16 positions of a block are rows evenly apart) and the queries as
+ * the B tile, qt[s][k][n] = the pair 2k, 2k+1 of query n's slice s: C[position][query], whose
+ * elements are the bits of scores_tiles' C[query][position] (TDPBF16PS computes an element the same
+ * with its operands' roles swapped: 0 of 12.8 million random elements differed, Xeon), read back
+ * by query. No key tile is made, which is most of a few queries' cost. direct: the group's 16 rows
+ * evenly apart in one block (else they are copied into kb, d values a row). Positions outside
+ * [lo, hi) give elements never read. qt: 8 d words, kb: 16 d; ct: a stored C tile. */
+static void scores_by_position(const qattn *A, const query *qs, int nqs, const kv_t *K, const int64_t *off, int64_t lo,
+                               int64_t hi, int64_t g0, int64_t g1, int direct, uint32_t *qt, kv_t *kb, float *ct,
+                               const pairs_job *P) {
+  const int d = A->d, ns = d / 32;
+  const int64_t rs = (int64_t)A->nkv * d; /* a cache row */
+  for (int s = 0; s < ns; s++) /* only the nqs columns are read back: the rest may hold anything */
+    for (int k = 0; k < 16; k++)
+      for (int n = 0; n < nqs; n++) qt[s * 256 + k * 16 + n] = ((const uint32_t *)qs[n].q)[16 * s + k];
+  const __m512 sv = _mm512_set1_ps(A->scale);
+  const __m512i col = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  /* group G's tile multiplies are issued, then group G - 1's result read: the tile unit works on
+   * the one while the vector units read the other */
+  for (int64_t G = g0; G <= g1; G++) {
+    if (G < g1) {
+      const int64_t j0 = 16 * G, a = lo > j0 ? lo : j0, b = hi < j0 + 16 ? hi : j0 + 16;
+      const kv_t *rows;
+      int64_t stride;
+      if (direct) {
+        rows = K + off[a] - (a - j0) * rs, stride = rs;
+      } else {
+        kv_t *kg = kb + (G & 1) * 16 * (int64_t)d;
+        for (int64_t j = a; j < b; j++) memcpy(kg + (j - j0) * d, K + off[j], sizeof(kv_t) * (size_t)d);
+        rows = kg, stride = d;
+      }
+#define SCORES_BY_POSITION(CP, AP)                                                 \
+  do {                                                                             \
+    _tile_zero(CP);                                                                \
+    for (int s = 0; s < ns; s++) {                                                 \
+      _tile_loadd(AP, rows + 32 * s, (int64_t)sizeof(kv_t) * stride);              \
+      _tile_loadd(AT_B, qt + s * 256, 64);                                         \
+      _tile_dpbf16ps(CP, AP, AT_B);                                                \
+    }                                                                              \
+  } while (0)
+      if (G & 1) SCORES_BY_POSITION(AT_CP1, AT_AP1);
+      else SCORES_BY_POSITION(AT_CP0, AT_AP0);
+#undef SCORES_BY_POSITION
+      if (P) make_pairs(P), P = NULL;
+    }
+    if (G == g0) continue;
+    const int64_t j0 = 16 * (G - 1);
+    if ((G - 1) & 1) _tile_stored(AT_CP1, ct, 64);
+    else _tile_stored(AT_CP0, ct, 64);
+    for (int r = 0; r < nqs; r++) {
+      const query *q = &qs[r];
+      const int64_t qa = q->lo > j0 ? q->lo - j0 : 0, e = q->lo + q->n - j0; /* in range: qa <= n < e */
+      if (e <= qa || qa >= 16) continue;
+      const uint32_t m = (e >= 16 ? 0xffffu : (1u << e) - 1) & ~((1u << qa) - 1);
+      const __m512 v = _mm512_i32gather_ps(_mm512_add_epi32(col, _mm512_set1_epi32(r)), ct, 4);
+      _mm512_mask_storeu_ps(q->s + j0, (__mmask16)m, _mm512_mul_ps(v, sv));
+    }
+  }
+}
+
+/* P.V of the queries qs[0 .. nqs) over the chunk's pairs [p0, p1) (multiples of 16), `rows`
+ * queries a tile multiply: per 16 columns, C = sum over 16 pairs at a time, in turn, of TDPBF16PS
+ * on the probability pairs pp (rows PAIRS_STRIDE words apart, rows past nqs zero) and the value
+ * pairs vp (value_pairs); pairs outside a query's range hold zeros. */
+static void pv_tiles(const query *qs, int nqs, int rows, const uint32_t *pp, const uint32_t *vp, int64_t p0,
+                     int64_t p1, int d, float *ct) {
+  for (int i0 = 0; i0 < nqs; i0 += rows) {
+    const int R = nqs - i0 < rows ? nqs - i0 : rows;
+    for (int c0 = 0; c0 < d; c0 += 16) {
+      _tile_zero(AT_C);
+      for (int64_t i = p0; i < p1; i += 16) {
+        _tile_loadd(AT_A, pp + (int64_t)i0 * PAIRS_STRIDE + i, PAIRS_STRIDE * 4);
+        _tile_loadd(AT_B, vp + i * d + c0, (int64_t)d * 4);
+        _tile_dpbf16ps(AT_C, AT_A, AT_B);
+      }
+      _tile_stored(AT_C, ct, 64);
+      for (int r = 0; r < R; r++) _mm512_storeu_ps(qs[i0 + r].out + c0, _mm512_load_ps(ct + 16 * r));
+    }
+  }
+}
+#endif
+
 /* ---- chunks, groups and tasks ---- */
 
 typedef struct {
@@ -558,6 +804,7 @@ typedef struct {
   float *parts;             /* split: partial (t, chunk c, head h) at parts + ((cu_parts[t] + c) nq + h) PART_STRIDE */
   float *work;
   int64_t work_floats;      /* per thread */
+  int tiles;                /* scores and P.V on AMX tiles (use_tiles) */
   pool_chunks chunks;
 } actx;
 
@@ -637,6 +884,10 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
   float *qp = sc + (int64_t)GROUP_ROWS * g * ATTN_CHUNK; /* 64-byte aligned: see quant_attention */
   uint32_t *vp = (uint32_t *)(qp + 4 * d), *pp = vp + (int64_t)PAIRS_STRIDE * d;
   query *qs = (query *)(pp + (int64_t)GROUP_ROWS * g * PAIRS_STRIDE);
+  /* AMX: the chunk's key tiles, the queries packed, a stored C tile (TILE_FLOATS) */
+  uint32_t *kt = (uint32_t *)(((uintptr_t)(qs + (int64_t)GROUP_ROWS * g) + 63) & ~(uintptr_t)63);
+  kv_t *qa = (kv_t *)(kt + (int64_t)ATTN_CHUNK * d / 2);
+  float *ct = (float *)(qa + (int64_t)GROUP_ROWS * g * d);
   int64_t lo = ATTN_CHUNK, hi = 0, first = -1;
   for (int64_t t = t0; t < t1; t++) {
     int64_t l;
@@ -671,6 +922,37 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
         prefetch_rows(A->kc + head, A->vc + head, next, l, l + n, d);
       }
     }
+#if QUANT_AMX_BF16
+    if (X->tiles) {
+      /* positions in groups of 16 (a key tile), pairs of them in groups of 16 (a value tile) */
+      const int rows = nqs < 16 ? nqs : 16;
+      const int64_t g0 = lo / 16, g1 = (hi + 15) / 16, p0 = lo / 32 * 16, p1 = (hi + 31) / 32 * 16;
+      attn_tiles(rows);
+      const pairs_job P = {A->vc + kv, off, lo, hi, p0, p1, d, vp};
+      if (nqs <= 16) { /* a key tile would serve too few queries to pay for its making */
+        /* a block's 16 positions from 16 G lie evenly apart, unless a token tree's path is among them */
+        const int direct = A->block_size % 16 == 0 &&
+                           (!A->tree_base || A->tree_base[first] >= c * ATTN_CHUNK + ATTN_CHUNK);
+        scores_by_position(A, qs, nqs, A->kc + kv, off, lo, hi, g0, g1, direct, kt, (kv_t *)(kt + 8 * d), ct, &P);
+      } else {
+        pack_queries(qs, nqs, rows, d, qa);
+        key_tiles(A->kc + kv, off, lo, hi, g0, g1, d, kt);
+        scores_tiles(qs, nqs, rows, kt, g0, g1, d, A->scale, qa, ct, &P);
+      }
+      for (int i = 0; i < nqs; i++) {
+        const float m = max_row(qs[i].s + qs[i].lo, qs[i].n), sum = exp_shift(qs[i].s + qs[i].lo, qs[i].n, m);
+        qs[i].out[d] = m;
+        qs[i].out[d + 1] = sum;
+        prob_pairs(&qs[i], p0, p1, pp + (int64_t)i * PAIRS_STRIDE);
+      }
+      for (int i = nqs; i < (nqs + rows - 1) / rows * rows; i++)
+        memset(pp + (int64_t)i * PAIRS_STRIDE + p0, 0, sizeof(uint32_t) * (size_t)(p1 - p0));
+      pv_tiles(qs, nqs, rows, pp, vp, p0, p1, d, ct);
+      continue;
+    }
+#else
+    (void)kt, (void)qa, (void)ct;
+#endif
     const int pairs_made = QUANT_AVX512 && nqs > PV_QUERIES; /* more than one set of queries reads them */
 #if QUANT_AVX512
     if (pairs_made) value_pairs(A->vc + kv, off, lo, hi, d, vp);
@@ -702,6 +984,15 @@ static void finish(const float *run, int d, float *out) {
 
 static float *thread_work(const actx *X, int tid) { return X->work + (int64_t)tid * X->work_floats; }
 
+/* a thread's tiles handed back at the end of its share of a job (as the linears do) */
+static void release_tiles(const actx *X) {
+#if QUANT_AMX_BF16
+  if (X->tiles) quant_amx_end();
+#else
+  (void)X;
+#endif
+}
+
 /* Token path: task i is group i / nkv's KV head i mod nkv, its chunks in turn, each folded into
  * the running partials as it comes, then the attention rows. */
 static void groups_job(void *ctx, int tid, int nt) {
@@ -731,6 +1022,7 @@ static void groups_job(void *ctx, int tid, int nt) {
       for (int h = k * X->g; h < (k + 1) * X->g; h++)
         finish(query_dst(X, &D, t, h, first_chunk(A, t)), A->d, A->attn + t * A->q_w + (int64_t)h * A->d);
   }
+  release_tiles(X);
 }
 
 /* Split path: task i is (group, chunk, KV head); a token's partials are merged afterwards. */
@@ -746,6 +1038,7 @@ static void chunks_job(void *ctx, int tid, int nt) {
     const int64_t r = i - X->cu_chunks[gi] * A->nkv;
     group_chunk(X, X->group[gi], X->group[gi + 1], (int)(r % A->nkv), (int)(r % A->nkv) + 1, r / A->nkv, &D, work);
   }
+  release_tiles(X);
 }
 
 static void merge_job(void *ctx, int tid, int nt) {
@@ -773,6 +1066,29 @@ static __thread scratch_buf scratch;
 
 static int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
 
+static _Atomic int tiles_wanted; /* agentrt_quant_attention_tiles; off by default (see the top) */
+
+/* Scores and P.V on AMX tiles: asked for, where the build and the CPU have AMX-BF16, the process
+ * was given the tile state, and heads are whole tiles deep (d a multiple of 32). Every row of
+ * every step of the process then takes them, so a row's bits still depend on nothing but the row. */
+static int use_tiles(int d) {
+#if QUANT_AMX_BF16
+  return d % 32 == 0 && atomic_load(&tiles_wanted) && quant_tiles_granted();
+#else
+  (void)d;
+  return 0;
+#endif
+}
+
+/* on = 0 / 1: the attention's dot products off / on AMX tiles where it can use them; -1: leaves
+ * it. Set once, before the first step (quant_build applies $AGENTRT_QUANT_ATTENTION_TILES), or by
+ * tests and benches around their calls: a process that switched between steps would compute one
+ * row two ways. Returns 1 where attention of 32-deep heads runs on tiles now. */
+int agentrt_quant_attention_tiles(int on) {
+  if (on >= 0) atomic_store(&tiles_wanted, on != 0);
+  return use_tiles(32);
+}
+
 int quant_attention(const qattn *A, int threads) {
   const int64_t T = A->T;
   const int g = A->nq / A->nkv;
@@ -792,6 +1108,7 @@ int quant_attention(const qattn *A, int threads) {
   const int64_t work_floats = up16(2 * OFF_ENTRIES + (int64_t)GROUP_ROWS * g * ATTN_CHUNK + 4 * (int64_t)A->d +
                                    (int64_t)PAIRS_STRIDE * A->d + (int64_t)GROUP_ROWS * g * PAIRS_STRIDE +
                                    (int64_t)GROUP_ROWS * g * (sizeof(query) / sizeof(float) + 1) +
+                                   (int64_t)(ATTN_CHUNK + GROUP_ROWS * g) * A->d / 2 + TILE_FLOATS + 16 +
                                    2 * (int64_t)GROUP_ROWS * g * PART_STRIDE(A->d));
   const int64_t n_part_floats = split ? n_parts * A->nq * PART_STRIDE(A->d) : 0;
   /* per-thread work (64-byte aligned: the query pairs), the split's partials, 3 (T + 1) int64, then
@@ -804,7 +1121,7 @@ int quant_attention(const qattn *A, int threads) {
   kv_t *qb = (kv_t *)(cu_parts + (T + 1));
   for (int64_t t = 0; t < T; t++) kv_store(qb + t * A->nq * A->d, A->qkv + t * A->qkv_w, (int64_t)A->nq * A->d);
   actx X = {.A = A, .g = g, .group = group, .cu_chunks = cu_chunks, .cu_parts = cu_parts, .qb = qb, .work = buf,
-            .work_floats = work_floats, .parts = buf + threads * work_floats};
+            .work_floats = work_floats, .parts = buf + threads * work_floats, .tiles = use_tiles(A->d)};
   int64_t n_groups = 0;
   cu_chunks[0] = cu_parts[0] = 0;
   for (int64_t t = 0; t < T;) {

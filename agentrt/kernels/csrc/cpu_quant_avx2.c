@@ -505,6 +505,10 @@ static int best_isa(void) {
   return b;
 }
 
+#if QUANT_AMX
+int quant_tiles_granted(void) { return best_isa() == QUANT_ISA_AMX; }
+#endif
+
 static _Atomic int isa_cap = QUANT_ISA_AMX; /* agentrt_quant_set_isa's limit */
 
 /* The instruction set ROWS8 linears run on now (QUANT_ISA_*: 0 scalar, 1 AVX2, 2 AVX512-VNNI,

@@ -204,11 +204,7 @@ static inline __attribute__((always_inline)) void vnni_chunk_fmt(const qjob *j, 
     _tile_stored(C, c, 64);                     \
   } while (0)
 
-typedef struct {
-  uint8_t palette_id, start_row, reserved[14];
-  uint16_t colsb[16];
-  uint8_t rows[16];
-} amx_config;
+__thread int quant_tile_shape;
 
 void quant_amx_begin(int rows) {
   amx_config cfg;
@@ -220,9 +216,13 @@ void quant_amx_begin(int rows) {
   /* not _tile_loadconfig: GCC's macro declares that it reads 8 bytes, and the compiler then
    * drops the stores of the rest of the configuration */
   __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
+  quant_tile_shape = -1;
 }
 
-void quant_amx_end(void) { _tile_release(); }
+void quant_amx_end(void) {
+  _tile_release();
+  quant_tile_shape = 0;
+}
 
 static __thread scratch_buf amx_weights; /* a chunk's B tiles, dw [nb][16] and mw [nb][16] */
 
