@@ -585,9 +585,10 @@ static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, co
 
 /* tile numbers: the intrinsics take them as literal immediates. C: rows x 16 fp32 (scores of 16
  * positions, or P.V of 16 columns); A: rows x 32 bf16 (queries' values, or their probability
- * pairs); B: 16 x 32 bf16 (key pairs by position, or value pairs by column). One chain of tile
- * multiplies at a time: four side by side (C0..C3, two B tiles taking turns) were 1.13x the time
- * for a decode row and 4 rows, even at 16 (30 layers' attention alone at 1024 cached tokens). */
+ * pairs); B: 16 x 32 bf16 (key pairs by position, value pairs by column, or queries transposed).
+ * scores_tiles and pv_tiles run one chain of tile multiplies at a time: four side by side (two B
+ * tiles taking turns) were 1.13x the time for a decode row and 4 rows, even at 16 (30 layers'
+ * attention alone at 1024 cached tokens); scores_by_position alternates two (0.97-0.99x). */
 #define AT_C 0
 #define AT_A 1
 #define AT_B 2
@@ -884,7 +885,8 @@ static void group_chunk(const actx *X, int64_t t0, int64_t t1, int k0, int k1, i
   float *qp = sc + (int64_t)GROUP_ROWS * g * ATTN_CHUNK; /* 64-byte aligned: see quant_attention */
   uint32_t *vp = (uint32_t *)(qp + 4 * d), *pp = vp + (int64_t)PAIRS_STRIDE * d;
   query *qs = (query *)(pp + (int64_t)GROUP_ROWS * g * PAIRS_STRIDE);
-  /* AMX: the chunk's key tiles, the queries packed, a stored C tile (TILE_FLOATS) */
+  /* AMX: the chunk's key tiles (or, for scores_by_position, the queries transposed and copied
+   * key rows), the queries packed, a stored C tile (TILE_FLOATS) */
   uint32_t *kt = (uint32_t *)(((uintptr_t)(qs + (int64_t)GROUP_ROWS * g) + 63) & ~(uintptr_t)63);
   kv_t *qa = (kv_t *)(kt + (int64_t)ATTN_CHUNK * d / 2);
   float *ct = (float *)(qa + (int64_t)GROUP_ROWS * g * d);
