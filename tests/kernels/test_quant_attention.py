@@ -54,7 +54,7 @@ def _rows_alone_and_on_one_thread(q, k, v, cu_q, positions, tables, scale, windo
 @pytest.mark.parametrize("build", ["native", "avx2", "avx512-no-bf16"])
 def test_rows_together_equal_rows_alone_and_the_reference(nq, nkv, d, window, rows, build):
     """On this CPU's build, on the x86-64-v3 one (256-bit loops: up to 3 queries share a key
-    row's split, 2 a value row's conversion) and on an AVX-512 one without VDPBF16PS (two FMAs a
+    row's split, 6 a value row's conversion) and on an AVX-512 one without VDPBF16PS (two FMAs a
     pair), the same bits as each row alone and as this CPU's build."""
     if build == "avx2" and not has_fast_path():
         pytest.skip("the AVX2 build needs avx2, fma and f16c")

@@ -16,7 +16,7 @@
  * head, each key row is read once for all the group's queries (g query heads x rows), two queries
  * share each 512-bit multiply-add, and each pair of value rows serves up to PV_QUERIES queries,
  * laid out once for all of them where more share it (the 256-bit loops: a key row's values split
- * once for up to 3 queries, a value row converted for 2). Tasks
+ * once for up to 3 queries, a value row converted for 6). Tasks
  * are (group, KV head), or with few rows and long contexts (group, chunk, KV head), whose
  * partials a merge folds per token.
  *
@@ -283,10 +283,12 @@ static void pv(const float *p, int64_t lo, int64_t n, const kv_t *V, const int64
 #if QUANT_AVX2 && !QUANT_AVX512
 
 /* The 256-bit loops for queries sharing key and value rows (the AVX-512 ones are below): each
- * key row's values split once for up to 3 queries, each value row converted for 2. Every number is
- * computed as scores() and pv_cols() compute it for a query alone: the same lane sums in the
- * same order and the same reduction, each output column's sum over positions in pair order. */
+ * key row's values split once for up to 3 queries, whose values are split once per chunk (qp),
+ * and each value row converted once for up to PV_QUERIES_256. Every number is computed as
+ * scores() and pv_cols() compute it for a query alone: the same lane sums in the same order and
+ * the same reduction, each output column's sum over positions in pair order. */
 #define SCORE_QUERIES 3
+#define PV_QUERIES_256 6 /* 16 columns of 6 queries: 12 accumulators in AVX2's 16 registers */
 
 /* Query q's scores at positions j .. j+3 (v): those in its range stored */
 static inline void store4(const query *q, int64_t j, __m128 v) {
@@ -300,14 +302,21 @@ static inline void store4(const query *q, int64_t j, __m128 v) {
 
 /* The Q queries qs (Q <= SCORE_QUERIES), scores over the union of their ranges, four positions
  * at a time: lanes as scores() sums them, then ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)) as it
- * reduces them. */
+ * reduces them. qp (3 d floats): per query and 16 values, its odd places then its even ones as
+ * fp32, split once here rather than per key row (FMAs then read them from L1) */
 static inline __attribute__((always_inline)) void scores_queries(const query *qs, const int Q, const kv_t *K,
-                                                                 const int64_t *off, float scale, int d) {
+                                                                 const int64_t *off, float scale, int d, float *qp) {
   int64_t j0 = qs[0].lo, j1 = 0;
   for (int i = 0; i < Q; i++) {
     j0 = qs[i].lo < j0 ? qs[i].lo : j0;
     j1 = qs[i].lo + qs[i].n > j1 ? qs[i].lo + qs[i].n : j1;
   }
+  for (int i = 0; i < Q; i++)
+    for (int c = 0; c < d; c += 16) {
+      const __m256i qx = _mm256_loadu_si256((const __m256i *)(qs[i].q + c));
+      _mm256_storeu_ps(qp + (int64_t)i * d + c, k_odd(qx));
+      _mm256_storeu_ps(qp + (int64_t)i * d + c + 8, k_even(qx));
+    }
   const __m128 sv = _mm_set1_ps(scale);
   for (int64_t j = j0; j < j1; j += 4) {
     const kv_t *row[4];
@@ -320,8 +329,8 @@ static inline __attribute__((always_inline)) void scores_queries(const query *qs
         const __m256i kx = _mm256_loadu_si256((const __m256i *)(row[r] + c));
         const __m256 ko = k_odd(kx), ke = k_even(kx);
         for (int i = 0; i < Q; i++) {
-          const __m256i qx = _mm256_loadu_si256((const __m256i *)(qs[i].q + c));
-          acc[i][r] = _mm256_fmadd_ps(k_even(qx), ke, _mm256_fmadd_ps(k_odd(qx), ko, acc[i][r]));
+          const float *qo = qp + (int64_t)i * d + c;
+          acc[i][r] = _mm256_fmadd_ps(_mm256_loadu_ps(qo + 8), ke, _mm256_fmadd_ps(_mm256_loadu_ps(qo), ko, acc[i][r]));
         }
       }
     for (int i = 0; i < Q; i++) {
@@ -331,29 +340,29 @@ static inline __attribute__((always_inline)) void scores_queries(const query *qs
   }
 }
 
-/* out_q[c] = sum_j p_q[j] V_j[c] for the two queries qs, columns c0 .. c0+31, as pv_cols sums
- * it: over the union of their ranges in pair order, one value row converted for both, a position
- * outside a query's range adding nothing to it */
-static inline void pv_pair(const query *qs, const kv_t *V, const int64_t *off, int c0) {
-  __m256 acc[2][4];
-  const int64_t lo = qs[0].lo < qs[1].lo ? qs[0].lo : qs[1].lo;
-  const int64_t e0 = qs[0].lo + qs[0].n, e1 = qs[1].lo + qs[1].n, hi = e0 > e1 ? e0 : e1;
-  for (int q = 0; q < 2; q++)
-    for (int v = 0; v < 4; v++) acc[q][v] = _mm256_setzero_ps();
+/* out_q[c] = sum_j p_q[j] V_j[c] for the Q queries qs (Q <= PV_QUERIES_256), columns c0 .. c0+15,
+ * as pv_cols sums it: over [lo, hi), the union of their ranges, in pair order, one value row
+ * converted for all of them. A query's probabilities outside its own range are zeros there
+ * (pv_set), whose products add exactly nothing, as on AVX-512: no branch per position and query. */
+static inline __attribute__((always_inline)) void pv_queries(const query *qs, const int Q, const kv_t *V,
+                                                             const int64_t *off, int64_t lo, int64_t hi, int c0) {
+  __m256 acc[PV_QUERIES_256][2];
+  for (int q = 0; q < Q; q++) acc[q][0] = acc[q][1] = _mm256_setzero_ps();
   for (int64_t k = lo & ~(int64_t)1; k < ((hi + 1) & ~(int64_t)1); k++) {
     const int64_t j = k ^ 1;
     if (j < lo || j >= hi) continue;
-    const int in0 = j >= qs[0].lo && j < e0, in1 = j >= qs[1].lo && j < e1;
     const kv_t *vr = V + off[j] + c0;
-    const __m256 p0 = _mm256_set1_ps(in0 ? qs[0].s[j] : 0.0f), p1 = _mm256_set1_ps(in1 ? qs[1].s[j] : 0.0f);
-    for (int v = 0; v < 4; v++) {
-      const __m256 x = kv_load8(vr + 8 * v);
-      if (in0) acc[0][v] = _mm256_fmadd_ps(p0, x, acc[0][v]);
-      if (in1) acc[1][v] = _mm256_fmadd_ps(p1, x, acc[1][v]);
+    const __m256 x0 = kv_load8(vr), x1 = kv_load8(vr + 8);
+    for (int q = 0; q < Q; q++) {
+      const __m256 p = _mm256_broadcast_ss(qs[q].s + j);
+      acc[q][0] = _mm256_fmadd_ps(p, x0, acc[q][0]);
+      acc[q][1] = _mm256_fmadd_ps(p, x1, acc[q][1]);
     }
   }
-  for (int q = 0; q < 2; q++)
-    for (int v = 0; v < 4; v++) _mm256_storeu_ps(qs[q].out + c0 + 8 * v, acc[q][v]);
+  for (int q = 0; q < Q; q++) {
+    _mm256_storeu_ps(qs[q].out + c0, acc[q][0]);
+    _mm256_storeu_ps(qs[q].out + c0 + 8, acc[q][1]);
+  }
 }
 
 #endif
@@ -539,9 +548,8 @@ static void scores_set(const query *qs, int n, const kv_t *K, const int64_t *off
   for (; i + 4 <= n; i += 4) scores_pairs(qs + i, 2, K, off, scale, d, qp);
   for (; i + 2 <= n; i += 2) scores_pairs(qs + i, 1, K, off, scale, d, qp);
 #elif QUANT_AVX2
-  (void)qp;
-  for (; i + SCORE_QUERIES <= n; i += SCORE_QUERIES) scores_queries(qs + i, SCORE_QUERIES, K, off, scale, d);
-  for (; i + 2 <= n; i += 2) scores_queries(qs + i, 2, K, off, scale, d);
+  for (; i + SCORE_QUERIES <= n; i += SCORE_QUERIES) scores_queries(qs + i, SCORE_QUERIES, K, off, scale, d, qp);
+  for (; i + 2 <= n; i += 2) scores_queries(qs + i, 2, K, off, scale, d, qp);
 #else
   (void)qp;
 #endif
@@ -572,9 +580,20 @@ static void pv_set(const query *qs, int n, const kv_t *V, const int64_t *off, co
 #else
   (void)vp, (void)pp, (void)lo, (void)hi;
 #if QUANT_AVX2
-  if (d % 32 == 0)
-    for (; i + 2 <= n; i += 2)
-      for (int c0 = 0; c0 < d; c0 += 32) pv_pair(qs + i, V, off, c0);
+  if (d % 16 == 0) {
+    for (int q = 0; q < n; q++) { /* zeros at the union's positions outside the query's own range */
+      for (int64_t j = lo; j < qs[q].lo; j++) qs[q].s[j] = 0.0f;
+      for (int64_t j = qs[q].lo + qs[q].n; j < hi; j++) qs[q].s[j] = 0.0f;
+    }
+    for (; i < n; i += PV_QUERIES_256)
+      for (int c0 = 0; c0 < d; c0 += 16) {
+        switch (n - i < PV_QUERIES_256 ? n - i : PV_QUERIES_256) { /* a literal count: loops unrolled */
+#define PVQ(Q) case Q: pv_queries(qs + i, Q, V, off, lo, hi, c0); break;
+          PVQ(1) PVQ(2) PVQ(3) PVQ(4) PVQ(5) default: pv_queries(qs + i, PV_QUERIES_256, V, off, lo, hi, c0);
+#undef PVQ
+        }
+      }
+  }
 #endif
   for (; i < n; i++) pv(qs[i].s, qs[i].lo, qs[i].n, V, off, qs[i].out, d);
 #endif
