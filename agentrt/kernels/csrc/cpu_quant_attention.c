@@ -157,18 +157,38 @@ static float exp_shift(float *s, int64_t n, float m) { /* 16 at a time, added to
   return hsum8(acc);
 }
 #else
+/* kv_round8(exp8(x)) for x <= 0 (or NaN), the same bits in fewer operations, as exp_kv16: below
+ * -40 the value is flushed either way, so one clamp, and 2^n (n >= -58) is one normal power of
+ * two, by which the product is exact as exp8's two steps are, with no underflow mask */
+static inline __m256 exp_kv8(__m256 x) {
+  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-40.0f), x);
+  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  return kv_round8(_mm256_mul_ps(p, scale));
+}
+
 static float exp_shift(float *s, int64_t n, float m) {
   const __m256 mv = _mm256_set1_ps(m);
   __m256 acc = _mm256_setzero_ps();
   int64_t j = 0;
   for (; j + 8 <= n; j += 8) {
-    const __m256 e = kv_round8(exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv)));
+    const __m256 e = exp_kv8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
     _mm256_storeu_ps(s + j, e);
     acc = _mm256_add_ps(acc, e);
   }
   if (j < n) {
     const __m256i k = lanes_below(n - j);
-    const __m256 e = _mm256_and_ps(kv_round8(exp8(_mm256_sub_ps(_mm256_maskload_ps(s + j, k), mv))), _mm256_castsi256_ps(k));
+    const __m256 e = _mm256_and_ps(exp_kv8(_mm256_sub_ps(_mm256_maskload_ps(s + j, k), mv)), _mm256_castsi256_ps(k));
     _mm256_maskstore_ps(s + j, k, e);
     acc = _mm256_add_ps(acc, e);
   }
@@ -343,10 +363,13 @@ static inline __attribute__((always_inline)) void scores_queries(const query *qs
 /* out_q[c] = sum_j p_q[j] V_j[c] for the Q queries qs (Q <= PV_QUERIES_256), columns c0 .. c0+15,
  * as pv_cols sums it: over [lo, hi), the union of their ranges, in pair order, one value row
  * converted for all of them. A query's probabilities outside its own range are zeros there
- * (pv_set), whose products add exactly nothing, as on AVX-512: no branch per position and query. */
+ * (pv_set), whose products add exactly nothing, as on AVX-512: no branch per position and query.
+ * The queries' score rows lie ATTN_CHUNK floats apart (group_chunk's layout), so all are read
+ * through one pointer. */
 static inline __attribute__((always_inline)) void pv_queries(const query *qs, const int Q, const kv_t *V,
                                                              const int64_t *off, int64_t lo, int64_t hi, int c0) {
   __m256 acc[PV_QUERIES_256][2];
+  const float *s = qs[0].s;
   for (int q = 0; q < Q; q++) acc[q][0] = acc[q][1] = _mm256_setzero_ps();
   for (int64_t k = lo & ~(int64_t)1; k < ((hi + 1) & ~(int64_t)1); k++) {
     const int64_t j = k ^ 1;
@@ -354,7 +377,7 @@ static inline __attribute__((always_inline)) void pv_queries(const query *qs, co
     const kv_t *vr = V + off[j] + c0;
     const __m256 x0 = kv_load8(vr), x1 = kv_load8(vr + 8);
     for (int q = 0; q < Q; q++) {
-      const __m256 p = _mm256_broadcast_ss(qs[q].s + j);
+      const __m256 p = _mm256_broadcast_ss(s + q * ATTN_CHUNK + j);
       acc[q][0] = _mm256_fmadd_ps(p, x0, acc[q][0]);
       acc[q][1] = _mm256_fmadd_ps(p, x1, acc[q][1]);
     }
