@@ -109,12 +109,9 @@ static inline __m256i lanes_below(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
-/* e^x, ~1 ulp (Cephes' polynomial on x - n ln2, |x - n ln2| <= ln2/2). 2^n is applied in two
- * halves so that n = 128 (x up to 88.72) stays finite; x < -87.5 gives 0 (the true value is
- * below FLT_MIN: nothing a softmax or SiLU can tell from 0). NaN stays NaN (min/max return
- * their second operand on NaN). */
-static inline __m256 exp8(__m256 x) {
-  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-88.0f), _mm256_min_ps(_mm256_set1_ps(88.75f), x));
+/* Cephes' polynomial for e^x: *n = round(xc log2 e), returns e^(xc - n ln2), ~1 ulp
+ * (|xc - n ln2| <= ln2/2) */
+static inline __m256 exp_poly8(__m256 xc, __m256 *n_out) {
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
@@ -125,7 +122,17 @@ static inline __m256 exp8(__m256 x) {
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
   p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  *n_out = n;
+  return _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+}
+
+/* e^x, ~1 ulp (exp_poly8 times 2^n). 2^n is applied in two halves so that n = 128 (x up to
+ * 88.72) stays finite; x < -87.5 gives 0 (the true value is below FLT_MIN: nothing a softmax or
+ * SiLU can tell from 0). NaN stays NaN (min/max return their second operand on NaN). */
+static inline __m256 exp8(__m256 x) {
+  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-88.0f), _mm256_min_ps(_mm256_set1_ps(88.75f), x));
+  __m256 n;
+  const __m256 p = exp_poly8(xc, &n);
   const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1), n2 = _mm256_sub_epi32(ni, n1);
   const __m256i bias = _mm256_set1_epi32(127);
   const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
@@ -135,7 +142,7 @@ static inline __m256 exp8(__m256 x) {
 }
 
 #if QUANT_AVX512
-/* exp8's polynomial on 16 lanes: *n = round(xc log2 e), returns e^(xc - n ln2) (xc clamped) */
+/* exp_poly8 on 16 lanes (the same operations per lane, so the same bits) */
 static inline __m512 exp_poly16(__m512 xc, __m512 *n_out) {
   const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(xc, _mm512_set1_ps(1.44269504088896341f)),
                                         _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);

@@ -161,18 +161,8 @@ static float exp_shift(float *s, int64_t n, float m) { /* 16 at a time, added to
  * -40 the value is flushed either way, so one clamp, and 2^n (n >= -58) is one normal power of
  * two, by which the product is exact as exp8's two steps are, with no underflow mask */
 static inline __m256 exp_kv8(__m256 x) {
-  const __m256 xc = _mm256_max_ps(_mm256_set1_ps(-40.0f), x);
-  const __m256 n = _mm256_round_ps(_mm256_mul_ps(xc, _mm256_set1_ps(1.44269504088896341f)),
-                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), xc);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_fmadd_ps(p, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  __m256 n;
+  const __m256 p = exp_poly8(_mm256_max_ps(_mm256_set1_ps(-40.0f), x), &n);
   const __m256 scale = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
   return kv_round8(_mm256_mul_ps(p, scale));
 }
