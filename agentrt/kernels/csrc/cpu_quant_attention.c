@@ -398,6 +398,14 @@ static inline void store_half(const query *q, int64_t j, __m512 v, int half) {
   _mm512_mask_storeu_ps(q->s + j - 8 * half, (__mmask16)((m & 0xff) << (8 * half)), v);
 }
 
+/* Query q's scores at positions j .. j+15 (v): those in its range stored */
+static inline void store16(const query *q, int64_t j, __m512 v) {
+  const int64_t a = q->lo > j ? q->lo - j : 0, e = q->lo + q->n - j; /* in range: a <= n < e */
+  if (e <= a || a >= 16) return;
+  const uint32_t m = (e >= 16 ? 0xffffu : (1u << e) - 1) & ~((1u << a) - 1);
+  _mm512_mask_storeu_ps(q->s + j, (__mmask16)m, v);
+}
+
 /* The 2 NP queries qs (pair i: query 2i in lanes 0-7, 2i+1 in lanes 8-15), scores over the union
  * of their ranges, eight positions at a time, each lane and reduction as scores(): the same
  * bits. A key row read serves all of them. qp: per pair and 16 values, the two queries' values
@@ -555,10 +563,7 @@ static inline __attribute__((always_inline)) void scores_by_pairs(const query *q
       const __m512 *l = acc[q];
       const __m512 v = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(l[0], l[1]), _mm512_add_ps(l[2], l[3])),
                                      _mm512_add_ps(_mm512_add_ps(l[4], l[5]), _mm512_add_ps(l[6], l[7])));
-      const int64_t a0 = qs[q].lo > j ? qs[q].lo - j : 0, e = qs[q].lo + qs[q].n - j; /* in range: a0 <= n < e */
-      if (e <= a0 || a0 >= 16) continue;
-      const uint32_t m = (e >= 16 ? 0xffffu : (1u << e) - 1) & ~((1u << a0) - 1);
-      _mm512_mask_storeu_ps(qs[q].s + j, (__mmask16)m, _mm512_mul_ps(v, sv));
+      store16(&qs[q], j, _mm512_mul_ps(v, sv));
     }
   }
 }
@@ -789,11 +794,7 @@ static void scores_tiles(const query *qs, int nqs, int rows, const uint32_t *kt,
       _tile_stored(AT_C, ct, 64);
       const int64_t j = 16 * G;
       for (int r = 0; r < R; r++) {
-        const query *q = &qs[i0 + r];
-        const int64_t a = q->lo > j ? q->lo - j : 0, e = q->lo + q->n - j; /* in range: a <= n < e */
-        if (e <= a || a >= 16) continue;
-        const uint32_t m = (e >= 16 ? 0xffffu : (1u << e) - 1) & ~((1u << a) - 1);
-        _mm512_mask_storeu_ps(q->s + j, (__mmask16)m, _mm512_mul_ps(_mm512_load_ps(ct + 16 * r), sv));
+        store16(&qs[i0 + r], j, _mm512_mul_ps(_mm512_load_ps(ct + 16 * r), sv));
       }
     }
   }
