@@ -8,11 +8,38 @@ It imports torch and transformers only when a model is built.
 """
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+# What the suite measures stays in the suite: step-cost fits and machine rates timed while the
+# other workers hold the cores describe a slower machine, and a fit cached in the user's
+# ~/.cache/agentrt is read by every later engine there (a fit made under the suite priced verify
+# rows ~25% dearer than a quiet Zen 4 runs them, and adaptive k drafted shallow). So the session
+# gets its own cache, with the user's converted models, GGUFs and compiled kernels linked in
+# (made once, kept: no conversion or compilation per session). Subprocesses inherit it.
+SHARED_CACHE_ENTRIES = ("models", "gguf", "kernels")
+
+
+def _session_cache() -> None:
+    if os.environ.get("AGENTRT_TEST_CACHE"):
+        return  # a parent process (or an xdist controller) made one: share it
+    user = Path(os.environ.get("AGENTRT_CACHE") or Path.home() / ".cache" / "agentrt").expanduser()
+    session = Path(tempfile.mkdtemp(prefix="agentrt-test-cache-"))
+    for name in SHARED_CACHE_ENTRIES:
+        (user / name).mkdir(parents=True, exist_ok=True)
+        (session / name).symlink_to(user / name, target_is_directory=True)
+    os.environ["AGENTRT_CACHE"] = os.environ["AGENTRT_TEST_CACHE"] = str(session)
+    atexit.register(shutil.rmtree, session, True)  # removes the links, never what they point at
+
+
+_session_cache()
 
 
 def _helper(name: str, folder: str = "engine"):
