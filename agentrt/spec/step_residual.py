@@ -14,7 +14,12 @@ So the engine learns the difference: per count of rows a step feeds (one bucket 
 16, then one per power of two), the median of the last `window` decode steps' measured time
 minus the fit's prediction; a median, because a step another process delayed is an outlier,
 not a cost. A count without `min_samples` steps yet takes the residual interpolated between the
-nearest learned counts (the nearest one past either end); before any step, none. Steps that
+nearest learned counts; below the smallest, the smallest's; before any step, none. Past the
+largest learned count the residual goes on along the learned counts' trend (a least-squares
+line over those from half the largest up, and of 2+ rows: one row runs kernels of its own), up
+to twice that count, then holds. Why not hold at once: a fit whose slope is off (timed while another process held a core,
+say) leaves a residual that grows with the rows, and held flat it keeps pricing the next rows as
+the fit does, so the controller never drafts deep enough to learn what they cost. Steps that
 prefill are left out: a prompt chunk's error is its own (attention over the chunk), and it
 would be charged to the decode rows sharing its bucket.
 """
@@ -49,6 +54,7 @@ class StepResidual:
         self._samples: dict[int, deque[float]] = {}
         self._median: dict[int, float] = {}  # the buckets with min_samples steps: their median residual
         self._learned: list[int] = []  # those buckets, ascending
+        self._slope = 0.0  # seconds a row along the learned buckets' trend (see _trend)
 
     def observe(self, num_tokens: int, measured_s: float, predicted_s: float) -> None:
         """One decode step that fed num_tokens rows took measured_s; the fit predicted predicted_s."""
@@ -59,6 +65,7 @@ class StepResidual:
             if b not in self._median:
                 bisect.insort(self._learned, b)
             self._median[b] = statistics.median(samples)
+            self._slope = self._trend()
 
     def __call__(self, num_tokens: int) -> float:
         """Seconds to add to the fit's prediction for a step of num_tokens rows (may be < 0)."""
@@ -69,8 +76,21 @@ class StepResidual:
         i = bisect.bisect_left(learned, b)
         if i < len(learned) and learned[i] == b:
             return self._median[b]
-        if i == 0 or i == len(learned):  # past either end: the nearest learned count's
-            return self._median[learned[min(i, len(learned) - 1)]]
+        if i == 0:
+            return self._median[learned[0]]
+        if i == len(learned):  # past the largest: along the trend, to twice the largest count
+            top = learned[-1]
+            return self._median[top] + self._slope * (min(b, 2 * top) - top)
         b0, b1 = learned[i - 1], learned[i]
         r0, r1 = self._median[b0], self._median[b1]
         return r0 + (r1 - r0) * (b - b0) / (b1 - b0)
+
+    def _trend(self) -> float:
+        """Least-squares seconds per row over the learned counts from half the largest up (and of
+        2+ rows); 0 with fewer than two."""
+        xs = [b for b in self._learned if b >= max(2, self._learned[-1] // 2)]
+        if len(xs) < 2:
+            return 0.0
+        ys = [self._median[b] for b in xs]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)

@@ -41,12 +41,39 @@ def test_the_median_ignores_a_delayed_step_and_the_window_forgets():
 
 def test_counts_between_learned_ones_interpolate_and_ends_extend():
     r = StepResidual(min_samples=1)
-    r.observe(2, 0.003, 0.001)  # +2 ms
+    r.observe(6, 0.005, 0.001)  # +4 ms
     r.observe(10, 0.007, 0.001)  # +6 ms
-    r.observe(64, 0.011, 0.001)  # +10 ms (bucket 64)
-    assert r(1) == pytest.approx(0.002) and r(6) == pytest.approx(0.004)
+    assert r(1) == pytest.approx(0.004) and r(8) == pytest.approx(0.005)
+    assert r(14) == pytest.approx(0.008)  # past the largest: on along the line through 6 and 10 rows
+    assert r(20) == pytest.approx(0.006 + 0.0005 * (16 - 10))  # bucket 16
+    assert r(40) == pytest.approx(0.006 + 0.0005 * (20 - 10)) == r(500)  # to twice 10 rows, then held
+    r.observe(3, 0.001, 0.001)  # +0 ms: below half the largest count, out of the trend
+    assert r(14) == pytest.approx(0.008)
+    r.observe(64, 0.011, 0.001)  # +10 ms (bucket 64), alone in the upper half: held
     assert r(10) == pytest.approx(0.006) and r(40) == pytest.approx(0.006 + 0.004 * (32 - 10) / (64 - 10))
     assert r(500) == pytest.approx(0.010)
+
+
+def test_a_fit_whose_slope_is_off_is_corrected_past_the_rows_learned():
+    # a fit timed 25% slow on the rows (another process held a core): steps of 1-8 rows teach a
+    # residual that falls with the rows, and 9-16 rows, never run yet, are priced along it
+    slow = StepCostModel(**{**Q4_FIT.__dict__, "flop_rate": Q4_FIT.flop_rate / 1.25, "attn_flops_per_pair": 1.25 * 75378})
+    def fit(n): return slow.predict(n, 780, n * 780)
+    def true(n): return Q4_FIT.predict(n, 780, n * 780)
+    r = StepResidual(min_samples=1)
+    for n in range(1, 9):
+        r.observe(n, true(n), fit(n))
+    assert fit(16) + r(8) > 1.15 * true(16)  # held at 8 rows' residual: 16 rows priced ~19% dear
+    for n in (12, 16):
+        assert fit(n) + r(n) == pytest.approx(true(n), rel=0.08)
+    for alpha in (0.9, 0.95, 0.98, 1.0):  # the k chosen does, by the true costs, what the true fit's k does
+        probs = [alpha] * 15
+        seq = [SeqDraftState(0, probs, 0.0, 780)]
+        best = KController(Q4_FIT, kmax_cap=15).choose(seq).k[0]
+        got = KController(slow, kmax_cap=15, residual=r).choose(seq).k[0]
+        def goodput(k): return expected_tokens_positional(probs[:k]) / true(k + 1)
+        assert goodput(got) >= 0.97 * goodput(best), (alpha, got, best)
+    assert KController(slow, kmax_cap=15, residual=r).choose([SeqDraftState(0, [1.0] * 15, 0.0, 780)]).k == [15]
 
 
 def test_bad_settings_are_refused():
