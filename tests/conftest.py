@@ -19,11 +19,12 @@ from pathlib import Path
 import pytest
 
 # What the suite measures stays in the suite: step-cost fits and machine rates timed while the
-# other workers hold the cores describe a slower machine, and a fit cached in the user's
-# ~/.cache/agentrt is read by every later engine there (a fit made under the suite priced verify
-# rows ~25% dearer than a quiet Zen 4 runs them, and adaptive k drafted shallow). So the session
-# gets its own cache, with the user's converted models, GGUFs and compiled kernels linked in
-# (made once, kept: no conversion or compilation per session). Subprocesses inherit it.
+# suite's other work (servers, subprocesses) holds the cores describe a slower machine, and a fit
+# cached in the user's ~/.cache/agentrt is read by every later engine there (one made under the
+# suite priced verify rows ~25% dearer than a quiet Zen 4 runs them, and adaptive k drafted
+# shallow). So the session gets its own cache, with the user's converted models, GGUFs and
+# compiled kernels linked in (made once, kept: no conversion or compilation per session).
+# Subprocesses inherit it.
 SHARED_CACHE_ENTRIES = ("models", "gguf", "kernels")
 
 

@@ -17,9 +17,10 @@ not a cost. A count without `min_samples` steps yet takes the residual interpola
 nearest learned counts; below the smallest, the smallest's; before any step, none. Past the
 largest learned count the residual goes on along the learned counts' trend (a least-squares
 line over those from half the largest up, and of 2+ rows: one row runs kernels of its own), up
-to twice that count, then holds. Why not hold at once: a fit whose slope is off (timed while another process held a core,
-say) leaves a residual that grows with the rows, and held flat it keeps pricing the next rows as
-the fit does, so the controller never drafts deep enough to learn what they cost. Steps that
+to twice that count, then holds. Why not hold at once: a fit whose slope is off (timed while
+another process held a core, say) leaves a residual that changes with the rows, and held flat it
+keeps pricing the next rows as the fit does, so the controller never drafts deep enough to learn
+what they cost. Steps that
 prefill are left out: a prompt chunk's error is its own (attention over the chunk), and it
 would be charged to the decode rows sharing its bucket.
 """

@@ -30,7 +30,10 @@ def test_a_killed_cli_run_resumes_where_it_stopped(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "agentrt.cli", "run", str(PROGRAM), "--db", str(db), *common],
                             cwd=ROOT, stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, **env})
     deadline = time.time() + 180
-    while not (tmp_path / "slow_add.calls").exists():
+    calls = tmp_path / "slow_add.calls"
+    # the line, not the file: open("a") creates it before the write lands, and a kill in between
+    # leaves it empty (the resumed run's "start" would then be the only one)
+    while not (calls.exists() and "start" in calls.read_text()):
         assert proc.poll() is None and time.time() < deadline, log.read_text()
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)

@@ -57,7 +57,8 @@ def test_counts_between_learned_ones_interpolate_and_ends_extend():
 def test_a_fit_whose_slope_is_off_is_corrected_past_the_rows_learned():
     # a fit timed 25% slow on the rows (another process held a core): steps of 1-8 rows teach a
     # residual that falls with the rows, and 9-16 rows, never run yet, are priced along it
-    slow = StepCostModel(**{**Q4_FIT.__dict__, "flop_rate": Q4_FIT.flop_rate / 1.25, "attn_flops_per_pair": 1.25 * 75378})
+    slow = StepCostModel(**{**Q4_FIT.__dict__, "flop_rate": Q4_FIT.flop_rate / 1.25,
+                            "attn_flops_per_pair": 1.25 * Q4_FIT.attn_flops_per_pair})
     def fit(n): return slow.predict(n, 780, n * 780)
     def true(n): return Q4_FIT.predict(n, 780, n * 780)
     r = StepResidual(min_samples=1)
